@@ -1,0 +1,40 @@
+"""One error hierarchy. Everything the service raises on purpose is a PendingActionsError."""
+
+from __future__ import annotations
+
+
+class PendingActionsError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ToolError(PendingActionsError):
+    """Raised by a handler: its message reaches the model unchanged."""
+
+
+class InvalidInput(PendingActionsError, ValueError):
+    """Input refused before anything changed. ``field`` names the offending input."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"invalid {field}: {message}")
+        self.field = field
+        self.detail = message
+
+
+class UnknownHandler(InvalidInput):
+    """A handler name that no worker has registered."""
+
+    def __init__(self, field: str, name: str) -> None:
+        super().__init__(field, f"no worker has registered a handler named {name!r}")
+        self.name = name
+
+
+class ConfigError(PendingActionsError):
+    """The service is not configured well enough to run."""
+
+
+class RedisUnavailable(PendingActionsError):
+    """Redis could not be reached; nothing was changed by this call."""
+
+
+class ScriptError(PendingActionsError):
+    """A Lua script answered something the code does not expect: a bug or a foreign key."""

@@ -1,0 +1,106 @@
+"""Every Redis key name, in one place.
+
+A session's keys all carry the hash tag ``{<session>}`` so that each Lua script touches one
+Redis Cluster slot. Global keys (counter, request stream, indexes) are only touched by plain
+commands or single-key scripts, never together with session keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "pa"
+
+    # --- per session: one slot -------------------------------------------------------------
+    def _s(self, session: str, name: str) -> str:
+        return f"{self.prefix}:{{{session}}}:{name}"
+
+    def stack(self, session: str) -> str:
+        """LIST of pending action ids, head (newest) on the left."""
+        return self._s(session, "stack")
+
+    def actions(self, session: str) -> str:
+        """HASH id -> spec JSON (immutable once staged) for actions, directive and standing."""
+        return self._s(session, "actions")
+
+    def state(self, session: str) -> str:
+        """HASH id -> {"attempts","stalls","last_error"} JSON: the mutable part."""
+        return self._s(session, "state")
+
+    def directive(self, session: str) -> str:
+        """STRING: id of the directive, if one is set."""
+        return self._s(session, "directive")
+
+    def standing(self, session: str) -> str:
+        """STRING: id of the standing handler, if one is set."""
+        return self._s(session, "standing")
+
+    def inflight(self, session: str) -> str:
+        """HASH lease token -> lease JSON for every attempt that is running or dispatched."""
+        return self._s(session, "inflight")
+
+    def history(self, session: str) -> str:
+        """STREAM of every stage, take, outcome and recovery of the session."""
+        return self._s(session, "history")
+
+    def dead(self, session: str) -> str:
+        """LIST of dead-lettered actions with the reason."""
+        return self._s(session, "dead")
+
+    def request_marker(self, session: str, request_id: str) -> str:
+        """STRING with a TTL: a resolve request already taken (dedupes redelivered requests)."""
+        return self._s(session, f"req:{request_id}")
+
+    def reply(self, session: str, request_id: str) -> str:
+        """LIST with a TTL: where the resolver waits (BLPOP) for its result."""
+        return self._s(session, f"reply:{request_id}")
+
+    # --- global ---------------------------------------------------------------------------
+    @property
+    def seq(self) -> str:
+        """Counter behind every ``pending-action:<tool>:<seq>`` id."""
+        return f"{self.prefix}:seq"
+
+    @property
+    def requests(self) -> str:
+        """STREAM of resolve requests, read by resolve workers through a consumer group."""
+        return f"{self.prefix}:requests"
+
+    @property
+    def requests_dead(self) -> str:
+        """STREAM of malformed entries taken off the request stream, with the reason."""
+        return f"{self.prefix}:requests:dead"
+
+    @property
+    def leases(self) -> str:
+        """ZSET session -> earliest lease deadline (ms): a hint telling recovery where to look."""
+        return f"{self.prefix}:leases"
+
+    @property
+    def handlers(self) -> str:
+        """HASH handler name -> JSON about the worker that registered it."""
+        return f"{self.prefix}:handlers"
+
+    @property
+    def sessions(self) -> str:
+        """SET of every session that ever staged something (for stats and sweeps)."""
+        return f"{self.prefix}:sessions"
+
+    @property
+    def workers(self) -> str:
+        """STREAM of worker lifecycle events (ready, stopping)."""
+        return f"{self.prefix}:workers"
+
+    def task_queue(self, queue: str) -> str:
+        """STREAM backing a dramatiq queue."""
+        return f"{self.prefix}:dq:{queue}"
+
+    def task_dead(self, queue: str) -> str:
+        """STREAM of dramatiq messages that were nacked."""
+        return f"{self.prefix}:dq:{queue}:dead"
+
+    RESOLVER_GROUP = "resolvers"
+    TASK_GROUP = "workers"

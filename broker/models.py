@@ -1,0 +1,174 @@
+"""Wire and storage models. Everything stored or sent is JSON made by orjson."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from broker.errors import InvalidInput
+
+NAME_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+TOOL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+Kind = Literal["action", "directive", "standing"]
+ResolveAction = Literal["apply", "discard"]
+
+REMINDER = (
+    "<system-reminder>\n"
+    "This is a preview. Call the `resolve` tool to apply or discard these changes.\n"
+    "</system-reminder>"
+)
+
+
+def check_session(session: object) -> str:
+    if not isinstance(session, str) or not NAME_RE.match(session):
+        raise InvalidInput(
+            "session", "must be 1-128 characters of A-Z a-z 0-9 . _ : - (got %r)" % (session,)
+        )
+    return session
+
+
+def check_handler_name(field: str, name: object) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidInput(field, "must be 1-128 characters of A-Z a-z 0-9 . _ : - (got %r)" % (name,))
+    return name
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def _first_error(exc: ValidationError) -> InvalidInput:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "input"
+    return InvalidInput(field, err["msg"])
+
+
+class Spec(BaseModel):
+    """A staged action, directive or standing handler, as stored in the actions hash."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    session: str
+    kind: Kind = "action"
+    tool: str
+    label: str
+    apply: str
+    reject: str | None = None
+    payload: dict[str, Any] = Field(default_factory=dict)
+    created_at: float
+    expires_at: float | None = None
+
+
+class ActionState(BaseModel):
+    """The mutable counters kept beside each spec."""
+
+    attempts: int = 0
+    stalls: int = 0
+    last_error: str | None = None
+
+
+class PendingAction(BaseModel):
+    """What ``pending()`` and handlers see: the spec with its counters."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    session: str
+    kind: Kind
+    tool: str
+    label: str
+    apply: str
+    reject: str | None
+    payload: dict[str, Any]
+    created_at: float
+    expires_at: float | None
+    attempts: int
+    last_error: str | None
+    state: Literal["pending", "in_flight"] = "pending"
+
+    @classmethod
+    def build(cls, spec: Spec, st: ActionState, state: str = "pending") -> PendingAction:
+        return cls.model_validate(
+            {**spec.model_dump(), "attempts": st.attempts, "last_error": st.last_error,
+             "state": state}
+        )
+
+
+class ResolveInput(BaseModel):
+    """The model-facing input of the ``resolve`` tool."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    action: ResolveAction
+    reason: str
+    extra: dict[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, action: object, reason: object, extra: object) -> ResolveInput:
+        try:
+            return cls.model_validate({"action": action, "reason": reason, "extra": extra})
+        except ValidationError as exc:
+            raise _first_error(exc) from None
+
+
+class ResolveRequest(BaseModel):
+    """One entry of the request stream."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    req: str = Field(pattern=r"^[0-9a-f]{32}$")
+    session: str
+    action: ResolveAction
+    reason: str
+    extra: dict[str, Any] | None = None
+    deadline_ms: int
+
+    @field_validator("session")
+    @classmethod
+    def _session(cls, v: str) -> str:
+        return check_session(v)
+
+
+class Lease(BaseModel):
+    """An in-flight attempt, as written by take.lua (cjson: only strings and numbers)."""
+
+    id: str
+    kind: Kind
+    token: str
+    attempt: int
+    req: str
+    action: ResolveAction
+    deadline: int
+    state: Literal["dispatched", "running"]
+    reason: str = ""
+    extra: str = "null"
+
+    @property
+    def extra_value(self) -> dict[str, Any] | None:
+        value = orjson.loads(self.extra)
+        return value if isinstance(value, dict) else None
+
+
+class TextContent(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class Result(BaseModel):
+    """The one result shape of CONTRACT section 2."""
+
+    content: list[dict[str, Any]]
+    details: dict[str, Any]
+    is_error: bool
+
+    @property
+    def text(self) -> str:
+        return "\n".join(str(c.get("text", "")) for c in self.content if c.get("type") == "text")
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.model_dump())

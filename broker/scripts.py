@@ -1,0 +1,133 @@
+"""The atomic operations: one Lua file each under ``scripts/``, registered with redis-py's
+``register_script`` (which handles EVALSHA and the NOSCRIPT fallback). Each method passes every
+key it touches in KEYS, all under the session's hash tag."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import redis
+
+from broker.keys import Keys
+from broker.settings import Settings
+
+_NAMES = (
+    "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
+    "pending", "peek", "lease_hint",
+)
+
+
+def _source(name: str) -> str:
+    return (resources.files("broker") / "scripts" / f"{name}.lua").read_text()
+
+
+class Scripts:
+    def __init__(self, client: redis.Redis, settings: Settings, keys: Keys) -> None:
+        self._k = keys
+        self._s = settings
+        self._fn = {name: client.register_script(_source(name)) for name in _NAMES}
+
+    def _run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+        return self._fn[name](keys=keys, args=args, client=client)
+
+    # --- producers -------------------------------------------------------------------------
+    def stage(self, session: str, action_id: str, spec: bytes, client: Any = None) -> Any:
+        k = self._k
+        return self._run(
+            "stage",
+            [k.stack(session), k.actions(session), k.state(session), k.history(session)],
+            [action_id, spec, self._s.history_maxlen],
+            client,
+        )
+
+    def set_slot(self, session: str, slot: str, action_id: str, spec: bytes) -> Any:
+        k = self._k
+        key = k.directive(session) if slot == "directive" else k.standing(session)
+        return self._run(
+            "set_slot",
+            [key, k.actions(session), k.state(session), k.history(session)],
+            [action_id, spec, f"{slot}-set", self._s.history_maxlen],
+        )
+
+    def clear_slot(self, session: str, slot: str) -> Any:
+        k = self._k
+        key = k.directive(session) if slot == "directive" else k.standing(session)
+        return self._run(
+            "clear_slot",
+            [key, k.actions(session), k.state(session), k.history(session)],
+            [f"{slot}-cleared", self._s.history_maxlen],
+        )
+
+    def pending(self, session: str, limit: int) -> list[bytes]:
+        k = self._k
+        out: list[bytes] = self._run(
+            "pending",
+            [k.stack(session), k.inflight(session), k.actions(session), k.state(session)],
+            [limit],
+        )
+        return out
+
+    def peek(self, session: str) -> list[bytes]:
+        k = self._k
+        out: list[bytes] = self._run(
+            "peek", [k.directive(session), k.stack(session), k.actions(session)], []
+        )
+        return out
+
+    # --- resolve worker --------------------------------------------------------------------
+    def take(self, session: str, req: str, action: str, token: str, reason: str,
+             extra: bytes) -> list[bytes]:
+        k = self._k
+        out: list[bytes] = self._run(
+            "take",
+            [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
+             k.state(session), k.inflight(session), k.history(session),
+             k.request_marker(session, req)],
+            [req, action, token, self._s.lease_ms, self._s.reply_ttl_s, self._s.history_maxlen,
+             reason, extra],
+        )
+        return out
+
+    def recover(self, session: str, token: str, req: str, returned: bytes, dead: bytes) -> int:
+        k = self._k
+        return int(self._run(
+            "recover",
+            [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
+             k.state(session), k.history(session), k.dead(session), k.reply(session, req)],
+            [token, self._s.max_stalls, self._s.reply_ttl_s, self._s.history_maxlen,
+             returned, dead],
+        ))
+
+    def lease_hint(self, session: str, old: float, new: int) -> int:
+        return int(self._run("lease_hint", [self._k.leases], [session, old, new]))
+
+    # --- handler tasks ---------------------------------------------------------------------
+    def begin(self, session: str, token: str) -> list[bytes]:
+        k = self._k
+        out: list[bytes] = self._run(
+            "begin", [k.inflight(session), k.actions(session), k.state(session)],
+            [token, self._s.lease_ms],
+        )
+        return out
+
+    def renew(self, session: str, token: str, client: Any = None) -> Any:
+        return self._run("renew", [self._k.inflight(session)], [token, self._s.lease_ms], client)
+
+    def finalize(self, session: str, token: str, req: str, reply: bytes, event: str) -> int:
+        k = self._k
+        return int(self._run(
+            "finalize",
+            [k.inflight(session), k.actions(session), k.state(session), k.history(session),
+             k.reply(session, req)],
+            [token, reply, self._s.reply_ttl_s, self._s.history_maxlen, event],
+        ))
+
+    def readd(self, session: str, token: str, req: str, error: str, reply: bytes) -> int:
+        k = self._k
+        return int(self._run(
+            "readd",
+            [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
+             k.state(session), k.history(session), k.reply(session, req)],
+            [token, error, reply, self._s.reply_ttl_s, self._s.history_maxlen],
+        ))

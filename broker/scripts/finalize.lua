@@ -1,0 +1,22 @@
+-- finalize: record a successful outcome (applied or discarded) and reply to the resolver.
+-- Fenced: a token whose lease is gone (recovered, or a duplicate) changes nothing.
+-- KEYS[1] inflight (hash)  KEYS[2] actions (hash)  KEYS[3] state (hash)  KEYS[4] history
+-- KEYS[5] reply (list)
+-- ARGV[1] lease token  ARGV[2] reply JSON  ARGV[3] reply ttl s  ARGV[4] history maxlen
+-- ARGV[5] event name ("applied" | "discarded")
+-- Returns: 1 when recorded, 0 when the token was stale.
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then
+  return 0
+end
+local lease = cjson.decode(raw)
+redis.call('HDEL', KEYS[1], ARGV[1])
+if lease.kind ~= 'standing' then
+  redis.call('HDEL', KEYS[2], lease.id)
+  redis.call('HDEL', KEYS[3], lease.id)
+end
+redis.call('RPUSH', KEYS[5], ARGV[2])
+redis.call('EXPIRE', KEYS[5], ARGV[3])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[5], 'id', lease.id,
+  'attempt', lease.attempt, 'request', lease.req)
+return 1

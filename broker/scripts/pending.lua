@@ -1,0 +1,28 @@
+-- pending: read a session's actions in one consistent view (read only).
+-- KEYS[1] stack (list)  KEYS[2] inflight (hash)  KEYS[3] actions (hash)  KEYS[4] state (hash)
+-- ARGV[1] max stack entries to return
+-- Returns: flat list of triples {where, spec JSON, state JSON}; where is "in_flight" for leased
+-- actions (listed first) or "pending" for stacked ones (head first).
+local out = {}
+local leases = redis.call('HVALS', KEYS[2])
+for _, raw in ipairs(leases) do
+  local lease = cjson.decode(raw)
+  if lease.kind == 'action' then
+    local spec = redis.call('HGET', KEYS[3], lease.id)
+    if spec then
+      out[#out + 1] = 'in_flight'
+      out[#out + 1] = spec
+      out[#out + 1] = redis.call('HGET', KEYS[4], lease.id) or '{}'
+    end
+  end
+end
+local ids = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+for _, id in ipairs(ids) do
+  local spec = redis.call('HGET', KEYS[3], id)
+  if spec then
+    out[#out + 1] = 'pending'
+    out[#out + 1] = spec
+    out[#out + 1] = redis.call('HGET', KEYS[4], id) or '{}'
+  end
+end
+return out

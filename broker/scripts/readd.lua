@@ -1,0 +1,35 @@
+-- readd: a failed attempt puts its target back where it was (stack head, or the directive slot)
+-- under the same id, with last_error set, and replies the error to the resolver. One step, so
+-- no observer sees the action missing. Fenced by the lease token like finalize.
+-- KEYS[1] inflight (hash)  KEYS[2] stack (list)  KEYS[3] directive (string)
+-- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)  KEYS[7] reply (list)
+-- ARGV[1] lease token  ARGV[2] error text  ARGV[3] reply JSON  ARGV[4] reply ttl s
+-- ARGV[5] history maxlen
+-- Returns: 1 when re-added, 0 when the token was stale.
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then
+  return 0
+end
+local lease = cjson.decode(raw)
+redis.call('HDEL', KEYS[1], ARGV[1])
+local kept = redis.call('HEXISTS', KEYS[4], lease.id) == 1
+if kept and lease.kind == 'action' then
+  redis.call('LPUSH', KEYS[2], lease.id)
+elseif kept and lease.kind == 'directive' then
+  -- a newer directive set meanwhile wins; the failed one is dropped
+  if not redis.call('SET', KEYS[3], lease.id, 'NX') then
+    redis.call('HDEL', KEYS[4], lease.id)
+    redis.call('HDEL', KEYS[5], lease.id)
+    kept = false
+  end
+end
+if kept then
+  local st = cjson.decode(redis.call('HGET', KEYS[5], lease.id) or '{"attempts":0,"stalls":0}')
+  st.last_error = ARGV[2]
+  redis.call('HSET', KEYS[5], lease.id, cjson.encode(st))
+end
+redis.call('RPUSH', KEYS[7], ARGV[3])
+redis.call('EXPIRE', KEYS[7], ARGV[4])
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[5], '*', 'event', 'failed', 'id', lease.id,
+  'attempt', lease.attempt, 'request', lease.req, 'error', ARGV[2])
+return 1

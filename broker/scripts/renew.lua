@@ -1,0 +1,14 @@
+-- renew: extend the lease of a running attempt (called periodically while its handler runs).
+-- KEYS[1] inflight (hash)
+-- ARGV[1] lease token   ARGV[2] lease ms
+-- Returns: the new deadline in ms, or 0 when the lease is gone (recovered or finished).
+redis.replicate_commands()
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then
+  return 0
+end
+local lease = cjson.decode(raw)
+local t = redis.call('TIME')
+lease.deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(lease))
+return lease.deadline

@@ -1,0 +1,53 @@
+-- take: pick the resolve target atomically (directive, else stack head, else standing handler)
+-- and lease it to one attempt. The target leaves the stack/slot but its spec stays in the
+-- actions hash, so it is never missing: it is either stacked or in flight.
+-- KEYS[1] directive (string)  KEYS[2] stack (list)  KEYS[3] standing (string)
+-- KEYS[4] actions (hash)      KEYS[5] state (hash)  KEYS[6] inflight (hash)
+-- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
+-- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token  ARGV[4] lease ms
+-- ARGV[5] marker ttl seconds  ARGV[6] history maxlen  ARGV[7] reason
+-- ARGV[8] extra as a JSON string (kept opaque: cjson would rewrite {} as [])
+-- Returns: {"ok", id, kind, spec JSON, attempt, deadline ms} | {"none"} | {"dup"}
+redis.replicate_commands()
+if not redis.call('SET', KEYS[8], ARGV[3], 'NX', 'EX', ARGV[5]) then
+  return {'dup'}
+end
+
+local function pick()
+  local id = redis.call('GET', KEYS[1])
+  if id then
+    redis.call('DEL', KEYS[1])
+    local spec = redis.call('HGET', KEYS[4], id)
+    if spec then return id, 'directive', spec end
+  end
+  while true do
+    id = redis.call('LPOP', KEYS[2])
+    if not id then break end
+    local spec = redis.call('HGET', KEYS[4], id)
+    if spec then return id, 'action', spec end
+  end
+  id = redis.call('GET', KEYS[3])
+  if id then
+    local spec = redis.call('HGET', KEYS[4], id)
+    if spec then return id, 'standing', spec end
+  end
+  return nil
+end
+
+local id, kind, spec = pick()
+if not id then
+  return {'none'}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local st = cjson.decode(redis.call('HGET', KEYS[5], id) or '{"attempts":0,"stalls":0}')
+st.attempts = (st.attempts or 0) + 1
+redis.call('HSET', KEYS[5], id, cjson.encode(st))
+local deadline = now + tonumber(ARGV[4])
+redis.call('HSET', KEYS[6], ARGV[3], cjson.encode({
+  id = id, kind = kind, token = ARGV[3], attempt = st.attempts, req = ARGV[1],
+  action = ARGV[2], deadline = deadline, state = 'dispatched', reason = ARGV[7],
+  extra = ARGV[8]}))
+redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[6], '*', 'event', 'taken', 'id', id,
+  'kind', kind, 'action', ARGV[2], 'attempt', st.attempts, 'request', ARGV[1])
+return {'ok', id, kind, spec, tostring(st.attempts), tostring(deadline)}

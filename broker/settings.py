@@ -1,0 +1,46 @@
+"""The one settings class. Every knob is an env var with the prefix ``PENDING_ACTIONS_``."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PENDING_ACTIONS_", extra="ignore")
+
+    redis_url: str | None = Field(
+        default=None,
+        description="Redis holding all state. `up` starts an embedded redis-server when unset.",
+    )
+    dramatiq_url: str | None = Field(
+        default=None,
+        description="Broker for handler tasks: redis:// (default: redis_url) or amqp://.",
+    )
+    key_prefix: str = Field(default="pa", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    queue: str = Field(default="pending-actions", description="dramatiq queue of handler runs")
+
+    lease_ms: int = Field(default=15_000, ge=200, description="lease on an in-flight attempt")
+    max_stalls: int = Field(default=3, ge=1, description="lost leases before dead-lettering")
+    recovery_interval_ms: int = Field(default=1_000, ge=50)
+    resolve_timeout_s: float = Field(default=60.0, gt=0)
+    reply_ttl_s: int = Field(default=600, ge=1, description="how long a reply waits for its caller")
+    claim_idle_ms: int = Field(default=30_000, ge=100, description="unacked request age to reclaim")
+    handler_time_limit_ms: int = Field(default=600_000, ge=1_000)
+
+    max_payload_bytes: int = Field(default=1_048_576, ge=1)
+    max_label_chars: int = Field(default=1_000, ge=1)
+    history_maxlen: int = Field(default=1_000, ge=10)
+
+    worker_processes: int = Field(default=1, ge=1)
+    worker_threads: int = Field(default=8, ge=1)
+    block_ms: int = Field(default=5_000, ge=10, description="idle XREADGROUP block time")
+
+    def require_url(self) -> str:
+        from broker.errors import ConfigError
+
+        if not self.redis_url:
+            raise ConfigError(
+                "no Redis URL: pass --redis-url or set PENDING_ACTIONS_REDIS_URL"
+            )
+        return self.redis_url

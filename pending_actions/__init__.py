@@ -1,0 +1,1 @@
+"""The ``pending-actions`` command line: composes broker, producers and workers."""

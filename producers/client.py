@@ -1,0 +1,233 @@
+"""``PendingActions``: what an agent runtime imports to stage actions and resolve them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+import redis
+
+from broker.connection import TRANSIENT
+from broker.context import Context
+from broker.errors import InvalidInput, RedisUnavailable, UnknownHandler
+from broker.models import (
+    TOOL_RE,
+    ActionState,
+    PendingAction,
+    ResolveInput,
+    ResolveRequest,
+    Result,
+    Spec,
+    check_handler_name,
+    check_session,
+)
+from broker.results import base_details, text_result
+from broker.settings import Settings
+from producers.tool import soft_requirement
+
+@contextmanager
+def _redis_errors() -> Iterator[None]:
+    try:
+        yield
+    except TRANSIENT as exc:
+        raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+
+
+class PendingActions:
+    """Client of the service. Thread-safe; one per process is enough."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.ctx = Context.create(self.settings)
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> PendingActions:
+        return cls(Settings(redis_url=url, **overrides))
+
+    @property
+    def client(self) -> redis.Redis:
+        return self.ctx.client
+
+    def close(self) -> None:
+        self.ctx.client.close()
+
+    # --- staging ---------------------------------------------------------------------------
+    def _spec(self, session: str, kind: str, tool: object, label: object, apply: object,
+              reject: object, payload: object, prefix: str) -> tuple[str, bytes]:
+        check_session(session)
+        if not isinstance(tool, str) or not TOOL_RE.match(tool):
+            raise InvalidInput("tool", f"must be 1-64 characters of A-Z a-z 0-9 . _ - (got {tool!r})")
+        if not isinstance(label, str) or not label.strip():
+            raise InvalidInput("label", "must be a non-empty string")
+        if len(label) > self.settings.max_label_chars:
+            raise InvalidInput("label", f"longer than {self.settings.max_label_chars} characters")
+        check_handler_name("apply", apply)
+        if reject is not None:
+            check_handler_name("reject", reject)
+        if payload is None:
+            payload = {}
+        if not isinstance(payload, dict):
+            raise InvalidInput("payload", f"must be a JSON object, got {type(payload).__name__}")
+        try:
+            size = len(orjson.dumps(payload))
+        except TypeError as exc:
+            raise InvalidInput("payload", f"not JSON-serialisable: {exc}") from None
+        if size > self.settings.max_payload_bytes:
+            raise InvalidInput("payload", f"{size} bytes; the limit is "
+                               f"{self.settings.max_payload_bytes}")
+        self._check_handlers(apply, reject)
+        seq = self.client.incr(self.ctx.keys.seq)
+        action_id = f"{prefix}:{tool}:{seq}"
+        spec = Spec(id=action_id, session=session, kind=kind,  # type: ignore[arg-type]
+                    tool=tool, label=label, apply=str(apply),
+                    reject=None if reject is None else str(reject), payload=payload,
+                    created_at=time.time())
+        return action_id, orjson.dumps(spec.model_dump())
+
+    def _check_handlers(self, apply: object, reject: object) -> None:
+        names = [apply] if reject is None else [apply, reject]
+        found = self.client.hmget(self.ctx.keys.handlers, names)
+        for field, name, value in zip(("apply", "reject"), names, found, strict=False):
+            if value is None:
+                raise UnknownHandler(field, str(name))
+
+    def stage(self, *, session: str, tool: str, label: str, apply: str,
+              reject: str | None = None, payload: dict[str, Any] | None = None) -> str:
+        """Stage a pending action on top of the session's stack. Returns its id."""
+        with _redis_errors():
+            action_id, spec = self._spec(session, "action", tool, label, apply, reject, payload,
+                                         "pending-action")
+            try:
+                self.ctx.scripts.stage(session, action_id, spec)
+            except redis.ResponseError as exc:
+                # A retried call whose first try went through: the id is ours alone.
+                if not str(exc).startswith("EXISTS"):
+                    raise
+            self.client.sadd(self.ctx.keys.sessions, session)
+        return action_id
+
+    def set_directive(self, session: str, *, tool: str, label: str, apply: str,
+                      reject: str | None = None) -> str:
+        """Set the session's one-shot directive; it takes precedence over the stack."""
+        return self._set_slot(session, "directive", tool, label, apply, reject)
+
+    def set_standing(self, session: str, *, tool: str, label: str, apply: str,
+                     reject: str | None = None) -> str:
+        """Set the session's standing handler: the fallback when nothing else is pending."""
+        return self._set_slot(session, "standing", tool, label, apply, reject)
+
+    def _set_slot(self, session: str, slot: str, tool: str, label: str, apply: str,
+                  reject: str | None) -> str:
+        with _redis_errors():
+            slot_id, spec = self._spec(session, slot, tool, label, apply, reject, None, slot)
+            self.ctx.scripts.set_slot(session, slot, slot_id, spec)
+            self.client.sadd(self.ctx.keys.sessions, session)
+        return slot_id
+
+    def clear_standing(self, session: str) -> bool:
+        check_session(session)
+        with _redis_errors():
+            return bool(self.ctx.scripts.clear_slot(session, "standing"))
+
+    def clear_directive(self, session: str) -> bool:
+        check_session(session)
+        with _redis_errors():
+            return bool(self.ctx.scripts.clear_slot(session, "directive"))
+
+    # --- resolving -------------------------------------------------------------------------
+    def resolve(self, *, session: str, action: str, reason: str,
+                extra: dict[str, Any] | None = None, timeout: float | None = None) -> Result:
+        """Apply or discard the session's current target and wait for the outcome."""
+        check_session(session)
+        given = ResolveInput.parse(action, reason, extra)
+        if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+            raise InvalidInput("timeout", "must be a positive number of seconds")
+        wait = float(timeout or self.settings.resolve_timeout_s)
+        req = uuid.uuid4().hex
+        request = ResolveRequest(req=req, session=session, action=given.action,
+                                 reason=given.reason, extra=given.extra,
+                                 deadline_ms=int((time.time() + wait) * 1000))
+        with _redis_errors():
+            self.client.xadd(self.ctx.keys.requests, {"r": request.model_dump_json()})
+            got = self.client.blpop([self.ctx.keys.reply(session, req)], timeout=wait)
+        if got is None:
+            details = base_details(given.action, given.reason, given.extra)
+            return text_result(
+                f"Timed out after {wait:g}s waiting for the resolve to finish. The action is "
+                "still applied, discarded or pending, never lost: check `pending-actions ls`.",
+                details, is_error=True)
+        return Result.model_validate_json(got[1])
+
+    # --- reading ---------------------------------------------------------------------------
+    def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:
+        """In-flight actions first, then the stack, head first."""
+        check_session(session)
+        with _redis_errors():
+            flat = self.ctx.scripts.pending(session, limit)
+        out = []
+        for i in range(0, len(flat), 3):
+            spec = Spec.model_validate_json(flat[i + 1])
+            state = ActionState.model_validate_json(flat[i + 2])
+            out.append(PendingAction.build(spec, state, flat[i].decode()))
+        return out
+
+    def show(self, session: str, action_id: str) -> PendingAction | None:
+        """One staged action, directive or standing handler by id; None if it is gone."""
+        found = next((a for a in self.pending(session) if a.id == action_id), None)
+        if found is not None:
+            return found
+        k = self.ctx.keys
+        with _redis_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hget(k.actions(session), action_id)
+            pipe.hget(k.state(session), action_id)
+            raw, st = pipe.execute()
+        if raw is None:
+            return None
+        return PendingAction.build(Spec.model_validate_json(raw),
+                                   ActionState.model_validate_json(st or b"{}"))
+
+    def next_tool_choice(self, session: str) -> dict[str, Any] | None:
+        """The directive if set; else a soft requirement to call resolve; else None."""
+        check_session(session)
+        with _redis_errors():
+            got = self.ctx.scripts.peek(session)
+        if not got:
+            return None
+        if got[0] == b"directive":
+            spec = Spec.model_validate_json(got[1])
+            return {"type": "directive", **spec.model_dump(exclude={"payload", "kind"})}
+        return soft_requirement(got[1].decode())
+
+    def history(self, session: str, count: int = 100) -> list[dict[str, Any]]:
+        check_session(session)
+        with _redis_errors():
+            entries = self.client.xrevrange(self.ctx.keys.history(session), count=count)
+        return [{"at": e.decode(), **{k.decode(): v.decode() for k, v in f.items()}}
+                for e, f in reversed(entries)]
+
+    def dead_letters(self, session: str) -> list[dict[str, Any]]:
+        check_session(session)
+        with _redis_errors():
+            return [orjson.loads(x) for x in self.client.lrange(self.ctx.keys.dead(session), 0, -1)]
+
+    def stats(self) -> dict[str, Any]:
+        k, c = self.ctx.keys, self.client
+        with _redis_errors():
+            pipe = c.pipeline(transaction=False)
+            pipe.scard(k.sessions)
+            pipe.xlen(k.requests)
+            pipe.zcard(k.leases)
+            pipe.hkeys(k.handlers)
+            pipe.get(k.seq)
+            pipe.xlen(k.requests_dead)
+            pipe.xlen(k.task_queue(self.settings.queue))
+            sessions, requests, leased, handlers, seq, bad, tasks = pipe.execute()
+        return {"sessions": sessions, "requests_waiting": requests,
+                "sessions_with_leases": leased, "handlers": sorted(h.decode() for h in handlers),
+                "staged_total": int(seq or 0), "malformed_requests": bad,
+                "tasks_queued": tasks}

@@ -1,0 +1,5 @@
+"""The resolve worker and the dramatiq actors that run registered handlers."""
+
+from workers.registry import handler
+
+__all__ = ["handler"]

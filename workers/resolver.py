@@ -1,0 +1,238 @@
+"""The resolve worker: reads resolve requests from the request stream through a consumer group
+(so many can run), takes the target atomically with take.lua, and sends the handler run to
+dramatiq. A second loop recovers attempts whose lease expired."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import dramatiq
+import orjson
+import redis
+from pydantic import ValidationError
+
+from broker.connection import TRANSIENT
+from broker.context import ACTOR_NAME, Context
+from broker.keys import Keys
+from broker.models import Lease, ResolveRequest, Spec
+from broker.results import base_details, nothing_to_target, text_result
+
+log = logging.getLogger("pending_actions.resolver")
+
+REQUEST_FIELD = b"r"
+
+
+class ResolveWorker:
+    CLAIM_EVERY_S = 10.0
+    SWEEP_EVERY_S = 60.0
+
+    def __init__(self, ctx: Context, tasks: Any, name: str | None = None) -> None:
+        self.ctx = ctx
+        self.tasks = tasks
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        if hasattr(tasks, "declare_queue"):
+            tasks.declare_queue(ctx.settings.queue)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> ResolveWorker:
+        for target, name in ((self.serve, "resolve"), (self.recover_forever, "recover")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _backoff(self, attempt: int, exc: Exception) -> int:
+        delay = min(0.05 * 2**attempt, 2.0)
+        log.warning("Redis unavailable (%s); retrying in %.2fs", exc, delay)
+        self.stop.wait(delay)
+        return attempt + 1
+
+    # --- requests --------------------------------------------------------------------------
+    def _ensure_group(self) -> None:
+        try:
+            self.ctx.client.xgroup_create(self.ctx.keys.requests, Keys.RESOLVER_GROUP, id="0",
+                                          mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def serve(self) -> None:
+        failures = 0
+        announced = False
+        next_claim = 0.0
+        while not self.stop.is_set():
+            try:
+                self._ensure_group()
+                if not announced:
+                    self.ctx.client.xadd(self.ctx.keys.workers,
+                                         {"role": "resolver", "event": "ready",
+                                          "pid": os.getpid(), "name": self.name},
+                                         maxlen=1000, approximate=True)
+                    announced = True
+                while not self.stop.is_set():
+                    entries = []
+                    if time.monotonic() >= next_claim:
+                        next_claim = time.monotonic() + self.CLAIM_EVERY_S
+                        entries = self._claim()
+                    if not entries:
+                        entries = self._read()
+                    for entry_id, fields in entries:
+                        self.handle(entry_id, fields)
+                    failures = 0
+            except TRANSIENT as exc:
+                failures = self._backoff(failures, exc)
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):  # Redis came back empty: recreate the group
+                    raise
+                log.warning("request group missing; recreating it")
+
+    def _read(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        reply = self.ctx.client.xreadgroup(
+            Keys.RESOLVER_GROUP, self.name, {self.ctx.keys.requests: ">"}, count=64,
+            block=self.ctx.settings.block_ms,
+        )
+        return [e for _s, entries in reply or () for e in entries]
+
+    def _claim(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """Requests read by a resolve worker that died before acking them."""
+        claimed = self.ctx.client.xautoclaim(
+            self.ctx.keys.requests, Keys.RESOLVER_GROUP, self.name,
+            self.ctx.settings.claim_idle_ms, start_id="0-0", count=64,
+        )
+        return [(e, f) for e, f in claimed[1] if f]
+
+    def _ack(self, entry_id: bytes) -> None:
+        pipe = self.ctx.client.pipeline(transaction=True)
+        pipe.xack(self.ctx.keys.requests, Keys.RESOLVER_GROUP, entry_id)
+        pipe.xdel(self.ctx.keys.requests, entry_id)
+        pipe.execute()
+
+    def _dead(self, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
+        log.warning("malformed resolve request %s: %s", entry_id, reason)
+        pipe = self.ctx.client.pipeline(transaction=True)
+        pipe.xadd(self.ctx.keys.requests_dead,
+                  {b"entry": entry_id, b"reason": reason[:500],
+                   b"data": orjson.dumps({k.decode(errors="replace"): v.decode(errors="replace")
+                                          for k, v in fields.items()})},
+                  maxlen=10_000, approximate=True)
+        pipe.xack(self.ctx.keys.requests, Keys.RESOLVER_GROUP, entry_id)
+        pipe.xdel(self.ctx.keys.requests, entry_id)
+        pipe.execute()
+
+    def handle(self, entry_id: bytes, fields: dict[bytes, bytes]) -> str:
+        try:
+            request = ResolveRequest.model_validate_json(fields.get(REQUEST_FIELD, b""))
+        except ValidationError as exc:
+            self._dead(entry_id, fields, str(exc).replace("\n", " "))
+            return "malformed"
+        outcome = self.dispatch(request)
+        self._ack(entry_id)
+        return outcome
+
+    def dispatch(self, request: ResolveRequest) -> str:
+        ctx, s = self.ctx, request.session
+        if time.time() * 1000 > request.deadline_ms:
+            return "expired"  # the caller gave up; acting now would surprise it
+        token = uuid.uuid4().hex
+        # Index first: a crash after take.lua then still leaves recovery a pointer.
+        ctx.client.zadd(ctx.keys.leases, {s: time.time() * 1000 + ctx.settings.lease_ms}, lt=True)
+        extra = orjson.dumps(request.extra)
+        got = ctx.scripts.take(s, request.req, request.action, token, request.reason, extra)
+        status = got[0].decode()
+        if status == "dup":
+            return "duplicate"
+        if status == "none":
+            result = nothing_to_target(request.action, request.reason, request.extra)
+            pipe = ctx.client.pipeline(transaction=True)
+            pipe.rpush(ctx.keys.reply(s, request.req), result.to_json())
+            pipe.expire(ctx.keys.reply(s, request.req), ctx.settings.reply_ttl_s)
+            pipe.execute()
+            return "none"
+        message = dramatiq.Message(
+            queue_name=ctx.settings.queue, actor_name=ACTOR_NAME, args=(),
+            kwargs={"session": s, "token": token, "req": request.req,
+                    "action": request.action, "reason": request.reason,
+                    "extra": request.extra},
+            options={},
+        )
+        self.tasks.enqueue(message)
+        return "dispatched"
+
+    # --- recovery --------------------------------------------------------------------------
+    def recover_forever(self) -> None:
+        failures = 0
+        next_sweep = time.monotonic() + self.SWEEP_EVERY_S
+        interval = self.ctx.settings.recovery_interval_ms / 1000
+        while not self.stop.wait(interval):
+            try:
+                self.recover_due()
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.SWEEP_EVERY_S
+                    self.sweep()
+                failures = 0
+            except TRANSIENT as exc:
+                failures = self._backoff(failures, exc)
+
+    def _now_ms(self) -> int:
+        sec, usec = self.ctx.client.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    def recover_due(self) -> int:
+        now = self._now_ms()
+        due = self.ctx.client.zrangebyscore(self.ctx.keys.leases, "-inf", now, start=0, num=100,
+                                            withscores=True)
+        return sum(self.recover_session(m.decode(), score, now) for m, score in due)
+
+    def sweep(self) -> int:
+        """Backstop for the index: look at every session that has anything in flight."""
+        now, count = self._now_ms(), 0
+        for member in self.ctx.client.sscan_iter(self.ctx.keys.sessions, count=500):
+            session = member.decode()
+            if self.ctx.client.hlen(self.ctx.keys.inflight(session)):
+                count += self.recover_session(session, None, now)
+        return count
+
+    def recover_session(self, session: str, score: float | None, now: int) -> int:
+        ctx = self.ctx
+        recovered, next_deadline = 0, 0
+        for token, raw in ctx.client.hgetall(ctx.keys.inflight(session)).items():
+            lease = Lease.model_validate_json(raw)
+            if lease.deadline > now:
+                next_deadline = min(next_deadline or lease.deadline, lease.deadline)
+                continue
+            returned, dead = self._recovery_replies(session, lease)
+            outcome = ctx.scripts.recover(session, token.decode(), lease.req, returned, dead)
+            if outcome:
+                recovered += 1
+                log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
+                            "dead-lettered" if outcome == 2 else "pending again")
+        if score is not None:
+            ctx.scripts.lease_hint(session, score, next_deadline)
+        return recovered
+
+    def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes]:
+        raw = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
+        spec = Spec.model_validate_json(raw) if raw else None
+        details = base_details(lease.action, lease.reason, lease.extra_value, spec)
+        verb = "Apply" if lease.action == "apply" else "Discard"
+        returned = text_result(
+            f"{verb} interrupted: the worker running attempt {lease.attempt} of {lease.id} was "
+            "lost. The action is pending again; retry or discard it.", details, is_error=True)
+        dead = text_result(
+            f"{verb} failed: {lease.id} was moved to the dead-letter list after its worker was "
+            f"lost {self.ctx.settings.max_stalls} times.", details, is_error=True)
+        return returned.to_json(), dead.to_json()
