@@ -48,6 +48,11 @@ class Obj:
             click.echo(human)
 
 
+SESSION = click.option(
+    "--session", required=True, metavar="SESSION",
+    help="Agent session id: 1-128 characters of A-Z a-z 0-9 . _ : -")
+
+
 def _fail(exc: Exception) -> NoReturn:
     if isinstance(exc, InvalidInput | ConfigError):
         raise click.UsageError(str(exc))
@@ -136,7 +141,7 @@ def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
 
 
 @cli.command()
-@click.option("--session", required=True, help="Session id: 1-128 of A-Z a-z 0-9 . _ : -")
+@SESSION
 @click.option("--tool", required=True, help="Name of the tool that produced the preview.")
 @click.option("--label", required=True, help="What the action does, for people.")
 @click.option("--apply", "apply_", required=True, metavar="HANDLER", help="Apply handler name.")
@@ -156,7 +161,7 @@ def stage(obj: Obj, session: str, tool: str, label: str, apply_: str, reject: st
 
 
 @cli.command()
-@click.option("--session", required=True)
+@SESSION
 @click.option("--action", required=True, type=click.Choice(["apply", "discard"]))
 @click.option("--reason", required=True, help="Why; passed to the handler.")
 @click.option("--extra", metavar="JSON", help="JSON object passed through untouched.")
@@ -185,7 +190,7 @@ def _line(a: PendingAction) -> str:
 
 
 @cli.command(name="ls")
-@click.option("--session", required=True)
+@SESSION
 @click.pass_obj
 def ls_(obj: Obj, session: str) -> None:
     """List SESSION's pending actions: in-flight first, then the stack, head first."""
@@ -198,11 +203,12 @@ def ls_(obj: Obj, session: str) -> None:
 
 
 @cli.command()
-@click.option("--session", required=True)
+@SESSION
 @click.argument("action_id", metavar="ID")
 @click.pass_obj
 def show(obj: Obj, session: str, action_id: str) -> None:
-    """Show one action (or directive/standing handler) of SESSION in full."""
+    """Show one pending action (or the directive / standing handler) of SESSION in full:
+    payload, attempts, last error and whether it is in flight. Exits 1 if ID is not there."""
     try:
         found = obj.client().show(session, action_id)
     except PendingActionsError as exc:
@@ -215,7 +221,7 @@ def show(obj: Obj, session: str, action_id: str) -> None:
 
 
 @cli.command()
-@click.option("--session", required=True)
+@SESSION
 @click.option("--count", type=click.IntRange(min=1), default=100, show_default=True)
 @click.pass_obj
 def history(obj: Obj, session: str, count: int) -> None:
@@ -229,7 +235,7 @@ def history(obj: Obj, session: str, count: int) -> None:
 
 
 @cli.command()
-@click.option("--session", required=True)
+@SESSION
 @click.pass_obj
 def dead(obj: Obj, session: str) -> None:
     """List SESSION's dead-lettered actions with the reason."""
@@ -243,7 +249,8 @@ def dead(obj: Obj, session: str) -> None:
 @cli.command()
 @click.pass_obj
 def stats(obj: Obj) -> None:
-    """Deployment-wide counters: sessions, queued requests and tasks, handlers."""
+    """Deployment-wide counters: sessions seen, resolve requests and handler tasks waiting,
+    sessions holding leases, registered handler names, malformed requests parked."""
     try:
         data = obj.client().stats()
     except PendingActionsError as exc:

@@ -137,7 +137,9 @@ class ResolveWorker:
         try:
             request = ResolveRequest.model_validate_json(fields.get(REQUEST_FIELD, b""))
         except ValidationError as exc:
-            self._dead(entry_id, fields, str(exc).replace("\n", " "))
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "entry"
+            self._dead(entry_id, fields, f"{where}: {first['msg']} ({exc.error_count()} errors)")
             return "malformed"
         outcome = self.dispatch(request)
         self._ack(entry_id)

@@ -1,0 +1,128 @@
+"""The command line as a user runs it: real subprocesses, exit codes, --json, and `up`."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from broker.embedded import EmbeddedRedis, free_port
+from tests.procs import ROOT, Worker, worker_env
+
+
+def cli(url: str | None, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = worker_env(url) if url else worker_env("")
+    if not url:
+        env.pop("PENDING_ACTIONS_REDIS_URL")
+    return subprocess.run([sys.executable, "-m", "pending_actions", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_stage_ls_resolve_history(redis_server: EmbeddedRedis, worker: Worker,
+                                  session: str) -> None:
+    url = redis_server.url
+    staged = cli(url, "stage", "--session", session, "--tool", "edit", "--label", "Fix typo",
+                 "--apply", "t.ok", "--payload", '{"path": "a.py"}')
+    assert staged.returncode == 0, staged.stderr
+    action_id = staged.stdout.strip()
+    assert action_id.startswith("pending-action:edit:")
+    listed = cli(url, "--json", "ls", "--session", session)
+    assert [a["id"] for a in orjson.loads(listed.stdout)] == [action_id]
+    shown = cli(url, "--json", "show", "--session", session, action_id)
+    assert orjson.loads(shown.stdout)["payload"] == {"path": "a.py"}
+    done = cli(url, "--json", "resolve", "--session", session, "--action", "apply",
+               "--reason", "ok", "--extra", '{"k": 1}')
+    assert done.returncode == 0, done.stderr
+    result = orjson.loads(done.stdout)
+    assert result["content"][0]["text"] == f"applied {action_id}"
+    assert result["details"]["extra"] == {"k": 1}
+    human = cli(url, "resolve", "--session", session, "--action", "apply", "--reason", "again")
+    assert human.returncode == 1
+    assert "No pending action to resolve" in human.stdout
+    events = orjson.loads(cli(url, "--json", "history", "--session", session).stdout)
+    assert [e["event"] for e in events] == ["staged", "taken", "applied"]
+    stats = orjson.loads(cli(url, "--json", "stats").stdout)
+    assert "t.ok" in stats["handlers"]
+
+
+@pytest.mark.parametrize("args", [
+    ["resolve", "--session", "s", "--action", "commit", "--reason", "r"],
+    ["resolve", "--session", "s", "--action", "apply"],
+    ["resolve", "--session", "s", "--action", "apply", "--reason", "r", "--extra", "[1]"],
+    ["resolve", "--session", "bad id", "--action", "apply", "--reason", "r"],
+    ["stage", "--session", "s", "--tool", "t", "--label", "l", "--apply", "t.ok",
+     "--payload", "nope"],
+    ["stage", "--session", "s", "--tool", "t", "--label", "l", "--apply", "no.such"],
+    ["resolve", "--session", "s", "--action", "apply", "--reason", "r", "--timeout", "0"],
+    ["frobnicate"],
+])
+def test_bad_usage_exits_2(redis_server: EmbeddedRedis, worker: Worker,
+                           args: list[str]) -> None:
+    res = cli(redis_server.url, *args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "Error" in res.stderr or "error" in res.stderr
+
+
+def test_no_redis_url_is_a_usage_error() -> None:
+    res = cli(None, "ls", "--session", "s")
+    assert res.returncode == 2
+    assert "PENDING_ACTIONS_REDIS_URL" in res.stderr
+
+
+def test_redis_down_fails_fast_with_exit_1() -> None:
+    res = cli(f"redis://127.0.0.1:{free_port()}/0", "ls", "--session", "s", timeout=30)
+    assert res.returncode == 1
+    assert "Redis is unavailable" in res.stderr
+
+
+def test_help_explains_every_command() -> None:
+    for command in ("up", "worker", "stage", "resolve", "ls", "show", "history", "stats"):
+        res = cli(None, command, "--help")
+        assert res.returncode == 0, res.stderr
+        usage, description, options = res.stdout.split("\n\n")[:3]
+        assert usage.startswith(f"Usage: pending-actions {command}")
+        assert len(description.split()) >= 6  # a sentence, not a stub
+        assert options.startswith("Options:")
+
+
+def test_up_runs_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    env = worker_env("")
+    env.pop("PENDING_ACTIONS_REDIS_URL")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pending_actions", "up", "--handlers", "workers.examples",
+         "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once the embedded Redis answers
+        url = f"redis://127.0.0.1:{port}/0"
+        assert line.strip() == f"export PENDING_ACTIONS_REDIS_URL={url}"
+        client = redis.Redis.from_url(url)
+        ready: set[bytes] = set()
+        last = "0-0"
+        while ready != {b"resolver", b"dramatiq"}:
+            got = client.xread({"pa:workers": last}, block=20_000)
+            assert got, "up never became ready"
+            for entry_id, fields in got[0][1]:
+                last = entry_id
+                ready.add(fields[b"role"])
+        staged = cli(url, "stage", "--session", "demo", "--tool", "edit", "--label", "L",
+                     "--apply", "examples.echo")
+        assert staged.returncode == 0, staged.stderr
+        done = cli(url, "resolve", "--session", "demo", "--action", "apply", "--reason", "r")
+        assert done.returncode == 0 and "Applied L: r" in done.stdout
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        with pytest.raises(redis.ConnectionError):
+            client.ping()
+        assert (tmp_path / "data").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

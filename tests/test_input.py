@@ -1,0 +1,159 @@
+"""Bad input: a clear error naming the field, and nothing staged or taken."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.errors import InvalidInput, UnknownHandler
+from broker.keys import Keys
+from producers import PendingActions
+
+K = Keys()
+
+
+def snapshot(rc: redis.Redis, session: str) -> tuple[object, ...]:
+    return (rc.lrange(K.stack(session), 0, -1), rc.hgetall(K.actions(session)),
+            rc.hgetall(K.inflight(session)), rc.get(K.directive(session)))
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "x" * 129, "tab\t", "ünï", "a{b}", "a/b", None, 7])
+def test_invalid_session_ids(pa: PendingActions, bad: object) -> None:
+    with pytest.raises(InvalidInput) as err:
+        pa.stage(session=bad, tool="edit", label="x", apply="t.ok")  # type: ignore[arg-type]
+    assert err.value.field == "session"
+    with pytest.raises(InvalidInput):
+        pa.resolve(session=bad, action="apply", reason="r")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        pa.pending(bad)  # type: ignore[arg-type]
+
+
+def test_longest_valid_session(pa: PendingActions) -> None:
+    s = "A-z.0_9:" * 16
+    assert len(s) == 128
+    pa.stage(session=s, tool="edit", label="x", apply="t.ok")
+    assert pa.resolve(session=s, action="apply", reason="r").is_error is False
+
+
+def test_unknown_handler_refused_at_stage_time(
+        pa: PendingActions, rc: redis.Redis, session: str) -> None:
+    seq = rc.get(K.seq)
+    with pytest.raises(UnknownHandler) as err:
+        pa.stage(session=session, tool="edit", label="x", apply="nope.missing")
+    assert (err.value.field, err.value.name) == ("apply", "nope.missing")
+    with pytest.raises(UnknownHandler) as err:
+        pa.stage(session=session, tool="edit", label="x", apply="t.ok", reject="nope")
+    assert err.value.field == "reject"
+    with pytest.raises(UnknownHandler):
+        pa.set_directive(session, tool="plan", label="x", apply="nope")
+    assert pa.pending(session) == [] and rc.get(K.seq) == seq
+
+
+@pytest.mark.parametrize("payload", [[1, 2], "text", 3, orjson.Fragment(b"{}")])
+def test_non_object_payload(pa: PendingActions, session: str, payload: object) -> None:
+    with pytest.raises(InvalidInput) as err:
+        pa.stage(session=session, tool="edit", label="x", apply="t.ok",
+                 payload=payload)  # type: ignore[arg-type]
+    assert err.value.field == "payload"
+    assert pa.pending(session) == []
+
+
+def test_oversized_payload(pa: PendingActions, session: str) -> None:
+    with pytest.raises(InvalidInput, match="limit") as err:
+        pa.stage(session=session, tool="edit", label="x", apply="t.ok",
+                 payload={"blob": "x" * (pa.settings.max_payload_bytes + 1)})
+    assert err.value.field == "payload"
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"action": "apply", "reason": "r", "extra": [1]}, "extra"),
+    ({"action": "apply", "reason": "r", "extra": "{}"}, "extra"),
+    ({"action": "apply", "reason": None}, "reason"),
+    ({"action": "apply", "reason": 5}, "reason"),
+    ({"action": "commit", "reason": "r"}, "action"),
+    ({"action": "APPLY", "reason": "r"}, "action"),
+    ({"action": None, "reason": "r"}, "action"),
+])
+def test_bad_resolve_input_takes_nothing(pa: PendingActions, rc: redis.Redis, session: str,
+                                         kwargs: dict[str, object], field: str) -> None:
+    pa.stage(session=session, tool="edit", label="x", apply="t.ok")
+    before = snapshot(rc, session)
+    with pytest.raises(InvalidInput) as err:
+        pa.resolve(session=session, **kwargs)  # type: ignore[arg-type]
+    assert err.value.field == field
+    assert snapshot(rc, session) == before
+
+
+def test_missing_reason_is_a_type_error_in_python(pa: PendingActions, session: str) -> None:
+    with pytest.raises(TypeError, match="reason"):
+        pa.resolve(session=session, action="apply")  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(("field", "kwargs"), [
+    ("tool", {"tool": "bad tool"}), ("tool", {"tool": ""}), ("label", {"label": " "}),
+    ("label", {"label": 3}), ("apply", {"apply": "has space"}), ("reject", {"reject": ""}),
+])
+def test_bad_stage_fields(pa: PendingActions, session: str, field: str,
+                          kwargs: dict[str, object]) -> None:
+    args: dict[str, object] = {"session": session, "tool": "edit", "label": "x", "apply": "t.ok"}
+    args.update(kwargs)
+    with pytest.raises(InvalidInput) as err:
+        pa.stage(**args)  # type: ignore[arg-type]
+    assert err.value.field == field
+    assert pa.pending(session) == []
+
+
+raw_fields = st.dictionaries(
+    st.sampled_from([b"r", b"x", b"req"]),
+    st.one_of(st.binary(max_size=40),
+              st.builds(lambda d: orjson.dumps(d), st.dictionaries(
+                  st.sampled_from(["req", "session", "action", "reason", "extra",
+                                   "deadline_ms"]),
+                  st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8),
+                            st.lists(st.booleans(), max_size=2)), max_size=6))),
+    min_size=1, max_size=3)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fields=raw_fields)
+def test_malformed_request_entries_are_parked_and_worker_keeps_serving(
+        pa: PendingActions, rc: redis.Redis, fields: dict[bytes, bytes]) -> None:
+    session = "fuzz-raw"
+    pa.stage(session=session, tool="edit", label="keep me", apply="t.ok")
+    before = snapshot(rc, session)
+    start = rc.xrevrange(K.requests_dead, count=1)
+    last = start[0][0] if start else b"0-0"
+    rc.xadd(K.requests, fields)
+    got = rc.xread({K.requests_dead: last}, block=10_000)
+    assert got, "malformed entry was not parked"
+    reason = got[0][1][0][1][b"reason"]
+    assert reason
+    assert snapshot(rc, session) == before
+    # and the worker still serves real requests
+    assert pa.resolve(session=session, action="apply", reason="r").is_error is False
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(session=st.text(max_size=140), action=st.one_of(st.text(max_size=10), st.none()),
+       reason=st.one_of(st.text(max_size=10), st.integers(), st.none()),
+       extra=st.one_of(st.none(), st.integers(), st.text(max_size=5),
+                       st.lists(st.integers(), max_size=2),
+                       st.dictionaries(st.text(max_size=5), st.integers(), max_size=2)))
+def test_fuzzed_resolve_input(pa: PendingActions, rc: redis.Redis, session: str,
+                              action: object, reason: object, extra: object) -> None:
+    anchor = "fuzz-anchor"
+    if not pa.pending(anchor):
+        pa.stage(session=anchor, tool="edit", label="anchor", apply="t.ok")
+    before = snapshot(rc, anchor)
+    try:
+        res = pa.resolve(session=session, action=action, reason=reason,  # type: ignore[arg-type]
+                         extra=extra, timeout=10)  # type: ignore[arg-type]
+    except InvalidInput as exc:
+        assert exc.field in {"session", "action", "reason", "extra"}
+    else:
+        assert res.details["action"] in ("apply", "discard")
+    if session != anchor:
+        assert snapshot(rc, anchor) == before
