@@ -26,14 +26,14 @@ REMINDER = (
 def check_session(session: object) -> str:
     if not isinstance(session, str) or not NAME_RE.match(session):
         raise InvalidInput(
-            "session", "must be 1-128 characters of A-Z a-z 0-9 . _ : - (got %r)" % (session,)
+            "session", f"must be 1-128 characters of A-Z a-z 0-9 . _ : - (got {session!r})"
         )
     return session
 
 
 def check_handler_name(field: str, name: object) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise InvalidInput(field, "must be 1-128 characters of A-Z a-z 0-9 . _ : - (got %r)" % (name,))
+        raise InvalidInput(field, f"must be 1-128 characters of A-Z a-z 0-9 . _ : - (got {name!r})")
     return name
 
 

@@ -33,7 +33,7 @@ from broker.keys import Keys
 FIELD = b"m"
 
 
-class OrjsonEncoder(dramatiq.Encoder):  # type: ignore[misc]
+class OrjsonEncoder(dramatiq.Encoder):
     """dramatiq message encoder using orjson (never pickle)."""
 
     def encode(self, data: dict[str, Any]) -> bytes:
@@ -49,7 +49,7 @@ class OrjsonEncoder(dramatiq.Encoder):  # type: ignore[misc]
         return out
 
 
-class StreamsBroker(dramatiq.Broker):  # type: ignore[misc]
+class StreamsBroker(dramatiq.Broker):
     def __init__(
         self,
         client: redis.Redis,
@@ -88,7 +88,7 @@ class StreamsBroker(dramatiq.Broker):  # type: ignore[misc]
         self.delay_queues.add(delayed)
         self.emit_after("declare_delay_queue", delayed)
 
-    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         queue_name = message.queue_name
         if delay is not None:
             queue_name = dq_name(queue_name)
@@ -128,7 +128,7 @@ class StreamsBroker(dramatiq.Broker):  # type: ignore[misc]
             time.sleep(0.01)
 
 
-class StreamConsumer(Consumer):  # type: ignore[misc]
+class StreamConsumer(Consumer):
     """Reads one queue's stream. ``ack`` runs on worker threads, so the bookkeeping is locked."""
 
     CLAIM_EVERY_S = 10.0
@@ -201,14 +201,14 @@ class StreamConsumer(Consumer):  # type: ignore[misc]
         now = time.monotonic()
         if now >= self.next_claim:
             self.next_claim = now + self.CLAIM_EVERY_S
-            claimed = self.client.xautoclaim(
+            claimed: Any = self.client.xautoclaim(
                 self.stream, Keys.TASK_GROUP, self.name, self.broker.claim_idle_ms,
                 start_id="0-0", count=count,
             )
             self.cache.extend((e, f[FIELD]) for e, f in claimed[1] if f and FIELD in f)
             if self.cache:
                 return
-        reply = self.client.xreadgroup(
+        reply: Any = self.client.xreadgroup(
             Keys.TASK_GROUP, self.name, {self.stream: ">"}, count=count, block=self.timeout
         )
         for _stream, entries in reply or ():

@@ -29,6 +29,7 @@ from broker.results import base_details, text_result
 from broker.settings import Settings
 from producers.tool import soft_requirement
 
+
 @contextmanager
 def _redis_errors() -> Iterator[None]:
     try:
@@ -60,7 +61,7 @@ class PendingActions:
               reject: object, payload: object, prefix: str) -> tuple[str, bytes]:
         check_session(session)
         if not isinstance(tool, str) or not TOOL_RE.match(tool):
-            raise InvalidInput("tool", f"must be 1-64 characters of A-Z a-z 0-9 . _ - (got {tool!r})")
+            raise InvalidInput("tool", f"must be 1-64 of A-Z a-z 0-9 . _ - (got {tool!r})")
         if not isinstance(label, str) or not label.strip():
             raise InvalidInput("label", "must be a non-empty string")
         if len(label) > self.settings.max_label_chars:
@@ -89,7 +90,7 @@ class PendingActions:
         return action_id, orjson.dumps(spec.model_dump())
 
     def _check_handlers(self, apply: object, reject: object) -> None:
-        names = [apply] if reject is None else [apply, reject]
+        names = [str(apply)] if reject is None else [str(apply), str(reject)]
         found = self.client.hmget(self.ctx.keys.handlers, names)
         for field, name, value in zip(("apply", "reject"), names, found, strict=False):
             if value is None:
@@ -206,7 +207,7 @@ class PendingActions:
     def history(self, session: str, count: int = 100) -> list[dict[str, Any]]:
         check_session(session)
         with _redis_errors():
-            entries = self.client.xrevrange(self.ctx.keys.history(session), count=count)
+            entries: Any = self.client.xrevrange(self.ctx.keys.history(session), count=count)
         return [{"at": e.decode(), **{k.decode(): v.decode() for k, v in f.items()}}
                 for e, f in reversed(entries)]
 

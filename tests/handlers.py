@@ -12,9 +12,8 @@ import redis
 
 from broker.errors import ToolError
 from broker.models import PendingAction
-from workers import handler
-
 from tests.procs import runs_key
+from workers import handler
 
 _client = redis.Redis.from_url(os.environ["PENDING_ACTIONS_REDIS_URL"])
 

@@ -21,7 +21,7 @@ from workers import attempt, registry
 ctx = Context.create(Settings(), role="worker")
 
 
-class Registration(dramatiq.Middleware):  # type: ignore[misc]
+class Registration(dramatiq.Middleware):
     """Tells producers which handler names exist, and says when this worker is ready."""
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
@@ -43,7 +43,7 @@ dramatiq.set_broker(broker)
 renewer = attempt.Renewer(ctx)
 
 
-@dramatiq.actor(  # type: ignore[misc]
+@dramatiq.actor(
     actor_name=ACTOR_NAME,
     queue_name=ctx.settings.queue,
     max_retries=0,  # a failed attempt is re-added by readd.lua, never retried by dramatiq

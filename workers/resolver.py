@@ -101,7 +101,7 @@ class ResolveWorker:
                 log.warning("request group missing; recreating it")
 
     def _read(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        reply = self.ctx.client.xreadgroup(
+        reply: Any = self.ctx.client.xreadgroup(
             Keys.RESOLVER_GROUP, self.name, {self.ctx.keys.requests: ">"}, count=64,
             block=self.ctx.settings.block_ms,
         )
@@ -109,7 +109,7 @@ class ResolveWorker:
 
     def _claim(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """Requests read by a resolve worker that died before acking them."""
-        claimed = self.ctx.client.xautoclaim(
+        claimed: Any = self.ctx.client.xautoclaim(
             self.ctx.keys.requests, Keys.RESOLVER_GROUP, self.name,
             self.ctx.settings.claim_idle_ms, start_id="0-0", count=64,
         )
@@ -164,7 +164,7 @@ class ResolveWorker:
             pipe.expire(ctx.keys.reply(s, request.req), ctx.settings.reply_ttl_s)
             pipe.execute()
             return "none"
-        message = dramatiq.Message(
+        message: dramatiq.Message[Any] = dramatiq.Message(
             queue_name=ctx.settings.queue, actor_name=ACTOR_NAME, args=(),
             kwargs={"session": s, "token": token, "req": request.req,
                     "action": request.action, "reason": request.reason,
@@ -195,14 +195,15 @@ class ResolveWorker:
 
     def recover_due(self) -> int:
         now = self._now_ms()
-        due = self.ctx.client.zrangebyscore(self.ctx.keys.leases, "-inf", now, start=0, num=100,
-                                            withscores=True)
+        due: Any = self.ctx.client.zrangebyscore(self.ctx.keys.leases, "-inf", now, start=0,
+                                                 num=100, withscores=True)
         return sum(self.recover_session(m.decode(), score, now) for m, score in due)
 
     def sweep(self) -> int:
         """Backstop for the index: look at every session that has anything in flight."""
         now, count = self._now_ms(), 0
-        for member in self.ctx.client.sscan_iter(self.ctx.keys.sessions, count=500):
+        members: Any = self.ctx.client.sscan_iter(self.ctx.keys.sessions, count=500)
+        for member in members:
             session = member.decode()
             if self.ctx.client.hlen(self.ctx.keys.inflight(session)):
                 count += self.recover_session(session, None, now)
@@ -211,7 +212,8 @@ class ResolveWorker:
     def recover_session(self, session: str, score: float | None, now: int) -> int:
         ctx = self.ctx
         recovered, next_deadline = 0, 0
-        for token, raw in ctx.client.hgetall(ctx.keys.inflight(session)).items():
+        leases: Any = ctx.client.hgetall(ctx.keys.inflight(session))
+        for token, raw in leases.items():
             lease = Lease.model_validate_json(raw)
             if lease.deadline > now:
                 next_deadline = min(next_deadline or lease.deadline, lease.deadline)
@@ -227,7 +229,7 @@ class ResolveWorker:
         return recovered
 
     def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes]:
-        raw = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
+        raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
         spec = Spec.model_validate_json(raw) if raw else None
         details = base_details(lease.action, lease.reason, lease.extra_value, spec)
         verb = "Apply" if lease.action == "apply" else "Discard"
