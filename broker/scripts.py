@@ -114,20 +114,24 @@ class Scripts:
     def renew(self, session: str, token: str, client: Any = None) -> Any:
         return self._run("renew", [self._k.inflight(session)], [token, self._s.lease_ms], client)
 
-    def finalize(self, session: str, token: str, req: str, reply: bytes, event: str) -> int:
+    def finalize(self, session: str, token: str, req: str, reply: bytes, event: str,
+                 action_id: str, attempt: int) -> int:
         k = self._k
         return int(self._run(
             "finalize",
             [k.inflight(session), k.actions(session), k.state(session), k.history(session),
              k.reply(session, req)],
-            [token, reply, self._s.reply_ttl_s, self._s.history_maxlen, event],
+            [token, reply, self._s.reply_ttl_s, self._s.history_maxlen, event, action_id,
+             attempt],
         ))
 
-    def readd(self, session: str, token: str, req: str, error: str, reply: bytes) -> int:
+    def readd(self, session: str, token: str, req: str, error: str, reply: bytes,
+              action_id: str, attempt: int) -> int:
         k = self._k
         return int(self._run(
             "readd",
             [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
              k.state(session), k.history(session), k.reply(session, req)],
-            [token, error, reply, self._s.reply_ttl_s, self._s.history_maxlen],
+            [token, error, reply, self._s.reply_ttl_s, self._s.history_maxlen, action_id,
+             attempt],
         ))

@@ -10,7 +10,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+
+from dramatiq.cli import RET_IMPORT, RET_PIDFILE
 
 from broker.context import Context, task_broker
 from broker.embedded import EmbeddedRedis
@@ -50,18 +53,28 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
     env = {**os.environ, "PENDING_ACTIONS_REDIS_URL": settings.require_url()}
     if settings.dramatiq_url:
         env["PENDING_ACTIONS_DRAMATIQ_URL"] = settings.dramatiq_url
-    proc = subprocess.Popen(dramatiq_command(modules, settings, int(shutdown_s * 1000)), env=env)
+    command = dramatiq_command(modules, settings, int(shutdown_s * 1000))
+    proc = subprocess.Popen(command, env=env)
     ctx = Context.create(settings, role="worker")
     resolver = ResolveWorker(ctx, task_broker(ctx)).start()
     log.info("resolve worker %s and dramatiq (pid %d) running; Ctrl-C stops", resolver.name,
              proc.pid)
-    code = 0
-    while not stop.is_set():
-        if stop.wait(0.5) or proc.poll() is None:
+    code, restarts, started = 0, 0, time.monotonic()
+    while not stop.wait(0.2):
+        if proc.poll() is None:
             continue
-        log.error("dramatiq worker exited with %s; stopping", proc.returncode)
-        code = 1
-        break
+        if proc.returncode in (RET_IMPORT, RET_PIDFILE):  # restarting cannot fix these
+            log.error("dramatiq worker could not start (exit %s); stopping", proc.returncode)
+            code = 1
+            break
+        # dramatiq stops all its processes when one dies (a handler that crashes the process,
+        # an OOM kill). Leases bring back what was running; we bring back the workers.
+        restarts = 0 if time.monotonic() - started > 60 else restarts + 1
+        delay = min(0.1 * 2**restarts, 10.0)
+        log.error("dramatiq worker exited with %s; restarting in %.1fs", proc.returncode, delay)
+        if stop.wait(delay):
+            break
+        proc, started = subprocess.Popen(command, env=env), time.monotonic()
     resolver.shutdown()
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)  # dramatiq lets running handlers finish, bounded

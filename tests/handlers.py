@@ -105,3 +105,14 @@ def crash(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
     record("t.crash", action, reason, extra, idempotency_key)
     os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable")
+
+
+@handler("t.idem")
+def idem(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+         idempotency_key: str) -> str:
+    """Makes its effect exactly once with the idempotency key, as the contract asks handlers to:
+    ``test:effects:<session>`` gets each action id once however often it is attempted."""
+    record("t.idem", action, reason, extra, idempotency_key)
+    if _client.set(f"test:effect:{idempotency_key}", action.id, nx=True):
+        _client.rpush(f"test:effects:{action.session}", action.id)
+    return f"done {action.id}"

@@ -43,13 +43,24 @@ class Worker:
 
     def start(self, timeout: float = 30.0) -> Worker:
         client = redis.Redis.from_url(self.url)
-        stream = Keys().workers
-        last = client.xrevrange(stream, count=1)
-        since = last[0][0] if last else b"0-0"
+        last = client.xrevrange(Keys().workers, count=1)
+        client.close()
+        return self.launch().wait_ready(last[0][0] if last else b"0-0", timeout)
+
+    def launch(self) -> Worker:
+        """Start the process without waiting (it may have no Redis to talk to yet)."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pending_actions", "worker", "--handlers", self.handlers],
             env=worker_env(self.url, **self.overrides), cwd=ROOT,
         )
+        return self
+
+    def wait_ready(self, since: bytes = b"0-0", timeout: float = 30.0) -> Worker:
+        """Block on the ``workers`` stream until this worker's resolver and dramatiq
+        processes have said they are ready."""
+        assert self.proc is not None
+        client = redis.Redis.from_url(self.url)
+        stream = Keys().workers
         processes = int(self.overrides.get("worker_processes", "1"))
         resolver_ready = False
         self.dramatiq_pids = []
@@ -82,14 +93,15 @@ class Worker:
         return self.proc is not None and grand == self.proc.pid
 
     def kill(self) -> None:
-        """SIGKILL the whole worker: CLI process, dramatiq master and its children."""
-        for pid in self.dramatiq_pids:
+        """SIGKILL the whole worker: CLI process, dramatiq master and its children, at once."""
+        if self.proc is None:
+            return
+        tree = [self.proc.pid]
+        for pid in tree:
+            tree.extend(_children(pid))
+        for pid in tree:
             _kill(pid)
-        if self.proc is not None:
-            for child in _children(self.proc.pid):
-                _kill(child)
-            _kill(self.proc.pid)
-            self.proc.wait()
+        self.proc.wait()
 
     def stop(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
@@ -104,10 +116,16 @@ class Worker:
 
 def _children(pid: int) -> list[int]:
     try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return []
-    return [int(x) for x in text.split()]
+    out: list[int] = []
+    for task in tasks:
+        try:
+            out.extend(int(x) for x in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return out
 
 
 def _kill(pid: int) -> None:

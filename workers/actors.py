@@ -6,35 +6,63 @@ Run with ``python -m dramatiq workers.actors your.handlers`` (``pending-actions 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import time
 from typing import Any
 
 import dramatiq
 import orjson
 
+from broker.connection import TRANSIENT
 from broker.context import ACTOR_NAME, Context, task_broker
 from broker.settings import Settings
 from workers import attempt, registry
 
+log = logging.getLogger("pending_actions.actors")
 ctx = Context.create(Settings(), role="worker")
 
 
 class Registration(dramatiq.Middleware):
-    """Tells producers which handler names exist, and says when this worker is ready."""
+    """Tells producers which handler names exist and says when this worker is ready. Runs in a
+    thread so a worker that boots while Redis is down keeps trying, and re-registers every
+    HEARTBEAT_S in case Redis lost its data."""
+
+    HEARTBEAT_S = 30.0
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
-        info = orjson.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                             "at": time.time()})
+        threading.Thread(target=self._run, name="registration", daemon=True).start()
+
+    def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        self.stop.set()
+
+    def _publish(self, first: bool) -> None:
         names = registry.names()
+        info = orjson.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
         pipe = ctx.client.pipeline(transaction=False)
         if names:
             pipe.hset(ctx.keys.handlers, mapping=dict.fromkeys(names, info))
-        pipe.xadd(ctx.keys.workers, {"role": "dramatiq", "event": "ready", "pid": os.getpid(),
-                                     "handlers": ",".join(names)}, maxlen=1000,
-                  approximate=True)
+        if first:
+            pipe.xadd(ctx.keys.workers, {"role": "dramatiq", "event": "ready", "pid": os.getpid(),
+                                         "handlers": ",".join(names)}, maxlen=1000,
+                      approximate=True)
         pipe.execute()
+
+    def _run(self) -> None:
+        first, delay = True, 0.05
+        while not self.stop.is_set():
+            try:
+                self._publish(first)
+                first, delay = False, self.HEARTBEAT_S
+            except TRANSIENT as exc:
+                log.warning("cannot register handlers yet (%s); retrying", exc)
+                delay = min(delay * 2, 2.0) if delay < self.HEARTBEAT_S else 0.05
+            self.stop.wait(delay)
 
 
 broker = task_broker(ctx)

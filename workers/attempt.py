@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from broker.connection import TRANSIENT
 from broker.context import Context
 from broker.errors import ToolError
-from broker.models import ActionState, PendingAction, Result, Spec
+from broker.models import ActionState, Lease, PendingAction, Result, Spec
 from broker.results import base_details, from_handler, text_result
 from workers import registry
 
@@ -98,10 +98,11 @@ def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: s
         log.info("duplicate delivery of attempt %s; nothing run", token)
         return "duplicate"
     if status == "gone":
+        lease = Lease.model_validate_json(got[1])
         reply = text_result("The target was replaced before it ran; nothing was done.",
                             base_details(action, reason, extra), is_error=True)
-        retrying(lambda: ctx.scripts.readd(session, token, req, "replaced", reply.to_json()),
-                 budget)
+        retrying(lambda: ctx.scripts.readd(session, token, req, "replaced", reply.to_json(),
+                                           lease.id, lease.attempt), budget)
         return "failed"
     spec = Spec.model_validate_json(got[1])
     view = PendingAction.build(spec, ActionState.model_validate_json(got[2]), "in_flight")
@@ -113,13 +114,13 @@ def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: s
         renewer.discard(token)
     if result.is_error:
         error = result.text
-        done = retrying(
-            lambda: ctx.scripts.readd(session, token, req, error, result.to_json()), budget)
+        done = retrying(lambda: ctx.scripts.readd(
+            session, token, req, error, result.to_json(), spec.id, view.attempts), budget)
         outcome = "failed"
     else:
         event = "applied" if action == "apply" else "discarded"
-        done = retrying(
-            lambda: ctx.scripts.finalize(session, token, req, result.to_json(), event), budget)
+        done = retrying(lambda: ctx.scripts.finalize(
+            session, token, req, result.to_json(), event, spec.id, view.attempts), budget)
         outcome = event
     if not done:
         log.warning("late outcome of %s (attempt %s) refused: its lease had expired",

@@ -17,6 +17,7 @@ import orjson
 import redis
 from pydantic import ValidationError
 
+from broker import failpoints
 from broker.connection import TRANSIENT
 from broker.context import ACTOR_NAME, Context
 from broker.keys import Keys
@@ -164,6 +165,7 @@ class ResolveWorker:
             pipe.expire(ctx.keys.reply(s, request.req), ctx.settings.reply_ttl_s)
             pipe.execute()
             return "none"
+        failpoints.hit("after-take", ctx.client, ctx.keys)
         message: dramatiq.Message[Any] = dramatiq.Message(
             queue_name=ctx.settings.queue, actor_name=ACTOR_NAME, args=(),
             kwargs={"session": s, "token": token, "req": request.req,

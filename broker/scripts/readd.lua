@@ -4,10 +4,12 @@
 -- KEYS[1] inflight (hash)  KEYS[2] stack (list)  KEYS[3] directive (string)
 -- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)  KEYS[7] reply (list)
 -- ARGV[1] lease token  ARGV[2] error text  ARGV[3] reply JSON  ARGV[4] reply ttl s
--- ARGV[5] history maxlen
--- Returns: 1 when re-added, 0 when the token was stale.
+-- ARGV[5] history maxlen  ARGV[6] action id  ARGV[7] attempt
+-- Returns: 1 when re-added, 0 when the token was stale (only a "late-refused" history entry).
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[5], '*', 'event', 'late-refused', 'id',
+    ARGV[6], 'attempt', ARGV[7], 'outcome', 'failed')
   return 0
 end
 local lease = cjson.decode(raw)

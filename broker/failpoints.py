@@ -1,0 +1,23 @@
+"""Named points where a process can be told to stop dead, so fault tests can SIGKILL it at an
+exact moment (as FoundationDB and TiKV do with failpoints).
+
+Off unless ``PENDING_ACTIONS_FAILPOINT`` names the point. When hit, the process announces it on
+the ``workers`` stream and then blocks for ever, waiting for the test's SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import redis
+
+from broker.keys import Keys
+
+ENV = "PENDING_ACTIONS_FAILPOINT"
+
+
+def hit(name: str, client: redis.Redis, keys: Keys) -> None:
+    if os.environ.get(ENV) != name:
+        return
+    client.xadd(keys.workers, {"role": "failpoint", "event": name, "pid": os.getpid()})
+    threading.Event().wait()

@@ -1,0 +1,79 @@
+"""Helpers of the fault tests: a private Redis and workers per test, and waits on Redis events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+
+from broker.embedded import EmbeddedRedis
+from broker.keys import Keys
+from producers import PendingActions
+from tests.procs import Worker
+
+K = Keys()
+# Short leases so that recovery happens within a test's patience.
+FAST = {"lease_ms": "1000", "recovery_interval_ms": "100", "max_stalls": "3",
+        "claim_idle_ms": "3000", "resolve_timeout_s": "30"}
+
+
+@contextmanager
+def cluster(tmp: Path, workers: int = 1, fsync: str = "always",
+            **overrides: str) -> Iterator[tuple[EmbeddedRedis, list[Worker], PendingActions]]:
+    server = EmbeddedRedis(directory=tmp / "redis", fsync=fsync).start()
+    started: list[Worker] = []
+    pa = PendingActions.from_url(server.url, resolve_timeout_s=30)
+    try:
+        for _ in range(workers):
+            started.append(Worker(server.url, overrides={**FAST, **overrides}).start())
+        yield server, started, pa
+    finally:
+        pa.close()
+        for w in started:
+            w.kill()
+        server.kill()
+
+
+def tail_id(rc: redis.Redis, stream: str) -> bytes:
+    last = rc.xrevrange(stream, count=1)
+    return last[0][0] if last else b"0-0"
+
+
+def wait_for(rc: redis.Redis, stream: str, match: Callable[[dict[bytes, bytes]], bool],
+             since: bytes = b"0-0", timeout: float = 20.0) -> dict[bytes, bytes]:
+    """Block on a stream until an entry after ``since`` matches."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no matching entry on {stream} within {timeout}s"
+        got = rc.xread({stream: since}, block=int(min(left, 2.0) * 1000))
+        for _s, entries in got or ():
+            for entry_id, fields in entries:
+                since = entry_id
+                if match(fields):
+                    return fields
+
+
+def wait_history(rc: redis.Redis, session: str, event: str, since: bytes = b"0-0",
+                 timeout: float = 20.0) -> dict[bytes, bytes]:
+    return wait_for(rc, K.history(session), lambda f: f[b"event"] == event.encode(), since,
+                    timeout)
+
+
+def events(rc: redis.Redis, session: str) -> list[str]:
+    return [f[b"event"].decode() for _e, f in rc.xrange(K.history(session))]
+
+
+def started_pid(rc: redis.Redis, session: str, timeout: float = 20) -> int:
+    """Wait until a t.gate handler of the session has started; return its process id."""
+    import orjson
+
+    from tests.procs import runs_key
+
+    got = rc.blpop([f"test:started:{session}"], timeout=timeout)
+    assert got is not None, "the handler never started"
+    last = [orjson.loads(r) for r in rc.lrange(runs_key(session), 0, -1)][-1]
+    return int(last["pid"])

@@ -1,0 +1,152 @@
+"""CONTRACT section 4 under real faults: SIGKILL, SIGSTOP, SIGTERM and Redis outages."""
+
+from __future__ import annotations
+
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import redis
+
+from broker.results import NOTHING_TO_APPLY
+from tests.conftest import runs
+from tests.faults import K, cluster, events, started_pid, tail_id, wait_for, wait_history
+from tests.procs import Worker
+
+pool = ThreadPoolExecutor(max_workers=4)
+
+
+def test_resolve_worker_killed_between_pop_and_dispatch(tmp_path: Path) -> None:
+    with cluster(tmp_path, workers=0) as (server, workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        doomed = Worker(server.url, overrides={"failpoint": "after-take",
+                                               "lease_ms": "1000"}).start()
+        action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
+        mark = tail_id(rc, K.workers)
+        waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
+        wait_for(rc, K.workers, lambda f: f[b"role"] == b"failpoint", mark)
+        assert rc.hlen(K.inflight("s")) == 1 and rc.llen(K.stack("s")) == 0  # popped
+        doomed.kill()
+        workers.append(Worker(server.url, overrides={"lease_ms": "1000",
+                                                     "recovery_interval_ms": "100"}).start())
+        result = waiting.result(timeout=30)
+        assert result.is_error and "interrupted" in result.text and action_id in result.text
+        [again] = pa.pending("s")
+        assert (again.id, again.state, again.attempts) == (action_id, "pending", 1)
+        assert runs(rc, "s") == []  # the handler never ran
+        done = pa.resolve(session="s", action="apply", reason="retry")
+        assert not done.is_error
+        assert [(r["id"], r["attempt"]) for r in runs(rc, "s")] == [(action_id, 2)]
+
+
+def test_dramatiq_worker_killed_mid_handler(tmp_path: Path) -> None:
+    with cluster(tmp_path) as (server, _workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        action_id = pa.stage(session="s", tool="edit", label="L", apply="t.gate",
+                             payload={"gate": "gate:s"})
+        waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
+        os.kill(started_pid(rc, "s"), signal.SIGKILL)
+        result = waiting.result(timeout=30)
+        assert result.is_error and "interrupted" in result.text
+        [again] = pa.pending("s")
+        assert (again.id, again.attempts) == (action_id, 1)
+        assert rc.hget(K.state("s"), action_id) is not None
+        rc.rpush("gate:s", "open")  # let the next attempt through
+        done = pa.resolve(session="s", action="apply", reason="retry")
+        assert not done.is_error, done.text
+        ran = runs(rc, "s")
+        assert [(r["handler"], r["attempt"]) for r in ran] == \
+            [("t.gate:start", 1), ("t.gate:start", 2), ("t.gate", 2)]
+        assert {r["key"] for r in ran} == {action_id}  # same idempotency key on the retry
+        assert events(rc, "s").count("applied") == 1
+
+
+def test_lease_expiring_under_a_running_handler_refuses_its_late_outcome(
+        tmp_path: Path) -> None:
+    with cluster(tmp_path) as (server, _workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        action_id = pa.stage(session="s", tool="edit", label="L", apply="t.gate",
+                             payload={"gate": "gate:s"})
+        waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
+        pid = started_pid(rc, "s")
+        os.kill(pid, signal.SIGSTOP)  # a hung worker: no renewals, no progress
+        try:
+            result = waiting.result(timeout=30)
+            assert result.is_error and "interrupted" in result.text
+            assert [a.id for a in pa.pending("s")] == [action_id]
+            mark = tail_id(rc, K.history("s"))
+            rc.rpush("gate:s", "open")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        refused = wait_history(rc, "s", "late-refused", mark)
+        assert refused[b"id"].decode() == action_id and refused[b"attempt"] == b"1"
+        # the late finish changed nothing: still pending, no outcome recorded
+        [still] = pa.pending("s")
+        assert (still.id, still.state) == (action_id, "pending")
+        assert "applied" not in events(rc, "s")
+        rc.rpush("gate:s", "open")
+        assert not pa.resolve(session="s", action="apply", reason="again").is_error
+        assert events(rc, "s").count("applied") == 1
+        assert pa.pending("s") == []
+
+
+def test_handler_that_kills_its_worker_is_dead_lettered(tmp_path: Path) -> None:
+    with cluster(tmp_path, max_stalls="3") as (server, _workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        below = pa.stage(session="s", tool="edit", label="below", apply="t.ok")
+        action_id = pa.stage(session="s", tool="deploy", label="poison", apply="t.crash")
+        texts = [pa.resolve(session="s", action="apply", reason="r").text for _ in range(3)]
+        assert all("interrupted" in t for t in texts[:2]), texts
+        assert "dead-letter" in texts[2] and action_id in texts[2]
+        assert [a.id for a in pa.pending("s")] == [below]
+        [dead] = pa.dead_letters("s")
+        assert dead["id"] == action_id and dead["stalls"] == 3 and "lost 3 times" in \
+            dead["reason"]
+        assert dead["spec"]["label"] == "poison"
+        assert [r["attempt"] for r in runs(rc, "s")] == [1, 2, 3]
+        assert "dead-lettered" in events(rc, "s")
+        # the service carries on with the rest
+        assert pa.resolve(session="s", action="apply", reason="r").details["label"] == "below"
+
+
+def test_sigterm_lets_the_running_handler_finish(tmp_path: Path) -> None:
+    with cluster(tmp_path) as (server, workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        pa.stage(session="s", tool="edit", label="L", apply="t.gate", payload={"gate": "g"})
+        waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
+        started_pid(rc, "s")
+        [w] = workers
+        assert w.proc is not None
+        w.proc.send_signal(signal.SIGTERM)
+        rc.rpush("g", "open")
+        result = waiting.result(timeout=30)
+        assert not result.is_error, result.text
+        assert w.proc.wait(30) == 0
+        assert pa.pending("s") == []
+
+
+def test_workers_wait_for_redis_and_producers_fail_fast(tmp_path: Path) -> None:
+    from broker.embedded import EmbeddedRedis, free_port
+    from broker.errors import RedisUnavailable
+    from producers import PendingActions
+
+    port = free_port()
+    server = EmbeddedRedis(directory=tmp_path / "r", port=port)
+    worker = Worker(server.url, overrides={"lease_ms": "1000"}).launch()
+    pa = PendingActions.from_url(server.url)
+    try:
+        try:
+            pa.stage(session="s", tool="edit", label="L", apply="t.ok")
+            raise AssertionError("stage succeeded with Redis down")
+        except RedisUnavailable as exc:
+            assert "Redis is unavailable" in str(exc)
+        server.start()
+        worker.wait_ready()
+        pa.stage(session="s", tool="edit", label="L", apply="t.ok")
+        assert not pa.resolve(session="s", action="apply", reason="r").is_error
+        assert pa.resolve(session="s", action="apply", reason="r").text == NOTHING_TO_APPLY
+    finally:
+        worker.kill()
+        server.kill()
+        pa.close()
