@@ -154,7 +154,7 @@ class PendingActions:
                                  deadline_ms=int((time.time() + wait) * 1000))
         with _redis_errors():
             self.client.xadd(self.ctx.keys.requests, {"r": request.model_dump_json()})
-            got = self.client.blpop([self.ctx.keys.reply(session, req)], timeout=wait)
+        got = self._wait_reply(self.ctx.keys.reply(session, req), wait)
         if got is None:
             details = base_details(given.action, given.reason, given.extra)
             return text_result(
@@ -162,6 +162,21 @@ class PendingActions:
                 "still applied, discarded or pending, never lost: check `pending-actions ls`.",
                 details, is_error=True)
         return Result.model_validate_json(got[1])
+
+    def _wait_reply(self, key: str, wait: float) -> Any:
+        """BLPOP until the deadline. A dropped connection is retried with the time that is
+        left (the request is already in Redis and will be answered); Redis staying away
+        raises RedisUnavailable."""
+        deadline = time.monotonic() + wait
+        failures = 0
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                return self.client.blpop([key], timeout=max(left, 0.01))
+            except TRANSIENT as exc:
+                failures += 1
+                if failures > 3:
+                    raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+        return None
 
     # --- reading ---------------------------------------------------------------------------
     def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:

@@ -113,6 +113,9 @@ def idem(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
     """Makes its effect exactly once with the idempotency key, as the contract asks handlers to:
     ``test:effects:<session>`` gets each action id once however often it is attempted."""
     record("t.idem", action, reason, extra, idempotency_key)
-    if _client.set(f"test:effect:{idempotency_key}", action.id, nx=True):
-        _client.rpush(f"test:effects:{action.session}", action.id)
+    # one atomic step, so a retried call after a lost reply cannot lose or double the effect
+    _client.eval(
+        "if redis.call('SET', KEYS[1], ARGV[1], 'NX') then redis.call('RPUSH', KEYS[2], ARGV[1])"
+        " end return 1", 2, f"test:effect:{idempotency_key}", f"test:effects:{action.session}",
+        action.id)
     return f"done {action.id}"

@@ -28,7 +28,7 @@ def worker_env(url: str, **overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PENDING_ACTIONS_")}
     env.update({"PENDING_ACTIONS_REDIS_URL": url, "PYTHONPATH": str(ROOT),
                 "PENDING_ACTIONS_WORKER_THREADS": "8", "PENDING_ACTIONS_BLOCK_MS": "1000",
-                "dramatiq_worker_timeout": "200"})
+                "dramatiq_worker_timeout": "200", "dramatiq_restart_delay": "100"})
     env.update({f"PENDING_ACTIONS_{k.upper()}": v for k, v in overrides.items()})
     return env
 
