@@ -84,19 +84,21 @@ class Scripts:
             [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
              k.state(session), k.inflight(session), k.history(session),
              k.request_marker(session, req)],
-            [req, action, token, self._s.lease_ms, self._s.reply_ttl_s, self._s.history_maxlen,
+            [req, action, token, self._s.dispatch_timeout_ms, self._s.reply_ttl_s,
+             self._s.history_maxlen,
              reason, extra],
         )
         return out
 
-    def recover(self, session: str, token: str, req: str, returned: bytes, dead: bytes) -> int:
+    def recover(self, session: str, token: str, req: str, returned: bytes, dead: bytes,
+                unstarted: bytes) -> int:
         k = self._k
         return int(self._run(
             "recover",
             [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
              k.state(session), k.history(session), k.dead(session), k.reply(session, req)],
             [token, self._s.max_stalls, self._s.reply_ttl_s, self._s.history_maxlen,
-             returned, dead],
+             returned, dead, unstarted],
         ))
 
     def lease_hint(self, session: str, old: float, new: int) -> int:

@@ -20,7 +20,10 @@ class Settings(BaseSettings):
     key_prefix: str = Field(default="pa", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     queue: str = Field(default="pending-actions", description="dramatiq queue of handler runs")
 
-    lease_ms: int = Field(default=15_000, ge=200, description="lease on an in-flight attempt")
+    lease_ms: int = Field(default=15_000, ge=200, description="lease on a running attempt")
+    dispatch_timeout_ms: int = Field(
+        default=60_000, ge=200,
+        description="how long a taken action may wait for a worker to start it")
     max_stalls: int = Field(default=3, ge=1, description="lost leases before dead-lettering")
     recovery_interval_ms: int = Field(default=1_000, ge=50)
     resolve_timeout_s: float = Field(default=60.0, gt=0)
@@ -32,6 +35,8 @@ class Settings(BaseSettings):
     max_label_chars: int = Field(default=1_000, ge=1)
     history_maxlen: int = Field(default=1_000, ge=10)
 
+    restart_backoff_max_s: float = Field(
+        default=5.0, ge=0.01, description="longest pause before restarting crashed workers")
     worker_processes: int = Field(default=1, ge=1)
     worker_threads: int = Field(default=8, ge=1)
     block_ms: int = Field(default=5_000, ge=10, description="idle XREADGROUP block time")

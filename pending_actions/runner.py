@@ -69,8 +69,8 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
             break
         # dramatiq stops all its processes when one dies (a handler that crashes the process,
         # an OOM kill). Leases bring back what was running; we bring back the workers.
-        restarts = 0 if time.monotonic() - started > 60 else restarts + 1
-        delay = min(0.1 * 2**restarts, 10.0)
+        restarts = 0 if time.monotonic() - started > 30 else restarts + 1
+        delay = min(0.1 * 2**restarts, settings.restart_backoff_max_s)
         log.error("dramatiq worker exited with %s; restarting in %.1fs", proc.returncode, delay)
         if stop.wait(delay):
             break

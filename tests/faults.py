@@ -16,8 +16,9 @@ from tests.procs import Worker
 
 K = Keys()
 # Short leases so that recovery happens within a test's patience.
-FAST = {"lease_ms": "1000", "recovery_interval_ms": "100", "max_stalls": "3",
-        "claim_idle_ms": "3000", "resolve_timeout_s": "30"}
+FAST = {"lease_ms": "1000", "dispatch_timeout_ms": "20000", "recovery_interval_ms": "100",
+        "max_stalls": "3", "claim_idle_ms": "3000", "resolve_timeout_s": "30",
+        "restart_backoff_max_s": "0.2"}
 
 
 @contextmanager

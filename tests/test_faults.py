@@ -21,17 +21,17 @@ def test_resolve_worker_killed_between_pop_and_dispatch(tmp_path: Path) -> None:
     with cluster(tmp_path, workers=0) as (server, workers, pa):
         rc = redis.Redis.from_url(server.url)
         doomed = Worker(server.url, overrides={"failpoint": "after-take",
-                                               "lease_ms": "1000"}).start()
+                                               "dispatch_timeout_ms": "1000"}).start()
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
         mark = tail_id(rc, K.workers)
         waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
         wait_for(rc, K.workers, lambda f: f[b"role"] == b"failpoint", mark)
         assert rc.hlen(K.inflight("s")) == 1 and rc.llen(K.stack("s")) == 0  # popped
         doomed.kill()
-        workers.append(Worker(server.url, overrides={"lease_ms": "1000",
-                                                     "recovery_interval_ms": "100"}).start())
+        workers.append(Worker(server.url, overrides={"recovery_interval_ms": "100"}).start())
         result = waiting.result(timeout=30)
-        assert result.is_error and "interrupted" in result.text and action_id in result.text
+        assert result.is_error and "no worker started attempt 1" in result.text
+        assert action_id in result.text
         [again] = pa.pending("s")
         assert (again.id, again.state, again.attempts) == (action_id, "pending", 1)
         assert runs(rc, "s") == []  # the handler never ran

@@ -27,6 +27,8 @@ from broker.results import base_details, nothing_to_target, text_result
 log = logging.getLogger("pending_actions.resolver")
 
 REQUEST_FIELD = b"r"
+OUTCOMES = {1: "worker lost; pending again", 2: "worker lost; dead-lettered",
+            3: "never started; pending again"}
 
 
 class ResolveWorker:
@@ -220,17 +222,17 @@ class ResolveWorker:
             if lease.deadline > now:
                 next_deadline = min(next_deadline or lease.deadline, lease.deadline)
                 continue
-            returned, dead = self._recovery_replies(session, lease)
-            outcome = ctx.scripts.recover(session, token.decode(), lease.req, returned, dead)
+            replies = self._recovery_replies(session, lease)
+            outcome = ctx.scripts.recover(session, token.decode(), lease.req, *replies)
             if outcome:
                 recovered += 1
                 log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
-                            "dead-lettered" if outcome == 2 else "pending again")
+                            OUTCOMES[outcome])
         if score is not None:
             ctx.scripts.lease_hint(session, score, next_deadline)
         return recovered
 
-    def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes]:
+    def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
         raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
         spec = Spec.model_validate_json(raw) if raw else None
         details = base_details(lease.action, lease.reason, lease.extra_value, spec)
@@ -241,4 +243,7 @@ class ResolveWorker:
         dead = text_result(
             f"{verb} failed: {lease.id} was moved to the dead-letter list after its worker was "
             f"lost {self.ctx.settings.max_stalls} times.", details, is_error=True)
-        return returned.to_json(), dead.to_json()
+        unstarted = text_result(
+            f"{verb} interrupted: no worker started attempt {lease.attempt} of {lease.id} in "
+            "time. The action is pending again; retry or discard it.", details, is_error=True)
+        return returned.to_json(), dead.to_json(), unstarted.to_json()

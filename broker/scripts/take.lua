@@ -4,7 +4,8 @@
 -- KEYS[1] directive (string)  KEYS[2] stack (list)  KEYS[3] standing (string)
 -- KEYS[4] actions (hash)      KEYS[5] state (hash)  KEYS[6] inflight (hash)
 -- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
--- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token  ARGV[4] lease ms
+-- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
+-- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
 -- ARGV[5] marker ttl seconds  ARGV[6] history maxlen  ARGV[7] reason
 -- ARGV[8] extra as a JSON string (kept opaque: cjson would rewrite {} as [])
 -- Returns: {"ok", id, kind, spec JSON, attempt, deadline ms} | {"none"} | {"dup"}

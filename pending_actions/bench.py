@@ -1,0 +1,61 @@
+"""``pending-actions bench``: run the benchmark harness (``bench/``) and print one table, with
+``results.json`` and ``latency.png`` written to ``--out``. Also runnable on its own as
+``python -m pending_actions.bench``.
+
+Benchmarks are not tests: the exit status says whether the harness ran, never whether a target
+was met (the table and the JSON say that)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--quick", is_flag=True,
+              help="Small sizes, to prove the harness works (CI); the figures mean little.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("bench/results"), show_default=True,
+              help="Where results.json, latency.png and the workers' logs go.")
+@click.option("--skip-rabbitmq", is_flag=True, help="Do not try the RabbitMQ baseline.")
+@click.option("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/%2F",
+              show_default=True, help="RabbitMQ for the stock dramatiq baseline, if reachable.")
+@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="dramatiq worker processes, for ours and for stock dramatiq alike.")
+@click.option("--threads", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Threads per dramatiq worker process, for ours and stock alike.")
+@click.option("--fsync", type=click.Choice(["always", "everysec", "no"]), default="always",
+              show_default=True,
+              help="appendfsync of the private redis-server (always: as docker-compose.yml).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def bench(quick: bool, out: Path, skip_rabbitmq: bool, rabbitmq_url: str, processes: int,
+          threads: int, fsync: str, no_progress: bool) -> None:
+    """Measure resolve latency and throughput, staging, memory, scaling and idle cost, each
+    beside baselines measured in the same run (raw Redis, stock dramatiq on RedisBroker and,
+    when reachable, RabbitMQ). Starts its own redis-server and worker processes."""
+    try:
+        from bench import report, runner
+    except ImportError as exc:
+        raise click.UsageError(
+            f"the bench package is not importable ({exc}); run from the repository root") from None
+
+    out.mkdir(parents=True, exist_ok=True)
+    options = runner.Options(out=out, quick=quick, skip_rabbitmq=skip_rabbitmq,
+                             rabbitmq_url=rabbitmq_url, processes=processes, threads=threads,
+                             fsync=fsync, progress=not no_progress)
+    run = runner.run(options)
+    rows = report.rows(run)
+    png = out / "latency.png"
+    why_no_plot = report.plot(run, png)
+    if why_no_plot:
+        click.echo(f"no plot: {why_no_plot}", err=True)
+    report.write_json(run, rows, out / "results.json", None if why_no_plot else png.name)
+    click.echo(report.table(run, rows))
+    click.echo(f"\nwrote {out / 'results.json'}" + ("" if why_no_plot else f" and {png}"))
+
+
+if __name__ == "__main__":
+    bench(prog_name="pending-actions bench")
+    sys.exit(0)
