@@ -258,5 +258,14 @@ def stats(obj: Obj) -> None:
     obj.out(data, "\n".join(f"{k}: {v}" for k, v in data.items()))
 
 
+def _register_extras() -> None:
+    from pending_actions.soak import soak
+
+    cli.add_command(soak)
+
+
+_register_extras()
+
+
 def main() -> None:
     cli(prog_name="pending-actions")
