@@ -14,7 +14,7 @@ from broker.settings import Settings
 
 _NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek", "lease_hint",
+    "pending", "peek", "lease_hint", "lease_touch",
 )
 
 
@@ -103,6 +103,9 @@ class Scripts:
 
     def lease_hint(self, session: str, old: float, new: int) -> int:
         return int(self._run("lease_hint", [self._k.leases], [session, old, new]))
+
+    def lease_touch(self, session: str, deadline: float, client: Any = None) -> Any:
+        return self._run("lease_touch", [self._k.leases], [session, int(deadline)], client)
 
     # --- handler tasks ---------------------------------------------------------------------
     def begin(self, session: str, token: str) -> list[bytes]:

@@ -131,13 +131,12 @@ class StreamsBroker(dramatiq.Broker):
 class StreamConsumer(Consumer):
     """Reads one queue's stream. ``ack`` runs on worker threads, so the bookkeeping is locked."""
 
-    CLAIM_EVERY_S = 10.0
-
     def __init__(self, broker: StreamsBroker, queue_name: str, prefetch: int,
                  timeout: int) -> None:
         self.broker = broker
         self.client = broker.client
         self.stream = broker.stream(queue_name)
+        self.dead = broker.keys.task_dead(queue_name)
         self.prefetch = max(1, prefetch)
         self.timeout = max(1, int(timeout))
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -171,7 +170,7 @@ class StreamConsumer(Consumer):
         entry = self._entry_id(message)
         try:
             pipe = self.client.pipeline(transaction=True)
-            pipe.xadd(self.stream + ":dead", {FIELD: message.encode(), b"entry": entry})
+            pipe.xadd(self.dead, {FIELD: message.encode(), b"entry": entry})
             pipe.xack(self.stream, Keys.TASK_GROUP, entry)
             pipe.xdel(self.stream, entry)
             pipe.execute()
@@ -200,7 +199,7 @@ class StreamConsumer(Consumer):
     def _fetch(self, count: int) -> None:
         now = time.monotonic()
         if now >= self.next_claim:
-            self.next_claim = now + self.CLAIM_EVERY_S
+            self.next_claim = now + self.broker.claim_idle_ms / 2000
             claimed: Any = self.client.xautoclaim(
                 self.stream, Keys.TASK_GROUP, self.name, self.broker.claim_idle_ms,
                 start_id="0-0", count=count,
@@ -219,7 +218,7 @@ class StreamConsumer(Consumer):
             message = Message.decode(data)
         except Exception as exc:  # malformed entry: park it in the dead stream, keep serving
             pipe = self.client.pipeline(transaction=True)
-            pipe.xadd(self.stream + ":dead", {FIELD: data, b"entry": entry,
+            pipe.xadd(self.dead, {FIELD: data, b"entry": entry,
                                               b"reason": str(exc)[:500]})
             pipe.xack(self.stream, Keys.TASK_GROUP, entry)
             pipe.xdel(self.stream, entry)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+import uuid
+
 import orjson
 import pytest
 import redis
@@ -13,6 +16,11 @@ from broker.keys import Keys
 from producers import PendingActions
 
 K = Keys()
+
+
+def tail(rc: redis.Redis, stream: str) -> bytes:
+    last = rc.xrevrange(stream, count=1)
+    return last[0][0] if last else b"0-0"
 
 
 def snapshot(rc: redis.Redis, session: str) -> tuple[object, ...]:
@@ -157,3 +165,72 @@ def test_fuzzed_resolve_input(pa: PendingActions, rc: redis.Redis, session: str,
         assert res.details["action"] in ("apply", "discard")
     if session != anchor:
         assert snapshot(rc, anchor) == before
+
+
+anything = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=12),
+                     st.lists(st.integers(), max_size=2),
+                     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+names = st.one_of(st.sampled_from(["t.ok", "t.reject_text", "nope"]), anything)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(session=st.one_of(st.sampled_from(["fz-a", "fz-b"]), anything), tool=anything,
+       label=anything, apply=names, reject=st.one_of(st.none(), names),
+       payload=st.one_of(st.none(), anything))
+def test_fuzzed_stage_and_slots(pa: PendingActions, rc: redis.Redis, session: object,
+                                tool: object, label: object, apply: object, reject: object,
+                                payload: object) -> None:
+    anchor = "fuzz-anchor-2"
+    if not pa.pending(anchor):
+        pa.stage(session=anchor, tool="edit", label="anchor", apply="t.ok")
+    before = snapshot(rc, anchor)
+    for call in (
+        lambda: pa.stage(session=session, tool=tool, label=label, apply=apply,  # type: ignore[arg-type]
+                         reject=reject, payload=payload),  # type: ignore[arg-type]
+        lambda: pa.set_directive(session, tool=tool, label=label, apply=apply,  # type: ignore[arg-type]
+                                 reject=reject),  # type: ignore[arg-type]
+        lambda: pa.set_standing(session, tool=tool, label=label, apply=apply,  # type: ignore[arg-type]
+                                reject=reject),  # type: ignore[arg-type]
+    ):
+        try:
+            out = call()
+        except InvalidInput as exc:
+            assert exc.field in {"session", "tool", "label", "apply", "reject", "payload"}
+        else:
+            assert isinstance(out, str)
+    assert snapshot(rc, anchor) == before
+
+
+task_entries = st.dictionaries(
+    st.sampled_from([b"m", b"x"]),
+    st.one_of(
+        st.binary(max_size=30),
+        st.builds(lambda kw: orjson.dumps({
+            "queue_name": "pending-actions", "actor_name": "run_attempt", "args": [],
+            "kwargs": kw, "options": {}, "message_id": "m1", "message_timestamp": 0}),
+            st.dictionaries(st.sampled_from(["session", "token", "req", "action", "reason"]),
+                            st.one_of(st.text(max_size=6), st.integers(0, 9)), max_size=5)),
+        st.builds(lambda d: orjson.dumps(d), st.dictionaries(
+            st.text(max_size=6), st.integers(0, 9), max_size=3))),
+    min_size=1, max_size=2)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fields=task_entries)
+def test_malformed_task_entries_change_nothing(pa: PendingActions, rc: redis.Redis,
+                                               fields: dict[bytes, bytes]) -> None:
+    """Raw garbage on the dramatiq task stream: parked or fenced, never run, never fatal."""
+    session = f"fuzz-task-{uuid.uuid4().hex[:8]}"
+    pa.stage(session=session, tool="edit", label="keep", apply="t.ok")
+    before = snapshot(rc, session)
+    queue, dead = K.task_queue(pa.settings.queue), K.task_dead(pa.settings.queue)
+    last = tail(rc, dead)
+    entry = rc.xadd(queue, fields)
+    deadline = time.monotonic() + 10
+    while rc.xrange(queue, entry, entry):  # until the worker has acked or parked it
+        assert time.monotonic() < deadline, "garbage task entry never left the queue"
+        got = rc.xread({dead: last}, block=200)
+        last = got[0][1][-1][0] if got else last
+    assert snapshot(rc, session) == before
+    # and the worker still serves
+    assert pa.resolve(session=session, action="apply", reason="r").is_error is False

@@ -72,8 +72,8 @@ class Renewer:
                 pipe = self.ctx.client.pipeline(transaction=False)
                 for token, session in items:
                     self.ctx.scripts.renew(session, token, client=pipe)
-                    pipe.zadd(self.ctx.keys.leases, {session: time.time() * 1000 +
-                                                     self.ctx.settings.lease_ms}, lt=True)
+                    self.ctx.scripts.lease_touch(
+                        session, time.time() * 1000 + self.ctx.settings.lease_ms, client=pipe)
                 pipe.execute()
             except TRANSIENT as exc:
                 log.warning("lease renewal failed (%s); retrying", exc)
@@ -104,6 +104,9 @@ def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: s
         retrying(lambda: ctx.scripts.readd(session, token, req, "replaced", reply.to_json(),
                                            lease.id, lease.attempt), budget)
         return "failed"
+    # the running lease ends sooner than the dispatch timeout the index was told about
+    retrying(lambda: ctx.scripts.lease_touch(session, Lease.model_validate_json(got[3]).deadline),
+             budget)
     spec = Spec.model_validate_json(got[1])
     view = PendingAction.build(spec, ActionState.model_validate_json(got[2]), "in_flight")
     name = spec.apply if action == "apply" else spec.reject

@@ -32,7 +32,6 @@ OUTCOMES = {1: "worker lost; pending again", 2: "worker lost; dead-lettered",
 
 
 class ResolveWorker:
-    CLAIM_EVERY_S = 10.0
     SWEEP_EVERY_S = 60.0
 
     def __init__(self, ctx: Context, tasks: Any, name: str | None = None) -> None:
@@ -89,7 +88,8 @@ class ResolveWorker:
                 while not self.stop.is_set():
                     entries = []
                     if time.monotonic() >= next_claim:
-                        next_claim = time.monotonic() + self.CLAIM_EVERY_S
+                        # half the idle time: a stuck request waits at most 1.5x claim_idle
+                        next_claim = time.monotonic() + self.ctx.settings.claim_idle_ms / 2000
                         entries = self._claim()
                     if not entries:
                         entries = self._read()
@@ -153,8 +153,9 @@ class ResolveWorker:
         if time.time() * 1000 > request.deadline_ms:
             return "expired"  # the caller gave up; acting now would surprise it
         token = uuid.uuid4().hex
-        # Index first: a crash after take.lua then still leaves recovery a pointer.
-        ctx.client.zadd(ctx.keys.leases, {s: time.time() * 1000 + ctx.settings.lease_ms}, lt=True)
+        # Index before (a crash after take.lua still leaves recovery a pointer) and after (a
+        # recovery pass racing with take.lua cannot drop the pointer; see lease_touch.lua).
+        ctx.scripts.lease_touch(s, time.time() * 1000 + ctx.settings.dispatch_timeout_ms)
         extra = orjson.dumps(request.extra)
         got = ctx.scripts.take(s, request.req, request.action, token, request.reason, extra)
         status = got[0].decode()
@@ -167,6 +168,8 @@ class ResolveWorker:
             pipe.expire(ctx.keys.reply(s, request.req), ctx.settings.reply_ttl_s)
             pipe.execute()
             return "none"
+        token = got[6].decode()  # an earlier token when this request was taken before
+        ctx.scripts.lease_touch(s, int(got[5]))
         failpoints.hit("after-take", ctx.client, ctx.keys)
         message: dramatiq.Message[Any] = dramatiq.Message(
             queue_name=ctx.settings.queue, actor_name=ACTOR_NAME, args=(),

@@ -8,9 +8,24 @@
 -- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
 -- ARGV[5] marker ttl seconds  ARGV[6] history maxlen  ARGV[7] reason
 -- ARGV[8] extra as a JSON string (kept opaque: cjson would rewrite {} as [])
--- Returns: {"ok", id, kind, spec JSON, attempt, deadline ms} | {"none"} | {"dup"}
+-- Returns: {"ok", id, kind, spec JSON, attempt, deadline ms, token} | {"none"} | {"dup"}
+-- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
+-- its earlier answer back while that is still actionable (the same lease if no worker has
+-- started it, so it can be dispatched again; "none" again), else "dup".
 redis.replicate_commands()
-if not redis.call('SET', KEYS[8], ARGV[3], 'NX', 'EX', ARGV[5]) then
+local prev = redis.call('GET', KEYS[8])
+if prev == 'none' then
+  return {'none'}
+elseif prev then
+  local raw = redis.call('HGET', KEYS[6], prev)
+  if raw then
+    local lease = cjson.decode(raw)
+    local spec = redis.call('HGET', KEYS[4], lease.id)
+    if lease.state == 'dispatched' and spec then
+      return {'ok', lease.id, lease.kind, spec, tostring(lease.attempt),
+              tostring(lease.deadline), prev}
+    end
+  end
   return {'dup'}
 end
 
@@ -37,8 +52,10 @@ end
 
 local id, kind, spec = pick()
 if not id then
+  redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
   return {'none'}
 end
+redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local st = cjson.decode(redis.call('HGET', KEYS[5], id) or '{"attempts":0,"stalls":0}')
@@ -51,4 +68,4 @@ redis.call('HSET', KEYS[6], ARGV[3], cjson.encode({
   extra = ARGV[8]}))
 redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[6], '*', 'event', 'taken', 'id', id,
   'kind', kind, 'action', ARGV[2], 'attempt', st.attempts, 'request', ARGV[1])
-return {'ok', id, kind, spec, tostring(st.attempts), tostring(deadline)}
+return {'ok', id, kind, spec, tostring(st.attempts), tostring(deadline), ARGV[3]}
