@@ -154,26 +154,27 @@ class StreamConsumer(Consumer):
             self.outstanding -= 1
             self.room.notify()
 
+    def _remove(self, entry: bytes, park: dict[bytes, bytes] | None = None) -> None:
+        """Drop an entry from the stream (acked), first copying it to the dead stream."""
+        pipe = self.client.pipeline(transaction=True)
+        if park is not None:
+            fields: dict[Any, Any] = {**park, b"entry": entry}
+            pipe.xadd(self.dead, fields)
+        pipe.xack(self.stream, Keys.TASK_GROUP, entry)
+        pipe.xdel(self.stream, entry)
+        pipe.execute()
+
     def ack(self, message: MessageProxy) -> None:
-        entry = self._entry_id(message)
         try:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.xack(self.stream, Keys.TASK_GROUP, entry)
-            pipe.xdel(self.stream, entry)
-            pipe.execute()
+            self._remove(self._entry_id(message))
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         finally:
             self._done()
 
     def nack(self, message: MessageProxy) -> None:
-        entry = self._entry_id(message)
         try:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.xadd(self.dead, {FIELD: message.encode(), b"entry": entry})
-            pipe.xack(self.stream, Keys.TASK_GROUP, entry)
-            pipe.xdel(self.stream, entry)
-            pipe.execute()
+            self._remove(self._entry_id(message), {FIELD: message.encode()})
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         finally:
@@ -217,12 +218,7 @@ class StreamConsumer(Consumer):
         try:
             message = Message.decode(data)
         except Exception as exc:  # malformed entry: park it in the dead stream, keep serving
-            pipe = self.client.pipeline(transaction=True)
-            pipe.xadd(self.dead, {FIELD: data, b"entry": entry,
-                                              b"reason": str(exc)[:500]})
-            pipe.xack(self.stream, Keys.TASK_GROUP, entry)
-            pipe.xdel(self.stream, entry)
-            pipe.execute()
+            self._remove(entry, {FIELD: data, b"reason": str(exc)[:500].encode()})
             return None
         message = message.copy(options={"stream_entry": entry.decode()})
         with self.room:
