@@ -10,12 +10,19 @@ from redis.retry import Retry
 # Errors after which the same command may simply be tried again.
 TRANSIENT: tuple[type[Exception], ...] = (ConnectionError, TimeoutError, BusyLoadingError)
 
+# A reply slower than this means a dead connection. Every blocking command we send blocks for
+# less (BLOCK_CHUNK_S, block_ms), so it never trips this; redis-py 8 defaults to 5 s otherwise.
+SOCKET_TIMEOUT_S = 15.0
+BLOCK_CHUNK_S = 5.0
+
 
 def producer_client(url: str) -> redis.Redis:
     """A client that retries a dropped connection a few times, then raises."""
     return redis.Redis.from_url(
         url,
         socket_connect_timeout=2.0,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_keepalive=True,
         health_check_interval=30,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3),
         retry_on_error=list(TRANSIENT),
@@ -27,6 +34,7 @@ def worker_client(url: str, max_connections: int = 64) -> redis.Redis:
     return redis.Redis.from_url(
         url,
         socket_connect_timeout=2.0,
+        socket_timeout=SOCKET_TIMEOUT_S,
         socket_keepalive=True,
         health_check_interval=30,
         max_connections=max_connections,

@@ -39,7 +39,8 @@ class Settings(BaseSettings):
         default=5.0, ge=0.01, description="longest pause before restarting crashed workers")
     worker_processes: int = Field(default=1, ge=1)
     worker_threads: int = Field(default=8, ge=1)
-    block_ms: int = Field(default=5_000, ge=10, description="idle XREADGROUP block time")
+    block_ms: int = Field(default=5_000, ge=10, le=10_000,
+                          description="idle XREADGROUP block time (below the socket timeout)")
 
     def require_url(self) -> str:
         from broker.errors import ConfigError

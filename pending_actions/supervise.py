@@ -73,7 +73,8 @@ class WorkerProcess:
                     role, pid = fields[b"role"], int(fields[b"pid"])
                     if role == b"resolver" and pid == self.proc.pid:
                         resolver_ready = True
-                    elif role == b"dramatiq" and pid in self.tree():
+                    elif role == b"dramatiq" and fields.get(b"event") == b"ready" and \
+                            pid in self.tree():
                         self.dramatiq_pids.append(pid)
         client.close()
         return self

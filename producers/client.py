@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import redis
 
-from broker.connection import TRANSIENT
+from broker.connection import BLOCK_CHUNK_S, TRANSIENT
 from broker.context import Context
 from broker.errors import InvalidInput, RedisUnavailable, UnknownHandler
 from broker.models import (
@@ -171,7 +171,9 @@ class PendingActions:
         failures = 0
         while (left := deadline - time.monotonic()) > 0:
             try:
-                return self.client.blpop([key], timeout=max(left, 0.01))
+                got = self.client.blpop([key], timeout=max(min(left, BLOCK_CHUNK_S), 0.01))
+                if got is not None:
+                    return got
             except TRANSIENT as exc:
                 failures += 1
                 if failures > 3:

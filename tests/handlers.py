@@ -15,7 +15,8 @@ from broker.models import PendingAction
 from tests.procs import runs_key
 from workers import handler
 
-_client = redis.Redis.from_url(os.environ["PENDING_ACTIONS_REDIS_URL"])
+# no socket timeout: t.gate blocks for up to a minute on purpose
+_client = redis.Redis.from_url(os.environ["PENDING_ACTIONS_REDIS_URL"], socket_timeout=None)
 
 
 def record(name: str, action: PendingAction, reason: str, extra: dict[str, Any] | None,

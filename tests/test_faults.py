@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -150,3 +151,38 @@ def test_workers_wait_for_redis_and_producers_fail_fast(tmp_path: Path) -> None:
         worker.kill()
         server.kill()
         pa.close()
+
+
+def test_sigterm_hands_back_prefetched_work(tmp_path: Path) -> None:
+    """Tasks a stopping worker had fetched but not started go straight back to the queue, not
+    after a claim timeout (set to a minute here, longer than this test may take)."""
+    slow = {"claim_idle_ms": "60000", "dispatch_timeout_ms": "60000", "worker_threads": "1"}
+    with cluster(tmp_path, workers=0) as (server, workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        a = Worker(server.url, overrides=slow).start()
+        workers.append(a)
+        pa.stage(session="s1", tool="edit", label="gated", apply="t.gate", payload={"gate": "g"})
+        first = pool.submit(pa.resolve, session="s1", action="apply", reason="r")
+        started_pid(rc, "s1")
+        for s in ("s2", "s3"):
+            pa.stage(session=s, tool="edit", label=s, apply="t.ok")
+        rest = [pool.submit(pa.resolve, session=s, action="apply", reason="r", timeout=20)
+                for s in ("s2", "s3")]
+        queue = K.task_queue(pa.settings.queue)
+        deadline = time.monotonic() + 10
+        # worker a runs one task and holds (prefetch 2) another it cannot start yet
+        while rc.xpending(queue, "workers")["pending"] < 2:
+            assert time.monotonic() < deadline, "worker a never fetched the tasks"
+            time.sleep(0.01)
+        workers.append(Worker(server.url, overrides=slow).start())
+        assert a.proc is not None
+        mark = tail_id(rc, K.workers)
+        a.proc.send_signal(signal.SIGTERM)
+        # open the gate only once dramatiq itself is stopping, so it cannot start the next task
+        wait_for(rc, K.workers, lambda f: f[b"event"] == b"stopping", mark)
+        rc.rpush("g", "open")
+        assert not first.result(timeout=30).is_error
+        for fut in rest:
+            res = fut.result(timeout=30)
+            assert not res.is_error, res.text
+        assert a.proc.wait(30) == 0

@@ -40,6 +40,12 @@ class Registration(dramatiq.Middleware):
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self.stop.set()
+        try:
+            ctx.client.xadd(ctx.keys.workers, {"role": "dramatiq", "event": "stopping",
+                                               "pid": os.getpid()}, maxlen=1000,
+                            approximate=True)
+        except TRANSIENT:
+            log.warning("could not announce shutdown; Redis is unavailable")
 
     def _publish(self, first: bool) -> None:
         names = registry.names()
