@@ -85,6 +85,7 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
     of the session. A failed apply keeps the action pending under the same id."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pika").setLevel(logging.DEBUG if verbose else logging.WARNING)
     ctx.obj = Obj(redis_url, as_json)
 
 
