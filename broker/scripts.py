@@ -77,14 +77,14 @@ class Scripts:
 
     # --- resolve worker --------------------------------------------------------------------
     def take(self, session: str, req: str, action: str, token: str, reason: str,
-             extra: bytes) -> list[bytes]:
+             extra: bytes, marker_ttl_s: int) -> list[bytes]:
         k = self._k
         out: list[bytes] = self._run(
             "take",
             [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
              k.state(session), k.inflight(session), k.history(session),
              k.request_marker(session, req)],
-            [req, action, token, self._s.dispatch_timeout_ms, self._s.reply_ttl_s,
+            [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
              self._s.history_maxlen,
              reason, extra],
         )

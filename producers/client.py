@@ -102,13 +102,13 @@ class PendingActions:
         with _redis_errors():
             action_id, spec = self._spec(session, "action", tool, label, apply, reject, payload,
                                          "pending-action")
-            try:
-                self.ctx.scripts.stage(session, action_id, spec)
-            except redis.ResponseError as exc:
-                # A retried call whose first try went through: the id is ours alone.
-                if not str(exc).startswith("EXISTS"):
-                    raise
-            self.client.sadd(self.ctx.keys.sessions, session)
+            pipe = self.client.pipeline(transaction=False)
+            self.ctx.scripts.stage(session, action_id, spec, client=pipe)
+            pipe.sadd(self.ctx.keys.sessions, session)
+            staged, _ = pipe.execute(raise_on_error=False)
+            # EXISTS: a retried call whose first try went through; the id is ours alone
+            if isinstance(staged, Exception) and not str(staged).startswith("EXISTS"):
+                raise staged
         return action_id
 
     def set_directive(self, session: str, *, tool: str, label: str, apply: str,

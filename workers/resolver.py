@@ -157,7 +157,11 @@ class ResolveWorker:
         # recovery pass racing with take.lua cannot drop the pointer; see lease_touch.lua).
         ctx.scripts.lease_touch(s, time.time() * 1000 + ctx.settings.dispatch_timeout_ms)
         extra = orjson.dumps(request.extra)
-        got = ctx.scripts.take(s, request.req, request.action, token, request.reason, extra)
+        # the marker must outlive every redelivery of this request, which stops at its deadline
+        marker_ttl = max(ctx.settings.reply_ttl_s,
+                         int(request.deadline_ms / 1000 - time.time()) + 60)
+        got = ctx.scripts.take(s, request.req, request.action, token, request.reason, extra,
+                               marker_ttl)
         status = got[0].decode()
         if status == "dup":
             return "duplicate"
