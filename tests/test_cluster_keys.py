@@ -1,0 +1,64 @@
+"""CONTRACT 4.4: every key a script touches is passed in KEYS and lives in one cluster slot.
+Watches real traffic of all processes with MONITOR while the whole flow runs, and checks each
+EVALSHA: its keys hash to a single slot, and session keys carry the session's hash tag."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+
+import redis
+from redis.crc import key_slot
+
+from producers import PendingActions
+
+TAG = re.compile(r"\{([^}]*)\}")
+
+
+def test_every_script_call_stays_in_one_slot(pa: PendingActions, rc: redis.Redis) -> None:
+    calls: list[list[str]] = []
+    ready = threading.Event()
+    stop = threading.Event()
+    url = pa.settings.redis_url or ""
+
+    def watch() -> None:
+        with redis.Redis.from_url(url).monitor() as m:
+            ready.set()
+            for event in m.listen():
+                cmd = event["command"]
+                if cmd.startswith("EVALSHA "):
+                    calls.append(cmd.split(" "))
+                if stop.is_set() and "stop-monitor" in cmd:
+                    return
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    ready.wait(5)
+    s = "slots:test"
+    pa.stage(session=s, tool="edit", label="a", apply="t.ok", reject="t.reject_text")
+    pa.stage(session=s, tool="edit", label="b", apply="t.toolerror")
+    pa.resolve(session=s, action="apply", reason="r")
+    pa.resolve(session=s, action="discard", reason="r")
+    pa.set_directive(s, tool="plan", label="d", apply="t.ok")
+    pa.set_standing(s, tool="mode", label="m", apply="t.ok")
+    pa.resolve(session=s, action="apply", reason="r")
+    pa.resolve(session=s, action="apply", reason="r")
+    pa.resolve(session=s, action="apply", reason="r")
+    pa.clear_standing(s)
+    pa.pending(s)
+    pa.next_tool_choice(s)
+    stop.set()
+    rc.get("stop-monitor")
+    t.join(10)
+    seen = Counter[int]()
+    for parts in calls:
+        numkeys = int(parts[2])
+        keys = [k.strip('"') for k in parts[3:3 + numkeys]]
+        slots = {key_slot(k.encode()) for k in keys}
+        assert len(slots) == 1, keys
+        tags = {m.group(1) for k in keys for m in [TAG.search(k)] if m}
+        assert tags <= {s}, keys
+        seen[numkeys] += 1
+    # stage x2, take x5, begin x4, finalize/readd x4, lease index, slots, reads
+    assert sum(seen.values()) >= 20, seen
