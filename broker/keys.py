@@ -80,6 +80,11 @@ class Keys:
         return f"{self.prefix}:leases"
 
     @property
+    def sweep_lock(self) -> str:
+        """STRING with a TTL: the resolve worker doing this interval's full lease sweep."""
+        return f"{self.prefix}:sweep-lock"
+
+    @property
     def handlers(self) -> str:
         """HASH handler name -> JSON about the worker that registered it."""
         return f"{self.prefix}:handlers"

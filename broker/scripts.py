@@ -77,7 +77,7 @@ class Scripts:
 
     # --- resolve worker --------------------------------------------------------------------
     def take(self, session: str, req: str, action: str, token: str, reason: str,
-             extra: bytes, marker_ttl_s: int) -> list[bytes]:
+             extra: bytes, marker_ttl_s: int, client: Any = None) -> list[bytes]:
         k = self._k
         out: list[bytes] = self._run(
             "take",
@@ -87,6 +87,7 @@ class Scripts:
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
              self._s.history_maxlen,
              reason, extra],
+            client,
         )
         return out
 
@@ -108,11 +109,11 @@ class Scripts:
         return self._run("lease_touch", [self._k.leases], [session, int(deadline)], client)
 
     # --- handler tasks ---------------------------------------------------------------------
-    def begin(self, session: str, token: str) -> list[bytes]:
+    def begin(self, session: str, token: str, client: Any = None) -> list[bytes]:
         k = self._k
         out: list[bytes] = self._run(
             "begin", [k.inflight(session), k.actions(session), k.state(session)],
-            [token, self._s.lease_ms],
+            [token, self._s.lease_ms], client,
         )
         return out
 

@@ -34,11 +34,7 @@ def bench(quick: bool, out: Path, skip_rabbitmq: bool, rabbitmq_url: str, proces
     """Measure resolve latency and throughput, staging, memory, scaling and idle cost, each
     beside baselines measured in the same run (raw Redis, stock dramatiq on RedisBroker and,
     when reachable, RabbitMQ). Starts its own redis-server and worker processes."""
-    try:
-        from bench import report, runner
-    except ImportError as exc:
-        raise click.UsageError(
-            f"the bench package is not importable ({exc}); run from the repository root") from None
+    from bench import report, runner
 
     out.mkdir(parents=True, exist_ok=True)
     options = runner.Options(out=out, quick=quick, skip_rabbitmq=skip_rabbitmq,

@@ -260,9 +260,11 @@ def stats(obj: Obj) -> None:
 
 
 def _register_extras() -> None:
+    from pending_actions.bench import bench
     from pending_actions.soak import soak
 
     cli.add_command(soak)
+    cli.add_command(bench)
 
 
 _register_extras()

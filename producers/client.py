@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -59,6 +59,18 @@ class PendingActions:
     # --- staging ---------------------------------------------------------------------------
     def _spec(self, session: str, kind: str, tool: object, label: object, apply: object,
               reject: object, payload: object, prefix: str) -> tuple[str, bytes]:
+        fields = self._validate(session, kind, tool, label, apply, reject, payload)
+        self._check_handlers(apply, reject)
+        seq = self.client.incr(self.ctx.keys.seq)
+        return self._encode(fields, f"{prefix}:{tool}:{seq}")
+
+    def _encode(self, fields: dict[str, Any], action_id: str) -> tuple[str, bytes]:
+        spec = Spec(id=action_id, created_at=time.time(), **fields)
+        return action_id, orjson.dumps(spec.model_dump())
+
+    def _validate(self, session: object, kind: str, tool: object, label: object,
+                  apply: object, reject: object, payload: object) -> dict[str, Any]:
+        """Every check that needs no Redis; returns the spec's fields."""
         check_session(session)
         if not isinstance(tool, str) or not TOOL_RE.match(tool):
             raise InvalidInput("tool", f"must be 1-64 of A-Z a-z 0-9 . _ - (got {tool!r})")
@@ -80,21 +92,42 @@ class PendingActions:
         if size > self.settings.max_payload_bytes:
             raise InvalidInput("payload", f"{size} bytes; the limit is "
                                f"{self.settings.max_payload_bytes}")
-        self._check_handlers(apply, reject)
-        seq = self.client.incr(self.ctx.keys.seq)
-        action_id = f"{prefix}:{tool}:{seq}"
-        spec = Spec(id=action_id, session=session, kind=kind,  # type: ignore[arg-type]
-                    tool=tool, label=label, apply=str(apply),
-                    reject=None if reject is None else str(reject), payload=payload,
-                    created_at=time.time())
-        return action_id, orjson.dumps(spec.model_dump())
+        return {"session": session, "kind": kind, "tool": tool, "label": label,
+                "apply": apply, "reject": reject, "payload": payload}
 
-    def _check_handlers(self, apply: object, reject: object) -> None:
+    def _check_handlers(self, apply: object, reject: object = None) -> None:
         names = [str(apply)] if reject is None else [str(apply), str(reject)]
         found = self.client.hmget(self.ctx.keys.handlers, names)
         for field, name, value in zip(("apply", "reject"), names, found, strict=False):
             if value is None:
                 raise UnknownHandler(field, str(name))
+
+    def stage_many(self, actions: Iterable[dict[str, Any]]) -> list[str]:
+        """Stage many actions in a few round trips: each dict has the keyword arguments of
+        ``stage``. Every action is checked before anything is staged; in each session they go
+        on the stack in the order given (so the last one given is the head)."""
+        checked = [self._validate(a.get("session"), "action", a.get("tool"), a.get("label"),
+                                  a.get("apply"), a.get("reject"), a.get("payload"))
+                   for a in actions]
+        if not checked:
+            return []
+        with _redis_errors():
+            for apply in {f["apply"] for f in checked}:
+                self._check_handlers(apply)
+            for reject in {f["reject"] for f in checked} - {None}:
+                self._check_handlers(reject)
+            last = int(self.client.incrby(self.ctx.keys.seq, len(checked)))
+            pipe = self.client.pipeline(transaction=False)
+            ids = []
+            for seq, fields in enumerate(checked, start=last - len(checked) + 1):
+                action_id, spec = self._encode(fields, f"pending-action:{fields['tool']}:{seq}")
+                self.ctx.scripts.stage(fields["session"], action_id, spec, client=pipe)
+                ids.append(action_id)
+            pipe.sadd(self.ctx.keys.sessions, *{f["session"] for f in checked})
+            for result in pipe.execute(raise_on_error=False):
+                if isinstance(result, Exception) and not str(result).startswith("EXISTS"):
+                    raise result
+        return ids
 
     def stage(self, *, session: str, tool: str, label: str, apply: str,
               reject: str | None = None, payload: dict[str, Any] | None = None) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import redis
 
+from broker.errors import InvalidInput, UnknownHandler
 from broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 from producers import PendingActions
 from tests.conftest import runs
@@ -228,3 +230,26 @@ def test_exactly_once_twenty_sessions_at_once(pa: PendingActions, rc: redis.Redi
     for s in sessions:
         assert sorted(r["id"] for r in runs(rc, s)) == sorted(staged[s])
         assert pa.pending(s) == []
+
+
+def test_stage_many_keeps_order_and_checks_everything_first(
+        pa: PendingActions, session: str) -> None:
+    other = f"{session}-b"
+    ids = pa.stage_many([
+        {"session": session, "tool": "edit", "label": "A", "apply": "t.ok"},
+        {"session": other, "tool": "edit", "label": "X", "apply": "t.ok", "payload": {"k": 1}},
+        {"session": session, "tool": "edit", "label": "B", "apply": "t.ok",
+         "reject": "t.reject_text"},
+    ])
+    assert len(set(ids)) == 3
+    assert [a.label for a in pa.pending(session)] == ["B", "A"]
+    assert [(a.label, a.payload) for a in pa.pending(other)] == [("X", {"k": 1})]
+    with pytest.raises(UnknownHandler):
+        pa.stage_many([{"session": session, "tool": "edit", "label": "C", "apply": "t.ok"},
+                       {"session": session, "tool": "edit", "label": "D", "apply": "nope"}])
+    with pytest.raises(InvalidInput) as err:
+        pa.stage_many([{"session": session, "tool": "edit", "label": "C", "apply": "t.ok"},
+                       {"session": session, "tool": "edit", "label": "", "apply": "t.ok"}])
+    assert err.value.field == "label"
+    assert [a.label for a in pa.pending(session)] == ["B", "A"]
+    assert pa.resolve(session=session, action="apply", reason="r").details["label"] == "B"

@@ -89,7 +89,16 @@ def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: s
                 action: str, reason: str, extra: dict[str, Any] | None) -> str:
     """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate."""
     budget = ctx.settings.lease_ms / 1000
-    got = retrying(lambda: ctx.scripts.begin(session, token), budget)
+
+    def claim() -> Any:
+        # one round trip: claim the attempt and point the lease index at its (shorter) running
+        # lease; the index entry is a hint, harmless if the claim is refused
+        pipe = ctx.client.pipeline(transaction=False)
+        ctx.scripts.begin(session, token, client=pipe)
+        ctx.scripts.lease_touch(session, time.time() * 1000 + ctx.settings.lease_ms, client=pipe)
+        return pipe.execute()[0]
+
+    got = retrying(claim, budget)
     status = got[0].decode()
     if status == "stale":
         log.info("attempt %s of %s is no longer leased; nothing run", token, session)
@@ -104,9 +113,6 @@ def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: s
         retrying(lambda: ctx.scripts.readd(session, token, req, "replaced", reply.to_json(),
                                            lease.id, lease.attempt), budget)
         return "failed"
-    # the running lease ends sooner than the dispatch timeout the index was told about
-    retrying(lambda: ctx.scripts.lease_touch(session, Lease.model_validate_json(got[3]).deadline),
-             budget)
     spec = Spec.model_validate_json(got[1])
     view = PendingAction.build(spec, ActionState.model_validate_json(got[2]), "in_flight")
     name = spec.apply if action == "apply" else spec.reject

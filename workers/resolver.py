@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -32,7 +33,6 @@ OUTCOMES = {1: "worker lost; pending again", 2: "worker lost; dead-lettered",
 
 
 class ResolveWorker:
-    SWEEP_EVERY_S = 60.0
 
     def __init__(self, ctx: Context, tasks: Any, name: str | None = None) -> None:
         self.ctx = ctx
@@ -45,7 +45,10 @@ class ResolveWorker:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> ResolveWorker:
-        for target, name in ((self.serve, "resolve"), (self.recover_forever, "recover")):
+        # several serve threads, each its own consumer in the group: a request's round trips
+        # are sequential, so one thread would cap throughput at 1 / (round trips x latency)
+        targets = [(self.serve, f"resolve-{i}") for i in range(self.ctx.settings.resolve_threads)]
+        for target, name in [*targets, (self.recover_forever, "recover")]:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self.threads.append(thread)
@@ -73,8 +76,9 @@ class ResolveWorker:
                 raise
 
     def serve(self) -> None:
+        consumer = f"{self.name}:{threading.current_thread().name}"
         failures = 0
-        announced = False
+        announced = threading.current_thread().name != "resolve-0"
         next_claim = 0.0
         while not self.stop.is_set():
             try:
@@ -90,9 +94,9 @@ class ResolveWorker:
                     if time.monotonic() >= next_claim:
                         # half the idle time: a stuck request waits at most 1.5x claim_idle
                         next_claim = time.monotonic() + self.ctx.settings.claim_idle_ms / 2000
-                        entries = self._claim()
+                        entries = self._claim(consumer)
                     if not entries:
-                        entries = self._read()
+                        entries = self._read(consumer)
                     for entry_id, fields in entries:
                         self.handle(entry_id, fields)
                     failures = 0
@@ -103,17 +107,17 @@ class ResolveWorker:
                     raise
                 log.warning("request group missing; recreating it")
 
-    def _read(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    def _read(self, consumer: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
         reply: Any = self.ctx.client.xreadgroup(
-            Keys.RESOLVER_GROUP, self.name, {self.ctx.keys.requests: ">"}, count=64,
+            Keys.RESOLVER_GROUP, consumer, {self.ctx.keys.requests: ">"}, count=16,
             block=self.ctx.settings.block_ms,
         )
         return [e for _s, entries in reply or () for e in entries]
 
-    def _claim(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    def _claim(self, consumer: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """Requests read by a resolve worker that died before acking them."""
         claimed: Any = self.ctx.client.xautoclaim(
-            self.ctx.keys.requests, Keys.RESOLVER_GROUP, self.name,
+            self.ctx.keys.requests, Keys.RESOLVER_GROUP, consumer,
             self.ctx.settings.claim_idle_ms, start_id="0-0", count=64,
         )
         return [(e, f) for e, f in claimed[1] if f]
@@ -153,15 +157,19 @@ class ResolveWorker:
         if time.time() * 1000 > request.deadline_ms:
             return "expired"  # the caller gave up; acting now would surprise it
         token = uuid.uuid4().hex
-        # Index before (a crash after take.lua still leaves recovery a pointer) and after (a
-        # recovery pass racing with take.lua cannot drop the pointer; see lease_touch.lua).
-        ctx.scripts.lease_touch(s, time.time() * 1000 + ctx.settings.dispatch_timeout_ms)
         extra = orjson.dumps(request.extra)
         # the marker must outlive every redelivery of this request, which stops at its deadline
         marker_ttl = max(ctx.settings.reply_ttl_s,
                          int(request.deadline_ms / 1000 - time.time()) + 60)
-        got = ctx.scripts.take(s, request.req, request.action, token, request.reason, extra,
-                               marker_ttl)
+        # One round trip: take, then point the lease index at the session. Sent together, the
+        # index cannot miss the lease even if this process dies right after; and lease_touch
+        # runs after take.lua, so a recovery pass racing with it cannot drop the pointer.
+        pipe = ctx.client.pipeline(transaction=False)
+        ctx.scripts.take(s, request.req, request.action, token, request.reason, extra,
+                         marker_ttl, client=pipe)
+        ctx.scripts.lease_touch(s, time.time() * 1000 + ctx.settings.dispatch_timeout_ms,
+                                client=pipe)
+        got = pipe.execute()[0]
         status = got[0].decode()
         if status == "dup":
             return "duplicate"
@@ -173,7 +181,6 @@ class ResolveWorker:
             pipe.execute()
             return "none"
         token = got[6].decode()  # an earlier token when this request was taken before
-        ctx.scripts.lease_touch(s, int(got[5]))
         failpoints.hit("after-take", ctx.client, ctx.keys)
         message: dramatiq.Message[Any] = dramatiq.Message(
             queue_name=ctx.settings.queue, actor_name=ACTOR_NAME, args=(),
@@ -188,14 +195,18 @@ class ResolveWorker:
     # --- recovery --------------------------------------------------------------------------
     def recover_forever(self) -> None:
         failures = 0
-        next_sweep = time.monotonic() + self.SWEEP_EVERY_S
+        every = self.ctx.settings.sweep_interval_s
+        next_sweep = time.monotonic() + random.uniform(5, 60)  # soon after start, spread out
         interval = self.ctx.settings.recovery_interval_ms / 1000
         while not self.stop.wait(interval):
             try:
                 self.recover_due()
                 if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + self.SWEEP_EVERY_S
-                    self.sweep()
+                    next_sweep = time.monotonic() + every
+                    # one sweep per interval for the whole deployment, whoever gets the lock
+                    if self.ctx.client.set(self.ctx.keys.sweep_lock, self.name, nx=True,
+                                           ex=max(1, int(every))):
+                        self.sweep()
                 failures = 0
             except TRANSIENT as exc:
                 failures = self._backoff(failures, exc)
@@ -211,14 +222,21 @@ class ResolveWorker:
         return sum(self.recover_session(m.decode(), score, now) for m, score in due)
 
     def sweep(self) -> int:
-        """Backstop for the index: look at every session that has anything in flight."""
-        now, count = self._now_ms(), 0
-        members: Any = self.ctx.client.sscan_iter(self.ctx.keys.sessions, count=500)
-        for member in members:
-            session = member.decode()
-            if self.ctx.client.hlen(self.ctx.keys.inflight(session)):
-                count += self.recover_session(session, None, now)
-        return count
+        """Backstop for the lease index (which only a lost AOF tail could leave short): look
+        at every session, 500 per round trip, and recover what has expired."""
+        now, count, cursor = self._now_ms(), 0, 0
+        while True:
+            scanned: Any = self.ctx.client.sscan(self.ctx.keys.sessions, cursor, count=500)
+            cursor, members = scanned
+            sessions = [m.decode() for m in members]
+            pipe = self.ctx.client.pipeline(transaction=False)
+            for session in sessions:
+                pipe.hlen(self.ctx.keys.inflight(session))
+            for session, leased in zip(sessions, pipe.execute(), strict=True):
+                if leased:
+                    count += self.recover_session(session, None, now)
+            if not cursor:
+                return count
 
     def recover_session(self, session: str, score: float | None, now: int) -> int:
         ctx = self.ctx

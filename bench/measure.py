@@ -1,0 +1,175 @@
+"""Drivers shared by every system measured: one-at-a-time round trips with gaps (idle), many
+concurrent callers (loaded), raw Redis round trips, and Redis commands sent by idle workers."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from bench.progress import Tick
+from bench.stats import Dist
+from producers import PendingActions
+
+Call = Callable[[], float]  # one timed round trip; returns seconds, raises on failure
+
+
+def idle(name: str, call: Call, n: int, gap_s: tuple[float, float], tick: Tick,
+         before: Callable[[], None] | None = None, seed: int = 1) -> Dist:
+    """``n`` round trips one at a time, each after a random pause, so the workers have gone
+    back to waiting when the request lands (the interactive case: an agent resolves now and
+    then). ``before`` runs untimed ahead of the pause (e.g. staging the action to resolve)."""
+    rng = random.Random(seed)
+    dist = Dist(name)
+    for _ in range(n):
+        if before is not None:
+            before()
+        time.sleep(rng.uniform(*gap_s))
+        try:
+            dist.add_seconds(call())
+        except Exception:
+            dist.errors += 1
+        tick(1)
+    return dist
+
+
+def loaded(name: str, calls: Sequence[Call], per_caller: int, tick: Tick) -> Dist:
+    """One thread per entry of ``calls``, each making ``per_caller`` round trips back to back,
+    all released together. Throughput is completed round trips over the wall time."""
+    dist = Dist(name)
+    lock = threading.Lock()
+    start_line = threading.Barrier(len(calls) + 1)
+
+    def caller(call: Call) -> None:
+        mine: list[float] = []
+        errors = 0
+        start_line.wait()
+        for _ in range(per_caller):
+            try:
+                mine.append(call())
+            except Exception:
+                errors += 1
+            tick(1)
+        with lock:
+            dist.samples_ms.extend(s * 1000 for s in mine)
+            dist.errors += errors
+
+    threads = [threading.Thread(target=caller, args=(c,), daemon=True) for c in calls]
+    for t in threads:
+        t.start()
+    start_line.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    dist.wall_s = time.perf_counter() - began
+    return dist
+
+
+def resolver(pa: PendingActions, session: str, timeout: float = 30.0) -> Call:
+    """A timed resolve of ``session``'s head: request to reply, through the public client."""
+
+    def call() -> float:
+        start = time.perf_counter()
+        result = pa.resolve(session=session, action="apply", reason="bench", timeout=timeout)
+        elapsed = time.perf_counter() - start
+        if result.is_error:
+            raise RuntimeError(result.content[0].get("text", "error result"))
+        return elapsed
+
+    return call
+
+
+# A write, like every step of a resolve: with appendfsync always its reply waits for fsync too.
+INCR_SCRIPT = "return redis.call('INCR', KEYS[1])"
+
+
+def raw_redis(client: redis.Redis, n: int, tick: Tick) -> tuple[Dist, Dist]:
+    """PING and one EVALSHA (a one-key write script) round trip, back to back."""
+    script = client.register_script(INCR_SCRIPT)
+    script(keys=["bench:raw"])  # loaded now, so every timed call is a plain EVALSHA
+    ping, evalsha = Dist("redis PING"), Dist("redis EVALSHA")
+    for _ in range(n):
+        start = time.perf_counter()
+        client.ping()
+        ping.add_seconds(time.perf_counter() - start)
+        start = time.perf_counter()
+        script(keys=["bench:raw"])
+        evalsha.add_seconds(time.perf_counter() - start)
+        tick(1)
+    client.delete("bench:raw")
+    return ping, evalsha
+
+
+def timed(fn: Callable[[], object]) -> Call:
+    def call() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    return call
+
+
+def raw_redis_idle(client: redis.Redis, n: int, gap_s: tuple[float, float],
+                   tick: Tick) -> tuple[Dist, Dist]:
+    """The same round trips, each after an idle pause: the floor of every idle figure, since
+    a process that slept (on a virtual machine, a vCPU that halted) is slow to wake, and one
+    resolve wakes several in turn."""
+    script = client.register_script(INCR_SCRIPT)
+    ping = idle("redis PING idle", timed(client.ping), n, gap_s, tick)
+    evalsha = idle("redis EVALSHA idle", timed(lambda: script(keys=["bench:raw"])), n, gap_s,
+                   tick)
+    client.delete("bench:raw")
+    return ping, evalsha
+
+
+def raw_pipelined_evalsha(client: redis.Redis, total: int, batch: int, tick: Tick) -> float:
+    """The ceiling for one producer: pipelined EVALSHA of a one-key write script, per second."""
+    script = client.register_script(INCR_SCRIPT)
+    script(keys=["bench:raw"])
+    done = 0
+    start = time.perf_counter()
+    while done < total:
+        n = min(batch, total - done)
+        pipe = client.pipeline(transaction=False)
+        for _ in range(n):
+            script(keys=["bench:raw"], client=pipe)
+        pipe.execute()
+        done += n
+        tick(n)
+    rate = total / (time.perf_counter() - start)
+    client.delete("bench:raw")
+    return rate
+
+
+def _command_calls(client: redis.Redis) -> tuple[int, dict[str, int]]:
+    pipe = client.pipeline(transaction=False)
+    pipe.info("stats")
+    pipe.info("commandstats")
+    stats, commands = pipe.execute()
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in commands.items()}
+    return int(stats["total_commands_processed"]), calls
+
+
+def idle_commands(client: redis.Redis, window_s: float, processes: int,
+                  tick: Tick) -> dict[str, Any]:
+    """Redis commands per second sent by workers that have nothing to do, from the server's
+    own counters (total_commands_processed; commandstats for which commands they are)."""
+    total0, calls0 = _command_calls(client)
+    end = time.monotonic() + window_s
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(1.0, left))
+        tick(1)
+    total1, calls1 = _command_calls(client)
+    # Our two INFO calls of the first snapshot are counted; the second's are not yet.
+    others = total1 - total0 - 2
+    by_command = {k: calls1[k] - calls0.get(k, 0) for k in calls1
+                  if k != "info" and calls1[k] != calls0.get(k, 0)}
+    return {
+        "window_s": window_s, "processes": processes, "commands": others,
+        "per_second": others / window_s, "per_second_per_process": others / window_s / processes,
+        "by_command": dict(sorted(by_command.items(), key=lambda kv: -kv[1])),
+    }

@@ -1,0 +1,241 @@
+"""What a run leaves: the rows (each figure of ours beside its same-run baseline), one table on
+stdout, ``results.json`` and ``latency.png``."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.runner import Run
+from bench.stats import Dist, Row, fmt, fmt_ratio
+
+KIB = 1024
+
+
+def _d(r: Run, key: str) -> Dist | None:
+    return r.dists.get(key)
+
+
+def _p(r: Run, key: str, q: str) -> float | None:
+    d = _d(r, key)
+    if d is None or not d.samples_ms:
+        return None
+    return {"p50": d.p50, "p99": d.p99, "tput": d.throughput}[q]
+
+
+def _within(ratio: float | None, pct: float) -> bool | None:
+    return None if ratio is None else abs(ratio - 1) <= pct / 100
+
+
+def rows(r: Run) -> list[Row]:
+    out: list[Row] = []
+    rabbit_skip = r.skipped.get("rabbitmq", "")
+    stock = "stock dramatiq RedisBroker"
+    rabbit = "stock dramatiq RabbitMQ"
+    ping, evalsha = _p(r, "redis.ping", "p50"), _p(r, "redis.evalsha", "p50")
+    out.append(Row("redis.ping.p50", "Redis PING round trip p50", ping, "ms", "-", None))
+    out.append(Row("redis.evalsha.p50", "Redis EVALSHA (1-key write) p50", evalsha, "ms",
+                   "Redis PING p50", ping))
+    ping_idle = _p(r, "redis.ping.idle", "p50")
+    evalsha_idle = _p(r, "redis.evalsha.idle", "p50")
+    out.append(Row("redis.ping.idle.p50", "Redis PING after an idle pause p50", ping_idle, "ms",
+                   "Redis PING p50 (back to back)", ping))
+    out.append(Row("redis.evalsha.idle.p50", "Redis EVALSHA after an idle pause p50",
+                   evalsha_idle, "ms", "Redis EVALSHA p50 (back to back)", evalsha))
+
+    idle50, idle99 = _p(r, "ours.idle", "p50"), _p(r, "ours.idle", "p99")
+    s50, s99 = _p(r, "stock.redis.idle", "p50"), _p(r, "stock.redis.idle", "p99")
+    row = Row("resolve.idle.p50", "resolve idle p50", idle50, "ms", f"{stock} idle p50", s50,
+              target="<= 3 ms and >= 50x faster")
+    row.met = None if idle50 is None or row.ratio is None else (
+        idle50 <= 3 and row.ratio <= 1 / 50)
+    out.append(row)
+    out.append(Row("resolve.idle.p50.rabbitmq", "resolve idle p50", idle50, "ms",
+                   f"{rabbit} idle p50", _p(r, "stock.rabbitmq.idle", "p50"), note=rabbit_skip))
+    out.append(Row("resolve.idle.p50.floor", "resolve idle p50", idle50, "ms",
+                   "Redis EVALSHA after the same pauses p50 (floor)", evalsha_idle))
+    row = Row("resolve.idle.p99", "resolve idle p99", idle99, "ms", f"{stock} idle p99", s99,
+              target="<= 15 ms")
+    row.met = None if idle99 is None else idle99 <= 15
+    out.append(row)
+    out.append(Row("resolve.idle.p99.rabbitmq", "resolve idle p99", idle99, "ms",
+                   f"{rabbit} idle p99", _p(r, "stock.rabbitmq.idle", "p99"), note=rabbit_skip))
+
+    tput = _p(r, "ours.loaded", "tput")
+    c = r.sizes.callers
+    row = Row("resolve.loaded.throughput", f"resolve loaded throughput ({c} callers)", tput,
+              "/s", f"{stock} no-op throughput", _p(r, "stock.redis.loaded", "tput"),
+              better="higher", target=">= 0.70x")
+    row.met = None if row.ratio is None else row.ratio >= 0.70
+    out.append(row)
+    out.append(Row("resolve.loaded.throughput.rabbitmq", "resolve loaded throughput", tput,
+                   "/s", f"{rabbit} no-op throughput", _p(r, "stock.rabbitmq.loaded", "tput"),
+                   better="higher", note=rabbit_skip))
+    for q in ("p50", "p99"):
+        out.append(Row(f"resolve.loaded.{q}", f"resolve loaded {q}", _p(r, "ours.loaded", q),
+                       "ms", f"{stock} loaded {q}", _p(r, "stock.redis.loaded", q)))
+
+    f = r.facts
+    row = Row("stage.pipelined", "stage, one producer pipelined", f.get("stage_pipelined_per_s"),
+              "/s", "Redis EVALSHA pipelined (1-key write)", f.get("raw_pipelined_evalsha_per_s"),
+              better="higher", target=">= 20,000/s")
+    row.met = None if row.value is None else row.value >= 20_000
+    out.append(row)
+    ev = _d(r, "redis.evalsha")
+    seq = 1000 / (sum(ev.samples_ms) / len(ev.samples_ms)) if ev and ev.samples_ms else None
+    out.append(Row("stage.single", "stage, one call at a time (client)",
+                   f.get("stage_single_per_s"), "/s", "Redis EVALSHA one at a time", seq,
+                   better="higher"))
+
+    stock_mem = f.get("memory.stock", {}).get("beyond_payload")
+    for label in ("1_per_session", "10_per_session", "one_session"):
+        mem = f.get(f"memory.{label}", {}).get("beyond_payload")
+        row = Row(f"memory.{label}", f"memory/action beyond payload, {label.replace('_', ' ')}",
+                  mem, "B", "stock dramatiq queued message beyond payload", stock_mem,
+                  target="<= 1 KiB")
+        row.met = None if mem is None else mem <= KIB
+        out.append(row)
+
+    for kind, points, unit in (("depth", r.sizes.depths, "depth"),
+                               ("sessions", r.sizes.sessions, "sessions")):
+        first = points[0]
+        base = _p(r, f"{kind}.{first}", "p50")
+        for n in points:
+            row = Row(f"{kind}.{n}.p50", f"resolve p50 at {n:,} {unit}",
+                      _p(r, f"{kind}.{n}", "p50"), "ms", f"same at {first:,} {unit}", base,
+                      target="within 20%" if n != first else "")
+            row.met = _within(row.ratio, 20) if n != first else None
+            out.append(row)
+        last = points[-1]
+        out.append(Row(f"{kind}.{last}.p99", f"resolve p99 at {last:,} {unit}",
+                       _p(r, f"{kind}.{last}", "p99"), "ms", f"same at {first:,} {unit}",
+                       _p(r, f"{kind}.{first}", "p99")))
+
+    ours_idle = f.get("idle_commands.ours", {}).get("per_second_per_process")
+    row = Row("idle.commands", "idle workers: Redis commands/s per process", ours_idle,
+              "cmd/s", f"{stock} idle, per process",
+              f.get("idle_commands.stock.redis", {}).get("per_second_per_process"),
+              target="<= 20")
+    row.met = None if ours_idle is None else ours_idle <= 20
+    out.append(row)
+    swept = f.get("idle_commands.ours.sessions")
+    if swept is not None:
+        n = max(r.sizes.sessions)
+        row = Row("idle.commands.sessions", f"same, {n:,} sessions stored",
+                  swept["per_second_per_process"], "cmd/s", "same, empty Redis", ours_idle,
+                  target="<= 20")
+        row.met = swept["per_second_per_process"] <= 20
+        out.append(row)
+    return out
+
+
+def table(r: Run, all_rows: list[Row]) -> str:
+    m = r.facts.get("meta", {})
+    head = (f"pending-actions bench ({m.get('mode')}, commit {m.get('commit')}): "
+            f"{m.get('cpus')} CPUs {m.get('cpu')}, "
+            f"redis {m.get('redis')} appendfsync {m.get('appendfsync')}, "
+            f"{m.get('worker_processes')} dramatiq process(es) x {m.get('worker_threads')} "
+            "threads for ours and stock (ours adds its resolve worker process)")
+    load = m.get("loadavg_before_after")
+    if load:
+        head += f"\nload average before/after the run: {load[0]:.2f}/{load[1]:.2f}"
+    legend = ("ratio = ours / baseline, both measured in this run "
+              "(lower is better for ms, B and cmd/s; higher for /s)")
+    cols = ["ratio", "figure", "ours", "baseline (same run)", "baseline value", "target", "met"]
+    cells = [[fmt_ratio(x), x.figure, fmt(x.value, x.unit), x.baseline,
+              fmt(x.baseline_value, x.unit), x.target,
+              {True: "yes", False: "NO", None: ""}[x.met] + (" (skipped)" if x.note else "")]
+             for x in all_rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = "  ".join("-" * w for w in widths)
+    out = [head, legend, line, "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)),
+           line]
+    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in cells]
+    out.append(line)
+    out += [f"skipped {k}: {v}" for k, v in r.skipped.items()]
+    # A failed round trip is left out of its figure, so say how many there were.
+    out += [f"errors in {k}: {d.errors} of {d.errors + len(d.samples_ms)} round trips failed"
+            for k, d in r.dists.items() if d.errors]
+    return "\n".join(out)
+
+
+def write_json(r: Run, all_rows: list[Row], path: Path, plot: str | None) -> None:
+    def dist(d: Dist) -> dict[str, Any]:
+        return {**{k: _clean(v) for k, v in d.summary().items()},
+                "samples_ms": [round(x, 4) for x in d.samples_ms]}
+
+    doc = {"meta": r.facts.get("meta", {}), "rows": [x.as_json() for x in all_rows],
+           "distributions": {k: dist(d) for k, d in r.dists.items()},
+           "facts": {k: v for k, v in r.facts.items() if k != "meta"},
+           "skipped": r.skipped, "plot": plot}
+    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+
+def _clean(v: Any) -> Any:
+    return None if isinstance(v, float) and (math.isnan(v) or math.isinf(v)) else v
+
+
+# Distribution, legend label, colour (one per system), line style (dotted: back to back,
+# solid: idle, dashed: loaded).
+_CURVES = (
+    ("redis.ping", "Redis PING, back to back", "tab:gray", ":"),
+    ("redis.evalsha", "Redis EVALSHA, back to back", "black", ":"),
+    ("redis.ping.idle", "Redis PING, idle", "tab:gray", "-"),
+    ("redis.evalsha.idle", "Redis EVALSHA, idle", "black", "-"),
+    ("ours.idle", "ours: resolve, idle", "tab:blue", "-"),
+    ("stock.redis.idle", "stock dramatiq RedisBroker, idle", "tab:red", "-"),
+    ("stock.rabbitmq.idle", "stock dramatiq RabbitMQ, idle", "tab:purple", "-"),
+    ("ours.loaded", "ours: resolve, loaded", "tab:blue", "--"),
+    ("stock.redis.loaded", "stock dramatiq RedisBroker, loaded", "tab:red", "--"),
+    ("stock.rabbitmq.loaded", "stock dramatiq RabbitMQ, loaded", "tab:purple", "--"),
+)
+
+
+def plot(r: Run, path: Path) -> str | None:
+    """Latency distributions (ECDF, log scale) and the two scaling curves. Returns why not,
+    or None when written."""
+    try:
+        matplotlib: Any = importlib.import_module("matplotlib")
+        matplotlib.use("Agg")
+        plt: Any = importlib.import_module("matplotlib.pyplot")
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib)"
+    fig, axes = plt.subplots(1, 3, figsize=(18, 7), width_ratios=[2, 1, 1])
+    ax = axes[0]
+    for key, label, color, style in _CURVES:
+        d = r.dists.get(key)
+        if d is None or not d.samples_ms:
+            continue
+        xs = sorted(d.samples_ms)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", label=f"{label} (p50 {d.p50:.2f} ms)", color=color,
+                linestyle=style)
+    ax.set_xscale("log")
+    ax.set_xlabel("round trip (ms, log scale)")
+    ax.set_ylabel("fraction of round trips at or below")
+    ax.set_title("Latency distributions (same run)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.13), ncol=2)
+    for ax, kind, points in ((axes[1], "depth", r.sizes.depths),
+                             (axes[2], "sessions", r.sizes.sessions)):
+        got = [(n, r.dists[f"{kind}.{n}"]) for n in points if f"{kind}.{n}" in r.dists]
+        for q in ("p50", "p99"):
+            ax.plot([n for n, _ in got], [getattr(d, q) for _, d in got], marker="o", label=q)
+        ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(f"{kind} (log scale)")
+        ax.set_ylabel("resolve round trip (ms)")
+        ax.set_title(f"Resolve latency vs {kind}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"pending-actions bench ({r.facts.get('meta', {}).get('mode')}), "
+                 f"appendfsync {r.options.fsync}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,327 @@
+"""One run: a private redis-server, then each system in turn on it (raw Redis, stock dramatiq
+on RedisBroker, on RabbitMQ when reachable, then ours), each with the same worker processes and
+threads, measured while nothing else runs. Everything started here is stopped here."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench import fill, measure, scaling
+from bench.handlers import NOOP
+from bench.procs import ROOT, start_ours, start_stock
+from bench.progress import Progress
+from bench.stats import Dist
+from bench.stock import (
+    ACTOR,
+    RABBITMQ_URL,
+    StockClient,
+    delete_rabbitmq_queues,
+    new_queue_name,
+    rabbitmq_unavailable,
+    stock_broker,
+)
+from broker.embedded import EmbeddedRedis
+from producers import PendingActions
+
+
+@dataclass(frozen=True)
+class Sizes:
+    raw: int  # PING / EVALSHA round trips, back to back
+    raw_idle: int  # the same, each after an idle pause
+    idle: int  # our idle resolves
+    stock_idle: int  # stock idle round trips (each waits out dramatiq's poll backoff)
+    idle_gap_s: tuple[float, float]  # pause before each idle round trip
+    settle_s: float  # after workers are ready, before idle figures
+    idle_window_s: float  # idle Redis command count
+    callers: int  # concurrent callers under load
+    per_caller: int
+    stage_pipelined: int
+    stage_single: int
+    memory_actions: int
+    stock_memory_messages: int
+    payload_bytes: int
+    depths: tuple[int, ...]
+    sessions: tuple[int, ...]
+    scaling_samples: int
+    scaling_gap_s: float
+    sweep_window_s: float  # idle commands again with every session stored; 0 skips
+
+
+FULL = Sizes(raw=2000, raw_idle=50, idle=100, stock_idle=40, idle_gap_s=(0.2, 1.0), settle_s=3.0,
+             idle_window_s=10.0, callers=32, per_caller=300, stage_pipelined=100_000,
+             stage_single=2000, memory_actions=20_000, stock_memory_messages=5000,
+             payload_bytes=256, depths=(1, 10, 100, 1000, 10_000, 100_000),
+             sessions=(1, 10, 100, 1000, 10_000, 100_000), scaling_samples=200,
+             scaling_gap_s=0.005, sweep_window_s=61.0)
+QUICK = Sizes(raw=200, raw_idle=5, idle=10, stock_idle=6, idle_gap_s=(0.05, 0.2), settle_s=1.0,
+              idle_window_s=2.0, callers=4, per_caller=25, stage_pipelined=5000,
+              stage_single=200, memory_actions=2000, stock_memory_messages=500,
+              payload_bytes=256, depths=(1, 1000), sessions=(1, 1000), scaling_samples=20,
+              scaling_gap_s=0.005, sweep_window_s=0.0)
+
+
+@dataclass
+class Options:
+    out: Path
+    quick: bool = False
+    skip_rabbitmq: bool = False
+    rabbitmq_url: str = RABBITMQ_URL
+    processes: int = 1
+    threads: int = 8
+    fsync: str = "always"
+    progress: bool = True
+
+
+@dataclass
+class Run:
+    options: Options
+    sizes: Sizes
+    dists: dict[str, Dist] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def _phases(s: Sizes, rabbit: bool) -> int:
+    stock = 4 + (3 if rabbit else 0)
+    ours = 10 + len(s.depths) + len(s.sessions) + (1 if s.sweep_window_s else 0)
+    return 3 + stock + ours
+
+
+def run(options: Options) -> Run:
+    sizes = QUICK if options.quick else FULL
+    r = Run(options, sizes)
+    why_not = "skipped by --skip-rabbitmq" if options.skip_rabbitmq else rabbitmq_unavailable(
+        options.rabbitmq_url)
+    if why_not:
+        r.skipped["rabbitmq"] = why_not
+    progress = Progress(_phases(sizes, not why_not), enabled=options.progress)
+    load = os.getloadavg()[0]
+    if load > 0.8:  # other work on a 2-core machine moves every figure
+        progress.say(f"warning: load average is {load:.2f} before the run; figures will be noisy")
+    if why_not:
+        progress.say(f"RabbitMQ baseline skipped: {why_not}")
+    logs = options.out / "logs"
+    with tempfile.TemporaryDirectory(prefix="pa-bench-redis-") as data:
+        server = EmbeddedRedis(directory=Path(data), fsync=options.fsync).start()
+        try:
+            base = f"redis://127.0.0.1:{server.port}"
+            r.facts["meta"] = _meta(options, sizes, server)
+            _raw(r, f"{base}/0", progress)
+            _stock(r, "redis", f"{base}/1", f"{base}/1", new_queue_name(), logs, progress,
+                   idle_cmds=True)
+            if not why_not:
+                queue = new_queue_name()
+                try:
+                    _stock(r, "rabbitmq", options.rabbitmq_url, f"{base}/1", queue, logs,
+                           progress, idle_cmds=False)
+                except Exception as exc:  # an optional baseline: say why, keep the run
+                    r.skipped["rabbitmq"] = f"failed: {exc!r}"[:300]
+                    progress.say(f"RabbitMQ baseline failed: {exc!r}")
+                finally:
+                    delete_rabbitmq_queues(queue, options.rabbitmq_url)
+            _ours(r, f"{base}/0", f"{base}/2", logs, progress)
+        finally:
+            server.stop()
+    r.facts["meta"]["loadavg_before_after"] = [load, os.getloadavg()[0]]
+    return r
+
+
+def _meta(options: Options, sizes: Sizes, server: EmbeddedRedis) -> dict[str, Any]:
+    info: Any = redis.Redis(port=server.port).info("server")
+    cpu = ""
+    with contextlib.suppress(OSError):
+        cpu = next((ln.split(":", 1)[1].strip() for ln in
+                    Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name")), "")
+    return {"mode": "quick" if options.quick else "full", "commit": _commit(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
+            "cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
+            "redis": info.get("redis_version"), "appendfsync": options.fsync,
+            "worker_processes": options.processes, "worker_threads": options.threads,
+            "callers": sizes.callers, "sizes": asdict(sizes)}
+
+
+def _commit() -> str | None:
+    """The code measured: HEAD of the checkout, marked when the work tree differs."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    return None
+
+
+def _raw(r: Run, url: str, progress: Progress) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        with progress.phase("raw Redis: PING and EVALSHA round trips", r.sizes.raw) as tick:
+            r.dists["redis.ping"], r.dists["redis.evalsha"] = measure.raw_redis(
+                client, r.sizes.raw, tick)
+        n, gaps = r.sizes.raw_idle, r.sizes.idle_gap_s
+        with progress.phase("raw Redis: PING and EVALSHA after idle pauses", 2 * n) as tick:
+            r.dists["redis.ping.idle"], r.dists["redis.evalsha.idle"] = measure.raw_redis_idle(
+                client, n, gaps, tick)
+        total = r.sizes.stage_pipelined
+        with progress.phase("raw Redis: pipelined EVALSHA", total) as tick:
+            r.facts["raw_pipelined_evalsha_per_s"] = measure.raw_pipelined_evalsha(
+                client, total, 1000, tick)
+    finally:
+        client.close()
+
+
+def _stock(r: Run, name: str, broker_url: str, results_url: str, queue: str, logs: Path,
+           progress: Progress, *, idle_cmds: bool) -> None:
+    o = r.options
+    with progress.phase(f"stock dramatiq ({name}): start workers", o.processes) as tick:
+        child, pids = start_stock(broker_url, results_url, queue, o.processes, o.threads, logs,
+                                  f"stock-{name}-worker")
+        tick(len(pids))
+    try:
+        _stock_figures(r, name, StockClient(broker_url, results_url, queue), results_url,
+                       len(pids), progress, idle_cmds=idle_cmds)
+    finally:
+        child.stop()
+
+
+def _stock_figures(r: Run, name: str, client: StockClient, results_url: str, processes: int,
+                   progress: Progress, *, idle_cmds: bool) -> None:
+    s = r.sizes
+    try:
+        for _ in range(3):  # connections and queue declarations happen on first use
+            client.roundtrip()
+        if idle_cmds:
+            with progress.phase(f"stock dramatiq ({name}): idle Redis commands",
+                                int(s.settle_s + s.idle_window_s), "s") as tick:
+                time.sleep(s.settle_s)
+                conn = redis.Redis.from_url(results_url)
+                r.facts[f"idle_commands.stock.{name}"] = measure.idle_commands(
+                    conn, s.idle_window_s, processes, tick)
+                conn.close()
+        with progress.phase(f"stock dramatiq ({name}): idle send-to-result",
+                            s.stock_idle) as tick:
+            r.dists[f"stock.{name}.idle"] = measure.idle(
+                f"stock dramatiq {name} idle", client.roundtrip, s.stock_idle, s.idle_gap_s,
+                tick)
+        total = s.callers * s.per_caller
+        with progress.phase(f"stock dramatiq ({name}): {s.callers} concurrent callers",
+                            total) as tick:
+            calls: list[measure.Call] = [client.roundtrip] * s.callers
+            measure.loaded("warm-up", calls, 2, lambda _n: None)
+            r.dists[f"stock.{name}.loaded"] = measure.loaded(
+                f"stock dramatiq {name} loaded", calls, s.per_caller, tick)
+    finally:
+        client.close()
+
+
+def _ours(r: Run, url: str, scratch_url: str, logs: Path, progress: Progress) -> None:
+    o = r.options
+    with progress.phase("ours: start resolve worker and dramatiq workers",
+                        o.processes + 1) as tick:
+        child, pids = start_ours(url, o.processes, o.threads, logs)
+        tick(len(pids))
+    try:
+        _ours_figures(r, url, scratch_url, len(pids), progress)
+        child.check_alive()
+    finally:
+        child.stop()
+
+
+def _ours_figures(r: Run, url: str, scratch_url: str, processes: int,
+                  progress: Progress) -> None:
+    s = r.sizes
+    pa = PendingActions.from_url(url)
+    conn = redis.Redis.from_url(url)
+    try:
+        with progress.phase("ours: idle Redis commands", int(s.settle_s + s.idle_window_s),
+                            "s") as tick:
+            time.sleep(s.settle_s)
+            r.facts["idle_commands.ours"] = measure.idle_commands(conn, s.idle_window_s,
+                                                                  processes, tick)
+        _ours_latency(r, pa, progress)
+        _ours_stage_and_memory(r, pa, scratch_url, progress)
+        r.dists.update({f"depth.{d}": dist for d, dist in scaling.by_depth(
+            pa, s.depths, s.scaling_samples, s.scaling_gap_s, s.payload_bytes, progress)})
+        r.dists.update({f"sessions.{n}": dist for n, dist in scaling.by_sessions(
+            pa, s.sessions, s.scaling_samples, s.scaling_gap_s, s.payload_bytes, progress)})
+        if s.sweep_window_s:
+            with progress.phase(f"ours: idle Redis commands with {max(s.sessions):,} sessions "
+                                "stored", int(s.sweep_window_s), "s") as tick:
+                r.facts["idle_commands.ours.sessions"] = measure.idle_commands(
+                    conn, s.sweep_window_s, processes, tick)
+    finally:
+        pa.close()
+        conn.close()
+
+
+def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
+    s = r.sizes
+
+    def stage(session: str) -> None:
+        pa.stage(session=session, tool="bench", label="bench action", apply=NOOP,
+                 payload=fill.payload_of(s.payload_bytes))
+
+    for _ in range(3):  # scripts are loaded and connections opened on first use
+        stage("bench-idle")
+        measure.resolver(pa, "bench-idle")()
+    with progress.phase("ours: idle resolve, request to reply", s.idle) as tick:
+        r.dists["ours.idle"] = measure.idle("ours idle", measure.resolver(pa, "bench-idle"),
+                                            s.idle, s.idle_gap_s, tick,
+                                            before=lambda: stage("bench-idle"))
+    names = [f"bench-load-{i}" for i in range(s.callers)]
+    with progress.phase(f"ours: {s.callers} sessions, {s.callers} concurrent callers",
+                        s.callers * (s.per_caller + 2) * 2) as tick:
+        fill.stage_bulk(pa, fill.cycle(names, s.per_caller + 2),
+                        s.callers * (s.per_caller + 2), fill.payload_of(s.payload_bytes), 1000,
+                        tick)
+        calls = [measure.resolver(pa, n) for n in names]
+        measure.loaded("warm-up", calls, 2, tick)
+        r.dists["ours.loaded"] = measure.loaded("ours loaded", calls, s.per_caller, tick)
+    fill.drop_sessions(pa.ctx, names)
+
+
+def _ours_stage_and_memory(r: Run, pa: PendingActions, scratch_url: str,
+                           progress: Progress) -> None:
+    s = r.sizes
+    payload = fill.payload_of(s.payload_bytes)
+    with progress.phase("ours: stage one call at a time (PendingActions.stage)",
+                        s.stage_single) as tick:
+        start = time.perf_counter()
+        for _ in range(s.stage_single):
+            pa.stage(session="bench-stage-single", tool="bench", label="bench action",
+                     apply=NOOP, payload=payload)
+            tick(1)
+        r.facts["stage_single_per_s"] = s.stage_single / (time.perf_counter() - start)
+        fill.drop_sessions(pa.ctx, ["bench-stage-single"])
+    names = [f"bench-stage-{i}" for i in range(16)]
+    with progress.phase("ours: stage pipelined, one producer", s.stage_pipelined) as tick:
+        r.facts["stage_pipelined_per_s"] = fill.stage_bulk(
+            pa, fill.cycle(names, 1), s.stage_pipelined, payload, 1000, tick)
+    fill.drop_sessions(pa.ctx, names)
+    n = s.memory_actions
+    for label, sessions, each in (("1_per_session", n, 1), ("10_per_session", n // 10, 10),
+                                  ("one_session", 1, n)):
+        with progress.phase(f"ours: memory, {label.replace('_', ' ')}", n) as tick:
+            r.facts[f"memory.{label}"] = fill.memory_per_action(
+                pa, f"bench-mem-{label}", sessions, each, payload, tick)
+    with progress.phase("stock dramatiq (redis): memory per queued message",
+                        s.stock_memory_messages) as tick:
+        broker = stock_broker(scratch_url)
+        client = redis.Redis.from_url(scratch_url)
+        try:
+            r.facts["memory.stock"] = fill.stock_memory_per_message(
+                broker, client, "pending-actions-bench-memory", ACTOR, s.stock_memory_messages,
+                payload, tick)
+        finally:
+            broker.close()
+            client.close()

@@ -1,0 +1,62 @@
+"""The benchmark harness runs end to end in quick mode. Benchmarks are not tests: this proves
+the harness works and leaves its files, and asserts no timing."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every row of a quick run (depth and session points are 1 and 1,000 there).
+QUICK_ROWS = [
+    "redis.ping.p50", "redis.evalsha.p50", "redis.ping.idle.p50", "redis.evalsha.idle.p50",
+    "resolve.idle.p50", "resolve.idle.p50.rabbitmq", "resolve.idle.p50.floor",
+    "resolve.idle.p99", "resolve.idle.p99.rabbitmq",
+    "resolve.loaded.throughput", "resolve.loaded.throughput.rabbitmq",
+    "resolve.loaded.p50", "resolve.loaded.p99",
+    "stage.pipelined", "stage.single",
+    "memory.1_per_session", "memory.10_per_session", "memory.one_session",
+    "depth.1.p50", "depth.1000.p50", "depth.1000.p99",
+    "sessions.1.p50", "sessions.1000.p50", "sessions.1000.p99",
+    "idle.commands",
+]
+
+
+def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pending_actions.bench", "--quick", "--no-progress",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    doc = orjson.loads((out / "results.json").read_bytes())
+    rows = {row["key"]: row for row in doc["rows"]}
+    assert [k for k in QUICK_ROWS if k not in rows] == []
+    rabbit_skipped = "rabbitmq" in doc["skipped"]
+    for key, row in rows.items():
+        if key.endswith(".rabbitmq") and rabbit_skipped:
+            assert row["note"], key  # a skipped baseline says why
+            continue
+        assert row["value"] is not None, key
+        if key != "redis.ping.p50":  # the one figure that is itself the floor
+            assert row["baseline_value"] is not None, key
+    for name in ("ours.idle", "ours.loaded", "stock.redis.idle", "stock.redis.loaded"):
+        assert doc["distributions"][name]["n"] > 0, name
+        assert doc["distributions"][name]["errors"] == 0, name
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert doc["plot"] == "latency.png"
+        assert (out / "latency.png").read_bytes().startswith(b"\x89PNG")
+    else:
+        assert doc["plot"] is None
+        assert "no plot: matplotlib is not installed" in proc.stderr
+
+    for figure in ("resolve idle p50", "stage, one producer pipelined", "ratio"):
+        assert figure in proc.stdout
