@@ -16,28 +16,25 @@ SOCKET_TIMEOUT_S = 15.0
 BLOCK_CHUNK_S = 5.0
 
 
-def producer_client(url: str) -> redis.Redis:
-    """A client that retries a dropped connection a few times, then raises."""
+def _client(url: str, backoff_cap: float, retries: int, **extra: int) -> redis.Redis:
     return redis.Redis.from_url(
         url,
         socket_connect_timeout=2.0,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_keepalive=True,
         health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3),
+        retry=Retry(ExponentialBackoff(cap=backoff_cap, base=backoff_cap / 20), retries=retries),
         retry_on_error=list(TRANSIENT),
+        **extra,
     )
+
+
+def producer_client(url: str) -> redis.Redis:
+    """A client that retries a dropped connection a few times, then raises: producers fail
+    fast."""
+    return _client(url, backoff_cap=0.5, retries=3)
 
 
 def worker_client(url: str, max_connections: int = 64) -> redis.Redis:
     """A client for long-running workers; their loops add their own backoff on top."""
-    return redis.Redis.from_url(
-        url,
-        socket_connect_timeout=2.0,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_keepalive=True,
-        health_check_interval=30,
-        max_connections=max_connections,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=5),
-        retry_on_error=list(TRANSIENT),
-    )
+    return _client(url, backoff_cap=1.0, retries=5, max_connections=max_connections)
