@@ -42,11 +42,15 @@ class Soak:
         self.stop = threading.Event()
         self.events = Counter[str]()
         self.lock = threading.Lock()
+        self.acknowledged: set[str] = set()  # ids that stage() returned to a producer
+
+    # the tally reads the histories, so no process may trim them
+    HISTORY = 10_000_000
 
     def _worker(self) -> WorkerProcess:
         return WorkerProcess(self.server.url, "pending_actions.soak_handlers", {
             "lease_ms": "2000", "dispatch_timeout_ms": "20000", "recovery_interval_ms": "200",
-            "max_stalls": "5", "claim_idle_ms": "5000", "history_maxlen": "1000000",
+            "max_stalls": "5", "claim_idle_ms": "5000", "history_maxlen": str(self.HISTORY),
             "restart_backoff_max_s": "0.5"}).start()
 
     def count(self, name: str) -> None:
@@ -54,22 +58,25 @@ class Soak:
             self.events[name] += 1
 
     def producer(self, session: str, pa: PendingActions) -> None:
-        staged = 0
+        staged, empty = 0, False
         while not self.stop.is_set():
             try:
-                if staged < self.max_actions and self.rng.random() < 0.6:
-                    pa.stage(session=session, tool="soak", label=f"{session} #{staged}",
-                             apply="soak.apply", reject="soak.reject",
-                             payload={"fail_rate": self.fail_rate})
-                    staged += 1
-                    self.count("stage calls")
-                else:
-                    action = "apply" if self.rng.random() < 0.8 else "discard"
-                    res = pa.resolve(session=session, action=action, reason="soak", timeout=10)
-                    if res.details.get("label") is None:
-                        self.count("resolves with nothing to target")
-                    else:
-                        self.count("resolve errors" if res.is_error else "resolve ok")
+                if staged < self.max_actions and (empty or self.rng.random() < 0.5):
+                    action_id = pa.stage(session=session, tool="soak",
+                                         label=f"{session} #{staged}", apply="soak.apply",
+                                         reject="soak.reject",
+                                         payload={"fail_rate": self.fail_rate})
+                    staged, empty = staged + 1, False
+                    with self.lock:
+                        self.acknowledged.add(action_id)
+                    continue
+                if staged >= self.max_actions and empty:
+                    return  # this session is done: everything staged has ended
+                action = "apply" if self.rng.random() < 0.8 else "discard"
+                res = pa.resolve(session=session, action=action, reason="soak", timeout=10)
+                empty = res.details.get("label") is None
+                if not empty:
+                    self.count("resolve errors" if res.is_error else "resolve ok")
             except PendingActionsError:
                 self.count("redis unavailable")
                 self.stop.wait(0.1)  # Redis is down: retry after a pause, as an agent would
@@ -96,7 +103,8 @@ class Soak:
     def run(self) -> dict[str, Any]:
         self.server.start()
         self.workers = [self._worker() for _ in range(self.n_workers)]
-        pa = PendingActions.from_url(self.server.url, resolve_timeout_s=10)
+        pa = PendingActions.from_url(self.server.url, resolve_timeout_s=10,
+                                     history_maxlen=self.HISTORY)
         sessions = [f"soak-{i}" for i in range(self.n_sessions)]
         threads = [threading.Thread(target=self.producer, args=(s, pa)) for s in sessions]
         threads.append(threading.Thread(target=self.chaos))
@@ -146,11 +154,14 @@ class Soak:
         discarded = {a for a, o in outcomes.items() if o[0] == "discarded"}
         completions = {k.decode(): int(v) for k, v in client.hgetall("soak:completions").items()}
         effects = {k.decode(): int(v) for k, v in client.hgetall("soak:effects").items()}
+        ended = applied | discarded | pending | dead
         return {
             "seconds": self.seconds, "sessions": len(sessions), "workers": self.n_workers,
             "staged": len(staged), "applied": len(applied), "discarded": len(discarded),
             "pending": len(pending), "dead_lettered": len(dead),
-            "lost": len(staged - applied - discarded - pending - dead),
+            # staged and never ended, or acknowledged to a producer and never recorded
+            "lost": len((staged | self.acknowledged) - ended),
+            "outcomes_without_stage": len(ended - staged),
             "applied_twice": sum(1 for o in outcomes.values() if len(o) > 1),
             "effects_twice": sum(1 for n in effects.values() if n > 1),
             "handler_reruns_after_lost_lease": sum(n - 1 for n in completions.values() if n > 1),
@@ -161,8 +172,8 @@ class Soak:
 @click.command()
 @click.option("--seconds", type=click.FloatRange(min=5), default=60, show_default=True)
 @click.option("--sessions", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--actions", type=click.IntRange(min=1), default=1000, show_default=True,
-              help="Most actions staged per session.")
+@click.option("--actions", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Most actions staged per session; a session stops once all have ended.")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--fail-rate", type=click.FloatRange(0, 1), default=0.2, show_default=True,
               help="Chance that one handler run raises a ToolError.")
