@@ -47,6 +47,7 @@ class EmbeddedRedis:
     directory: Path
     port: int = 0
     fsync: str = "always"
+    binary: str = ""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -57,8 +58,9 @@ class EmbeddedRedis:
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port()
+        self.binary = self.binary or find_redis_server()
         args = [
-            find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", self.fsync,
             "--save", "", "--maxmemory-policy", "noeviction",
             # Redis 7 preallocates a whole stream node; 4 KiB by default is most of the memory

@@ -47,7 +47,8 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
     if embedded is not None:
         embedded.start()
         settings = settings.model_copy(update={"redis_url": embedded.url})
-        log.info("embedded redis-server on %s (data in %s)", embedded.url, embedded.directory)
+        log.info("embedded redis-server %s on %s (data in %s)", embedded.binary, embedded.url,
+                 embedded.directory)
         print(f"export PENDING_ACTIONS_REDIS_URL={embedded.url}", flush=True)
 
     env = {**os.environ, "PENDING_ACTIONS_REDIS_URL": settings.require_url()}
@@ -75,9 +76,11 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
         if stop.wait(delay):
             break
         proc, started = subprocess.Popen(command, env=env), time.monotonic()
-    resolver.shutdown()
+    # both stop at once: the resolver's threads may sit in a blocking read for block_ms
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)  # dramatiq lets running handlers finish, bounded
+    resolver.shutdown()
+    if proc.poll() is None:
         try:
             proc.wait(shutdown_s + 5)
         except subprocess.TimeoutExpired:
