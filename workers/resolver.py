@@ -97,8 +97,11 @@ class ResolveWorker:
                         entries = self._claim(consumer)
                     if not entries:
                         entries = self._read(consumer)
-                    for entry_id, fields in entries:
-                        self.handle(entry_id, fields)
+                    done = [e for e, fields in entries if self.handle(e, fields) != "malformed"]
+                    # one ack for the batch (under load a read returns several requests; every
+                    # write costs an fsync with appendfsync always). A crash before it only means
+                    # redelivery, which take.lua answers with the same lease.
+                    self._ack(done)
                     failures = 0
             except TRANSIENT as exc:
                 failures = self._backoff(failures, exc)
@@ -122,10 +125,12 @@ class ResolveWorker:
         )
         return [(e, f) for e, f in claimed[1] if f]
 
-    def _ack(self, entry_id: bytes) -> None:
+    def _ack(self, entry_ids: list[bytes]) -> None:
+        if not entry_ids:
+            return
         pipe = self.ctx.client.pipeline(transaction=True)
-        pipe.xack(self.ctx.keys.requests, Keys.RESOLVER_GROUP, entry_id)
-        pipe.xdel(self.ctx.keys.requests, entry_id)
+        pipe.xack(self.ctx.keys.requests, Keys.RESOLVER_GROUP, *entry_ids)
+        pipe.xdel(self.ctx.keys.requests, *entry_ids)
         pipe.execute()
 
     def _dead(self, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
@@ -141,6 +146,8 @@ class ResolveWorker:
         pipe.execute()
 
     def handle(self, entry_id: bytes, fields: dict[bytes, bytes]) -> str:
+        """Dispatch one request; the caller acks it (malformed ones are parked and acked
+        here)."""
         try:
             request = ResolveRequest.model_validate_json(fields.get(REQUEST_FIELD, b""))
         except ValidationError as exc:
@@ -148,9 +155,7 @@ class ResolveWorker:
             where = ".".join(str(p) for p in first["loc"]) or "entry"
             self._dead(entry_id, fields, f"{where}: {first['msg']} ({exc.error_count()} errors)")
             return "malformed"
-        outcome = self.dispatch(request)
-        self._ack(entry_id)
-        return outcome
+        return self.dispatch(request)
 
     def dispatch(self, request: ResolveRequest) -> str:
         ctx, s = self.ctx, request.session
