@@ -18,7 +18,7 @@ from typing import IO, Any
 import redis
 
 from bench.stock import ENV_BROKER, ENV_QUEUE, ENV_READY, ENV_RESULTS
-from broker.keys import Keys
+from pending_actions.supervise import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,23 +31,6 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
-
-
-def _ppid(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def descends_from(pid: int, ancestor: int) -> bool:
-    for _ in range(8):  # CLI -> dramatiq main -> worker process: a few levels at most
-        pid = _ppid(pid)
-        if pid in (0, 1):
-            return False
-        if pid == ancestor:
-            return True
-    return False
 
 
 @dataclass
@@ -93,45 +76,22 @@ class Child:
 
 
 def start_ours(url: str, processes: int, threads: int, log_dir: Path,
-               timeout: float = 60.0) -> tuple[Child, list[int]]:
-    """``pending-actions worker --handlers bench.handlers``: a resolve worker (this CLI process)
-    plus ``processes`` dramatiq worker processes. Returns the child and every pid that holds
+               timeout: float = 60.0) -> tuple[WorkerProcess, list[int]]:
+    """``pending-actions worker --handlers bench.handlers``: a resolve worker (the CLI process)
+    plus ``processes`` dramatiq worker processes. Returns the worker and every pid that holds
     Redis connections (the resolver and each dramatiq worker process)."""
-    client = redis.Redis.from_url(url)
-    stream = Keys().workers
-    last: Any = client.xrevrange(stream, count=1)
-    since = last[0][0] if last else b"0-0"
-    child = Child("ours-worker", [
-        sys.executable, "-m", "pending_actions", "worker", "--handlers", "bench.handlers",
-        "--processes", str(processes), "--threads", str(threads),
-    ], child_env({"PENDING_ACTIONS_REDIS_URL": url}), log_dir)
-    proc = child.spawn()
-    resolver: list[int] = []
-    dramatiq_pids: list[int] = []
-    deadline = time.monotonic() + timeout
+    worker = WorkerProcess(
+        url, "bench.handlers",
+        {"worker_processes": str(processes), "worker_threads": str(threads)},
+        env=child_env({}), log_path=log_dir / "ours-worker.log")
     try:
-        while not (resolver and len(dramatiq_pids) >= processes):
-            child.check_alive()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("our worker did not become ready")
-            got: Any = client.xread({stream: since}, block=int(min(left, 1.0) * 1000))
-            for _s, entries in got or ():
-                for entry_id, fields in entries:
-                    since = entry_id
-                    if fields.get(b"event") != b"ready":
-                        continue
-                    pid = int(fields[b"pid"])
-                    if fields[b"role"] == b"resolver" and pid == proc.pid:
-                        resolver.append(pid)
-                    elif fields[b"role"] == b"dramatiq" and descends_from(pid, proc.pid):
-                        dramatiq_pids.append(pid)
+        worker.start(timeout)
     except BaseException:
-        child.stop()
+        if worker.proc is not None:
+            worker.stop()
         raise
-    finally:
-        client.close()
-    return child, resolver + dramatiq_pids
+    assert worker.proc is not None
+    return worker, [worker.proc.pid, *worker.dramatiq_pids]
 
 
 def start_stock(broker_url: str, results_url: str, queue: str, processes: int, threads: int,

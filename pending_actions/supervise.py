@@ -21,16 +21,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class WorkerProcess:
     def __init__(self, url: str, handlers: str, overrides: dict[str, str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
         self.url = url
         self.handlers = handlers
         self.overrides = overrides or {}
         self.extra_env = env or {}
+        self.log_path = log_path  # None: the child writes to our stdout/stderr
         self.proc: subprocess.Popen[bytes] | None = None
         self.dramatiq_pids: list[int] = []
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PENDING_ACTIONS_")}
+        """Our environment without the knobs that would change the worker's behaviour; only
+        what the caller passes is set."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PENDING_ACTIONS_", "dramatiq_"))}
         env["PENDING_ACTIONS_REDIS_URL"] = self.url
         env.update(self.extra_env)
         env.update({f"PENDING_ACTIONS_{k.upper()}": v for k, v in self.overrides.items()})
@@ -44,11 +48,25 @@ class WorkerProcess:
 
     def launch(self) -> WorkerProcess:
         """Start the process without waiting (it may have no Redis to talk to yet)."""
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pending_actions", "worker", "--handlers", self.handlers],
-            env=self.environment(), cwd=ROOT,
-        )
+        log = None
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = self.log_path.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pending_actions", "worker", "--handlers", self.handlers],
+                env=self.environment(), cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=None if log is None else subprocess.STDOUT,
+            )
+        finally:
+            if log is not None:
+                log.close()  # the child holds its own descriptor
         return self
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            where = f"; see {self.log_path}" if self.log_path else ""
+            raise RuntimeError(f"worker exited with {self.proc.returncode}{where}")
 
     def wait_ready(self, since: bytes = b"0-0", timeout: float = 30.0) -> WorkerProcess:
         """Block on the ``workers`` stream until this worker's resolver and dramatiq

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from pending_actions.supervise import ROOT, WorkerProcess
 
 __all__ = ["ROOT", "Worker", "runs_key", "worker_env"]
@@ -20,10 +18,8 @@ def runs_key(session: str) -> str:
 
 
 def worker_env(url: str, **overrides: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PENDING_ACTIONS_")}
-    env.update({"PENDING_ACTIONS_REDIS_URL": url, **TEST_ENV})
-    env.update({f"PENDING_ACTIONS_{k.upper()}": v for k, v in overrides.items()})
-    return env
+    """The environment a test worker gets, for running other CLI commands the same way."""
+    return Worker(url, overrides=overrides).environment()
 
 
 class Worker(WorkerProcess):
