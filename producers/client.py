@@ -60,7 +60,7 @@ class PendingActions:
     def _spec(self, session: str, kind: str, tool: object, label: object, apply: object,
               reject: object, payload: object, prefix: str) -> tuple[str, bytes]:
         fields = self._validate(session, kind, tool, label, apply, reject, payload)
-        self._check_handlers(apply, reject)
+        self._check_handlers([fields])
         seq = self.client.incr(self.ctx.keys.seq)
         return self._encode(fields, f"{prefix}:{tool}:{seq}")
 
@@ -95,12 +95,15 @@ class PendingActions:
         return {"session": session, "kind": kind, "tool": tool, "label": label,
                 "apply": apply, "reject": reject, "payload": payload}
 
-    def _check_handlers(self, apply: object, reject: object = None) -> None:
-        names = [str(apply)] if reject is None else [str(apply), str(reject)]
-        found = self.client.hmget(self.ctx.keys.handlers, names)
-        for field, name, value in zip(("apply", "reject"), names, found, strict=False):
+    def _check_handlers(self, checked: list[dict[str, Any]]) -> None:
+        """One look-up for every handler name the validated specs use."""
+        wanted = {(field, f[field]) for f in checked for field in ("apply", "reject")
+                  if f[field] is not None}
+        pairs = sorted(wanted)
+        found = self.client.hmget(self.ctx.keys.handlers, [name for _f, name in pairs])
+        for (field, name), value in zip(pairs, found, strict=True):
             if value is None:
-                raise UnknownHandler(field, str(name))
+                raise UnknownHandler(field, name)
 
     def stage_many(self, actions: Iterable[dict[str, Any]]) -> list[str]:
         """Stage many actions in a few round trips: each dict has the keyword arguments of
@@ -112,10 +115,7 @@ class PendingActions:
         if not checked:
             return []
         with _redis_errors():
-            for apply in {f["apply"] for f in checked}:
-                self._check_handlers(apply)
-            for reject in {f["reject"] for f in checked} - {None}:
-                self._check_handlers(reject)
+            self._check_handlers(checked)
             last = int(self.client.incrby(self.ctx.keys.seq, len(checked)))
             pipe = self.client.pipeline(transaction=False)
             ids = []
@@ -125,6 +125,7 @@ class PendingActions:
                 ids.append(action_id)
             pipe.sadd(self.ctx.keys.sessions, *{f["session"] for f in checked})
             for result in pipe.execute(raise_on_error=False):
+                # EXISTS: a retried call whose first try went through; the id is ours alone
                 if isinstance(result, Exception) and not str(result).startswith("EXISTS"):
                     raise result
         return ids
@@ -132,17 +133,8 @@ class PendingActions:
     def stage(self, *, session: str, tool: str, label: str, apply: str,
               reject: str | None = None, payload: dict[str, Any] | None = None) -> str:
         """Stage a pending action on top of the session's stack. Returns its id."""
-        with _redis_errors():
-            action_id, spec = self._spec(session, "action", tool, label, apply, reject, payload,
-                                         "pending-action")
-            pipe = self.client.pipeline(transaction=False)
-            self.ctx.scripts.stage(session, action_id, spec, client=pipe)
-            pipe.sadd(self.ctx.keys.sessions, session)
-            staged, _ = pipe.execute(raise_on_error=False)
-            # EXISTS: a retried call whose first try went through; the id is ours alone
-            if isinstance(staged, Exception) and not str(staged).startswith("EXISTS"):
-                raise staged
-        return action_id
+        return self.stage_many([{"session": session, "tool": tool, "label": label,
+                                 "apply": apply, "reject": reject, "payload": payload}])[0]
 
     def set_directive(self, session: str, *, tool: str, label: str, apply: str,
                       reject: str | None = None) -> str:
