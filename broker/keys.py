@@ -76,13 +76,30 @@ class Keys:
 
     @property
     def leases(self) -> str:
-        """ZSET session -> earliest lease deadline (ms): a hint telling recovery where to look."""
+        """ZSET of every live lease, member ``<session>/<token>`` (see ``lease_member``), score
+        its deadline in ms: tells recovery where to look without scanning sessions."""
         return f"{self.prefix}:leases"
+
+    @staticmethod
+    def lease_member(session: str, token: str) -> str:
+        # "/" never occurs in a session id, so the member splits back unambiguously
+        return f"{session}/{token}"
+
+    @staticmethod
+    def parse_lease_member(member: bytes | str) -> tuple[str, str]:
+        text = member.decode() if isinstance(member, bytes) else member
+        session, _, token = text.rpartition("/")
+        return session, token
 
     @property
     def sweep_lock(self) -> str:
-        """STRING with a TTL: the resolve worker doing this interval's full lease sweep."""
+        """STRING with a TTL: the resolve worker running the full lease sweep right now."""
         return f"{self.prefix}:sweep-lock"
+
+    @property
+    def swept(self) -> str:
+        """STRING: run_id of the Redis server whose data the last full lease sweep covered."""
+        return f"{self.prefix}:swept"
 
     @property
     def handlers(self) -> str:

@@ -39,9 +39,9 @@ class Settings(BaseSettings):
         default=5.0, ge=0.01, description="longest pause before restarting crashed workers")
     resolve_threads: int = Field(default=8, ge=1, le=64,
                                  description="request-serving threads per resolve worker")
-    sweep_interval_s: float = Field(
-        default=3600.0, ge=1,
-        description="full scan of all sessions for leases the index missed (one worker at a time)")
+    sweep_check_s: float = Field(
+        default=30.0, gt=0,
+        description="how often a resolve worker checks whether Redis restarted (then sweeps)")
     worker_processes: int = Field(default=1, ge=1)
     worker_threads: int = Field(default=8, ge=1)
     block_ms: int = Field(default=5_000, ge=10, le=10_000,

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import dramatiq
@@ -31,6 +31,7 @@ from broker.connection import TRANSIENT
 from broker.keys import Keys
 
 FIELD = b"m"
+ACKED = "acked_with_outcome"  # message option: the actor already acked it (see ack_with)
 
 
 class OrjsonEncoder(dramatiq.Encoder):
@@ -102,6 +103,31 @@ class StreamsBroker(dramatiq.Broker):
         self.emit_after("enqueue", message, delay)
         return message
 
+    def enqueue_with(self, messages: list[Message[Any]], then: Callable[[Any], None]) -> None:
+        """Send ``messages`` and then whatever ``then`` queues on the same pipeline in one round
+        trip (the resolve worker acks the requests it dispatched this way). Raises redis
+        errors as they are: the caller retries the whole step."""
+        pipe = self.client.pipeline(transaction=False)
+        for message in messages:
+            self.emit_before("enqueue", message, None)
+            pipe.xadd(self.stream(message.queue_name), {FIELD: message.encode()})
+        then(pipe)
+        pipe.execute()
+        for message in messages:
+            self.emit_after("enqueue", message, None)
+
+    def ack_with(self, pipe: Any, message: Message[Any] | MessageProxy) -> None:
+        """Queue the ack of ``message`` on the caller's pipeline, so that a task's outcome and
+        its ack are one round trip; the consumer then skips its own ack. Should that pipeline
+        fail, the entry stays pending and is redelivered, which the lease token fences."""
+        entry = message.options.get("stream_entry")
+        if not entry:
+            return
+        stream = self.stream(message.queue_name)
+        pipe.xack(stream, Keys.TASK_GROUP, entry)
+        pipe.xdel(stream, entry)
+        message.options[ACKED] = True
+
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 1000) -> Consumer:
         return StreamConsumer(self, queue_name, prefetch, timeout)
 
@@ -166,7 +192,8 @@ class StreamConsumer(Consumer):
 
     def ack(self, message: MessageProxy) -> None:
         try:
-            self._remove(self._entry_id(message))
+            if not message.options.get(ACKED):
+                self._remove(self._entry_id(message))
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         finally:

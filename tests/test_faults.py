@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import redis
 
 from broker.results import NOTHING_TO_APPLY
+from producers import PendingActions
 from tests.conftest import runs
 from tests.faults import K, cluster, events, started_pid, tail_id, wait_for, wait_history
 from tests.procs import Worker
@@ -39,6 +41,34 @@ def test_resolve_worker_killed_between_pop_and_dispatch(tmp_path: Path) -> None:
         done = pa.resolve(session="s", action="apply", reason="retry")
         assert not done.is_error
         assert [(r["id"], r["attempt"]) for r in runs(rc, "s")] == [(action_id, 2)]
+
+
+def test_lease_the_index_lost_is_found_after_redis_restarts(tmp_path: Path) -> None:
+    """Index entries go in the same round trip as their leases, but a Redis that loses the
+    tail of its data (a crash under everysec, a failover) may keep a lease and lose its entry.
+    Made here by running take.lua alone; the restart gives Redis a new run_id, on which a
+    resolve worker sweeps every session and the lease is recovered as usual."""
+    with cluster(tmp_path, workers=0) as (server, workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        mark = tail_id(rc, K.workers)
+        workers.append(Worker(server.url, overrides={"recovery_interval_ms": "100",
+                                                     "sweep_check_s": "0.2"}).start())
+        first = wait_for(rc, K.workers, lambda f: f[b"event"] == b"swept", mark)
+        action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
+        short = PendingActions.from_url(server.url, dispatch_timeout_ms=300)
+        got = short.ctx.scripts.take("s", uuid.uuid4().hex, "apply", uuid.uuid4().hex, "r",
+                                     b"null", 60)
+        short.close()
+        assert got[0] == b"ok" and rc.zcard(K.leases) == 0
+        assert [a.state for a in pa.pending("s")] == ["in_flight"]
+        mark = tail_id(rc, K.workers)
+        server.kill()
+        server.start()
+        again = wait_for(rc, K.workers, lambda f: f[b"event"] == b"swept", mark)
+        assert again[b"run_id"] != first[b"run_id"] and again[b"indexed"] == b"1"
+        wait_history(rc, "s", "recovered")
+        [back] = pa.pending("s")
+        assert (back.id, back.state, back.attempts) == (action_id, "pending", 1)
 
 
 def test_dramatiq_worker_killed_mid_handler(tmp_path: Path) -> None:

@@ -15,10 +15,12 @@ from typing import Any
 
 import dramatiq
 import orjson
+from dramatiq.middleware import CurrentMessage
 
 from broker.connection import TRANSIENT
 from broker.context import ACTOR_NAME, Context, task_broker
 from broker.settings import Settings
+from broker.taskbroker import StreamsBroker
 from workers import attempt, registry
 
 log = logging.getLogger("pending_actions.actors")
@@ -73,6 +75,7 @@ class Registration(dramatiq.Middleware):
 
 broker = task_broker(ctx)
 broker.add_middleware(Registration())
+broker.add_middleware(CurrentMessage())
 dramatiq.set_broker(broker)
 renewer = attempt.Renewer(ctx)
 
@@ -85,4 +88,13 @@ renewer = attempt.Renewer(ctx)
 )
 def run_attempt(session: str, token: str, req: str, action: str, reason: str,
                 extra: dict[str, Any] | None = None) -> None:
-    attempt.run_attempt(ctx, renewer, session, token, req, action, reason, extra)
+    attempt.run_attempt(ctx, renewer, session, token, req, action, reason, extra, _settle())
+
+
+def _settle() -> attempt.Settle | None:
+    """On our streams broker (same Redis as the state), the task's ack joins the outcome's
+    round trip; on any other broker dramatiq acks it as usual."""
+    message = CurrentMessage.get_current_message()
+    if message is None or not isinstance(broker, StreamsBroker) or broker.client is not ctx.client:
+        return None
+    return lambda pipe: broker.ack_with(pipe, message)

@@ -69,11 +69,14 @@ class Renewer:
             if not items:
                 continue
             try:
-                pipe = self.ctx.client.pipeline(transaction=False)
+                ctx = self.ctx
+                pipe = ctx.client.pipeline(transaction=False)
+                deadline = time.time() * 1000 + ctx.settings.lease_ms
                 for token, session in items:
-                    self.ctx.scripts.renew(session, token, client=pipe)
-                    self.ctx.scripts.lease_touch(
-                        session, time.time() * 1000 + self.ctx.settings.lease_ms, client=pipe)
+                    ctx.scripts.renew(session, token, client=pipe)
+                    # GT: only ever later; XX: a finished lease's entry stays gone
+                    pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(session, token): deadline},
+                              xx=True, gt=True)
                 pipe.execute()
             except TRANSIENT as exc:
                 log.warning("lease renewal failed (%s); retrying", exc)
@@ -85,18 +88,34 @@ def idempotency_key(spec: Spec, req: str) -> str:
     return f"{spec.id}:{req}" if spec.kind == "standing" else spec.id
 
 
+Settle = Callable[[Any], None]  # queues the task message's own ack on the outcome's pipeline
+
+
 def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: str,
-                action: str, reason: str, extra: dict[str, Any] | None) -> str:
-    """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate."""
+                action: str, reason: str, extra: dict[str, Any] | None,
+                settle: Settle | None = None) -> str:
+    """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate.
+    ``settle``, when given, rides on the outcome's round trip (the task's ack)."""
     budget = ctx.settings.lease_ms / 1000
+    member = ctx.keys.lease_member(session, token)
 
     def claim() -> Any:
-        # one round trip: claim the attempt and point the lease index at its (shorter) running
-        # lease; the index entry is a hint, harmless if the claim is refused
+        # one round trip: claim the attempt and bring its index entry down to the (shorter)
+        # running lease; LT never raises it, XX never revives an entry recovery removed
         pipe = ctx.client.pipeline(transaction=False)
         ctx.scripts.begin(session, token, client=pipe)
-        ctx.scripts.lease_touch(session, time.time() * 1000 + ctx.settings.lease_ms, client=pipe)
+        pipe.zadd(ctx.keys.leases, {member: time.time() * 1000 + ctx.settings.lease_ms},
+                  xx=True, lt=True)
         return pipe.execute()[0]
+
+    def conclude(step: Callable[[Any], Any]) -> int:
+        # the outcome, the end of the lease's index entry and the task's ack: one round trip
+        pipe = ctx.client.pipeline(transaction=False)
+        step(pipe)
+        pipe.zrem(ctx.keys.leases, member)
+        if settle is not None:
+            settle(pipe)
+        return int(pipe.execute()[0])
 
     got = retrying(claim, budget)
     status = got[0].decode()
@@ -110,8 +129,9 @@ def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: s
         lease = Lease.model_validate_json(got[1])
         reply = text_result("The target was replaced before it ran; nothing was done.",
                             base_details(action, reason, extra), is_error=True)
-        retrying(lambda: ctx.scripts.readd(session, token, req, "replaced", reply.to_json(),
-                                           lease.id, lease.attempt), budget)
+        retrying(lambda: conclude(lambda p: ctx.scripts.readd(
+            session, token, req, "replaced", reply.to_json(), lease.id, lease.attempt,
+            client=p)), budget)
         return "failed"
     spec = Spec.model_validate_json(got[1])
     view = PendingAction.build(spec, ActionState.model_validate_json(got[2]), "in_flight")
@@ -123,13 +143,15 @@ def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: s
         renewer.discard(token)
     if result.is_error:
         error = result.text
-        done = retrying(lambda: ctx.scripts.readd(
-            session, token, req, error, result.to_json(), spec.id, view.attempts), budget)
+        done = retrying(lambda: conclude(lambda p: ctx.scripts.readd(
+            session, token, req, error, result.to_json(), spec.id, view.attempts, client=p)),
+            budget)
         outcome = "failed"
     else:
         event = "applied" if action == "apply" else "discarded"
-        done = retrying(lambda: ctx.scripts.finalize(
-            session, token, req, result.to_json(), event, spec.id, view.attempts), budget)
+        done = retrying(lambda: conclude(lambda p: ctx.scripts.finalize(
+            session, token, req, result.to_json(), event, spec.id, view.attempts, client=p)),
+            budget)
         outcome = event
     if not done:
         log.warning("late outcome of %s (attempt %s) refused: its lease had expired",

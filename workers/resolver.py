@@ -24,12 +24,15 @@ from broker.context import ACTOR_NAME, Context
 from broker.keys import Keys
 from broker.models import Lease, ResolveRequest, Spec
 from broker.results import base_details, nothing_to_target, text_result
+from broker.taskbroker import StreamsBroker
 
 log = logging.getLogger("pending_actions.resolver")
 
 REQUEST_FIELD = b"r"
 OUTCOMES = {1: "worker lost; pending again", 2: "worker lost; dead-lettered",
             3: "never started; pending again"}
+LIVE = 4  # recover.lua: the lease was renewed meanwhile
+SWEEP_LOCK_S = 600
 
 
 class ResolveWorker:
@@ -97,11 +100,8 @@ class ResolveWorker:
                         entries = self._claim(consumer)
                     if not entries:
                         entries = self._read(consumer)
-                    done = [e for e, fields in entries if self.handle(e, fields) != "malformed"]
-                    # one ack for the batch (under load a read returns several requests; every
-                    # write costs an fsync with appendfsync always). A crash before it only means
-                    # redelivery, which take.lua answers with the same lease.
-                    self._ack(done)
+                    if entries:
+                        self.handle(entries)
                     failures = 0
             except TRANSIENT as exc:
                 failures = self._backoff(failures, exc)
@@ -125,13 +125,10 @@ class ResolveWorker:
         )
         return [(e, f) for e, f in claimed[1] if f]
 
-    def _ack(self, entry_ids: list[bytes]) -> None:
-        if not entry_ids:
-            return
-        pipe = self.ctx.client.pipeline(transaction=True)
-        pipe.xack(self.ctx.keys.requests, Keys.RESOLVER_GROUP, *entry_ids)
-        pipe.xdel(self.ctx.keys.requests, *entry_ids)
-        pipe.execute()
+    def _queue_ack(self, pipe: Any, entry_ids: list[bytes]) -> None:
+        if entry_ids:
+            pipe.xack(self.ctx.keys.requests, Keys.RESOLVER_GROUP, *entry_ids)
+            pipe.xdel(self.ctx.keys.requests, *entry_ids)
 
     def _dead(self, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
         log.warning("malformed resolve request %s: %s", entry_id, reason)
@@ -145,73 +142,116 @@ class ResolveWorker:
         pipe.xdel(self.ctx.keys.requests, entry_id)
         pipe.execute()
 
-    def handle(self, entry_id: bytes, fields: dict[bytes, bytes]) -> str:
-        """Dispatch one request; the caller acks it (malformed ones are parked and acked
-        here)."""
-        try:
-            request = ResolveRequest.model_validate_json(fields.get(REQUEST_FIELD, b""))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "entry"
-            self._dead(entry_id, fields, f"{where}: {first['msg']} ({exc.error_count()} errors)")
-            return "malformed"
-        return self.dispatch(request)
+    def handle(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[str]:
+        """Dispatch a batch of requests in two round trips whatever its size: every take (each
+        with its lease's index entry), then every task message, reply and request ack. Returns
+        what became of each, for logs and tests; malformed entries are parked and acked."""
+        requests: list[tuple[bytes, ResolveRequest]] = []
+        for entry_id, fields in entries:
+            try:
+                requests.append(
+                    (entry_id, ResolveRequest.model_validate_json(fields.get(REQUEST_FIELD, b""))))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "entry"
+                self._dead(entry_id, fields,
+                           f"{where}: {first['msg']} ({exc.error_count()} errors)")
+        if not requests:
+            return []
+        taken = self._take_all([r for _e, r in requests])
+        failpoints.hit("after-take", self.ctx.client, self.ctx.keys)
+        self._dispatch_all(taken, [e for e, _r in requests])
+        return [status for _r, status, _t, _g in taken]
 
-    def dispatch(self, request: ResolveRequest) -> str:
-        ctx, s = self.ctx, request.session
-        if time.time() * 1000 > request.deadline_ms:
-            return "expired"  # the caller gave up; acting now would surprise it
-        token = uuid.uuid4().hex
-        extra = orjson.dumps(request.extra)
-        # the marker must outlive every redelivery of this request, which stops at its deadline
-        marker_ttl = max(ctx.settings.reply_ttl_s,
-                         int(request.deadline_ms / 1000 - time.time()) + 60)
-        # One round trip: take, then point the lease index at the session. Sent together, the
-        # index cannot miss the lease even if this process dies right after; and lease_touch
-        # runs after take.lua, so a recovery pass racing with it cannot drop the pointer.
+    def _take_all(self, requests: list[ResolveRequest]) -> list[tuple[ResolveRequest, str, str,
+                                                                       Any]]:
+        """Round trip 1: take.lua for each live request, each followed by the index entry of
+        the lease it would create. Sent together, the index cannot miss a lease even if this
+        process dies right after; an entry for a lease that was not made is removed in round
+        trip 2 (or, if we die first, by recovery, which finds no such lease)."""
+        ctx, now_ms = self.ctx, time.time() * 1000
         pipe = ctx.client.pipeline(transaction=False)
-        ctx.scripts.take(s, request.req, request.action, token, request.reason, extra,
-                         marker_ttl, client=pipe)
-        ctx.scripts.lease_touch(s, time.time() * 1000 + ctx.settings.dispatch_timeout_ms,
-                                client=pipe)
-        got = pipe.execute()[0]
-        status = got[0].decode()
-        if status == "dup":
-            return "duplicate"
-        if status == "none":
-            result = nothing_to_target(request.action, request.reason, request.extra)
-            pipe = ctx.client.pipeline(transaction=True)
-            pipe.rpush(ctx.keys.reply(s, request.req), result.to_json())
-            pipe.expire(ctx.keys.reply(s, request.req), ctx.settings.reply_ttl_s)
-            pipe.execute()
-            return "none"
-        token = got[6].decode()  # an earlier token when this request was taken before
-        failpoints.hit("after-take", ctx.client, ctx.keys)
-        message: dramatiq.Message[Any] = dramatiq.Message(
-            queue_name=ctx.settings.queue, actor_name=ACTOR_NAME, args=(),
-            kwargs={"session": s, "token": token, "req": request.req,
+        live: list[tuple[ResolveRequest, str]] = []
+        for request in requests:
+            if now_ms > request.deadline_ms:
+                continue  # the caller gave up; acting now would surprise it
+            token = uuid.uuid4().hex
+            # the marker must outlive every redelivery of this request, which stops at its
+            # deadline
+            marker_ttl = max(ctx.settings.reply_ttl_s,
+                             int(request.deadline_ms / 1000 - time.time()) + 60)
+            ctx.scripts.take(request.session, request.req, request.action, token,
+                             request.reason, orjson.dumps(request.extra), marker_ttl,
+                             client=pipe)
+            pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(request.session, token):
+                                        now_ms + ctx.settings.dispatch_timeout_ms})
+            live.append((request, token))
+        replies = pipe.execute() if live else []
+        out = [(r, got[0].decode(), token, got) for (r, token), got in zip(live, replies[::2],
+                                                                            strict=True)]
+        return out + [(r, "expired", "", None) for r in requests if now_ms > r.deadline_ms]
+
+    def _dispatch_all(self, taken: list[tuple[ResolveRequest, str, str, Any]],
+                      entry_ids: list[bytes]) -> None:
+        """Round trip 2: a task per lease, a reply per request that found nothing, then the
+        acks. A crash before it only means redelivery, which take.lua answers with the same
+        lease."""
+        ctx = self.ctx
+        messages: list[dramatiq.Message[Any]] = []
+        strays: list[str] = []  # index entries of leases that were not made
+        replies: list[tuple[str, bytes]] = []
+        for request, status, token, got in taken:
+            stray = ctx.keys.lease_member(request.session, token)
+            if status == "ok":
+                leased = got[6].decode()  # an earlier token when this request was taken before
+                if leased != token:
+                    strays.append(stray)
+                messages.append(self._task(request, leased))
+            elif status in ("none", "dup"):
+                strays.append(stray)
+                if status == "none":
+                    body = nothing_to_target(request.action, request.reason, request.extra)
+                    replies.append((ctx.keys.reply(request.session, request.req),
+                                    body.to_json()))
+
+        def then(pipe: Any) -> None:
+            if strays:
+                pipe.zrem(ctx.keys.leases, *strays)
+            for key, body in replies:
+                pipe.rpush(key, body)
+                pipe.expire(key, ctx.settings.reply_ttl_s)
+            self._queue_ack(pipe, entry_ids)
+
+        if isinstance(self.tasks, StreamsBroker) and self.tasks.client is ctx.client:
+            self.tasks.enqueue_with(messages, then)
+            return
+        for message in messages:  # another broker: send first, so an ack never outruns it
+            self.tasks.enqueue(message)
+        pipe = ctx.client.pipeline(transaction=False)
+        then(pipe)
+        pipe.execute()
+
+    def _task(self, request: ResolveRequest, token: str) -> dramatiq.Message[Any]:
+        return dramatiq.Message(
+            queue_name=self.ctx.settings.queue, actor_name=ACTOR_NAME, args=(),
+            kwargs={"session": request.session, "token": token, "req": request.req,
                     "action": request.action, "reason": request.reason,
                     "extra": request.extra},
             options={},
         )
-        self.tasks.enqueue(message)
-        return "dispatched"
 
     # --- recovery --------------------------------------------------------------------------
     def recover_forever(self) -> None:
         failures = 0
-        every = self.ctx.settings.sweep_interval_s
-        next_sweep = time.monotonic() + random.uniform(5, 60)  # soon after start, spread out
         interval = self.ctx.settings.recovery_interval_ms / 1000
+        every = self.ctx.settings.sweep_check_s
+        next_check = time.monotonic() + random.uniform(0, every)  # spread out
         while not self.stop.wait(interval):
             try:
                 self.recover_due()
-                if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + every
-                    # one sweep per interval for the whole deployment, whoever gets the lock
-                    if self.ctx.client.set(self.ctx.keys.sweep_lock, self.name, nx=True,
-                                           ex=max(1, int(every))):
-                        self.sweep()
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + every
+                    self.sweep_if_restarted()
                 failures = 0
             except TRANSIENT as exc:
                 failures = self._backoff(failures, exc)
@@ -221,46 +261,83 @@ class ResolveWorker:
         return int(sec) * 1000 + int(usec) // 1000
 
     def recover_due(self) -> int:
-        now = self._now_ms()
-        due: Any = self.ctx.client.zrangebyscore(self.ctx.keys.leases, "-inf", now, start=0,
-                                                 num=100, withscores=True)
-        return sum(self.recover_session(m.decode(), score, now) for m, score in due)
+        """Look at the leases whose index entry is due: recover the expired ones, move the
+        entry of a live one to its real deadline, drop the entry of one that is gone."""
+        ctx, now = self.ctx, self._now_ms()
+        due: Any = ctx.client.zrangebyscore(ctx.keys.leases, "-inf", now, start=0, num=100)
+        if not due:
+            return 0
+        pairs = [Keys.parse_lease_member(m) for m in due]
+        pipe = ctx.client.pipeline(transaction=False)
+        for session, token in pairs:
+            pipe.hget(ctx.keys.inflight(session), token)
+        recovered = 0
+        fix = ctx.client.pipeline(transaction=False)
+        for member, (session, token), raw in zip(due, pairs, pipe.execute(), strict=True):
+            lease = Lease.model_validate_json(raw) if raw else None
+            if lease is not None and lease.deadline <= now:
+                outcome, deadline = ctx.scripts.recover(session, token, lease.req,
+                                                        *self._recovery_replies(session, lease))
+                if outcome in OUTCOMES:
+                    recovered += 1
+                    log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
+                                OUTCOMES[outcome])
+            else:
+                outcome, deadline = (LIVE, lease.deadline) if lease else (0, 0)
+            if outcome == LIVE:  # renewed since the entry was written: look again then
+                fix.zadd(ctx.keys.leases, {member: deadline}, xx=True)
+            else:
+                fix.zrem(ctx.keys.leases, member)
+        fix.execute()
+        return recovered
+
+    def sweep_if_restarted(self) -> int:
+        """Index entries are written in the same round trip as their leases, so only a Redis
+        that lost the tail of its data (a crash under appendfsync everysec, a failover) can
+        hold a lease without one. Both come back under a new run_id: the first resolve worker
+        to notice sweeps every session once for that server, under a lock."""
+        ctx = self.ctx
+        run_id = str(ctx.client.info("server")["run_id"])
+        swept: Any = ctx.client.get(ctx.keys.swept)
+        if swept is not None and swept.decode() == run_id:
+            return 0
+        if not ctx.client.set(ctx.keys.sweep_lock, self.name, nx=True, ex=SWEEP_LOCK_S):
+            return 0
+        try:
+            count = self.sweep()
+            pipe = ctx.client.pipeline(transaction=False)
+            pipe.set(ctx.keys.swept, run_id)
+            pipe.xadd(ctx.keys.workers, {"role": "resolver", "event": "swept", "run_id": run_id,
+                                         "indexed": count, "name": self.name,
+                                         "pid": os.getpid()},
+                      maxlen=1000, approximate=True)
+            pipe.execute()
+        finally:
+            ctx.client.delete(ctx.keys.sweep_lock)
+        if count:
+            log.warning("sweep of Redis run %s indexed %d leases it had lost", run_id, count)
+        return count
 
     def sweep(self) -> int:
-        """Backstop for the lease index (which only a lost AOF tail could leave short): look
-        at every session, 500 per round trip, and recover what has expired."""
-        now, count, cursor = self._now_ms(), 0, 0
+        """Give every lease of every session an index entry if it has none (500 sessions per
+        round trip); recover_due then treats them as usual."""
+        ctx, count, cursor = self.ctx, 0, 0
         while True:
-            scanned: Any = self.ctx.client.sscan(self.ctx.keys.sessions, cursor, count=500)
+            scanned: Any = ctx.client.sscan(ctx.keys.sessions, cursor, count=500)
             cursor, members = scanned
             sessions = [m.decode() for m in members]
-            pipe = self.ctx.client.pipeline(transaction=False)
+            pipe = ctx.client.pipeline(transaction=False)
             for session in sessions:
-                pipe.hlen(self.ctx.keys.inflight(session))
-            for session, leased in zip(sessions, pipe.execute(), strict=True):
-                if leased:
-                    count += self.recover_session(session, None, now)
+                pipe.hgetall(ctx.keys.inflight(session))
+            add = ctx.client.pipeline(transaction=False)
+            for session, leases in zip(sessions, pipe.execute(), strict=True):
+                for token, raw in leases.items():
+                    entry = {ctx.keys.lease_member(session, token.decode()):
+                             Lease.model_validate_json(raw).deadline}
+                    add.zadd(ctx.keys.leases, entry, nx=True)
+            count += sum(add.execute()) if len(add) else 0
             if not cursor:
                 return count
-
-    def recover_session(self, session: str, score: float | None, now: int) -> int:
-        ctx = self.ctx
-        recovered, next_deadline = 0, 0
-        leases: Any = ctx.client.hgetall(ctx.keys.inflight(session))
-        for token, raw in leases.items():
-            lease = Lease.model_validate_json(raw)
-            if lease.deadline > now:
-                next_deadline = min(next_deadline or lease.deadline, lease.deadline)
-                continue
-            replies = self._recovery_replies(session, lease)
-            outcome = ctx.scripts.recover(session, token.decode(), lease.req, *replies)
-            if outcome:
-                recovered += 1
-                log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
-                            OUTCOMES[outcome])
-        if score is not None:
-            ctx.scripts.lease_hint(session, score, next_deadline)
-        return recovered
 
     def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
         raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)

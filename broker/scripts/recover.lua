@@ -8,17 +8,19 @@
 -- ARGV[1] lease token  ARGV[2] max stalls  ARGV[3] reply ttl s  ARGV[4] history maxlen
 -- ARGV[5] reply JSON when returned to pending  ARGV[6] reply JSON when dead-lettered
 -- ARGV[7] reply JSON when no worker started it
--- Returns: 0 nothing to do, 1 returned after a stall, 2 dead-lettered, 3 returned unstarted.
+-- Returns: {outcome, deadline ms}: outcome 0 no such lease (finished or recovered already),
+-- 1 returned after a stall, 2 dead-lettered, 3 returned unstarted, 4 still live (nothing
+-- done; the deadline says when to look again).
 redis.replicate_commands()
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
-  return 0
+  return {0, 0}
 end
 local lease = cjson.decode(raw)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if lease.deadline > now then
-  return 0
+  return {4, lease.deadline}
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 local spec = redis.call('HGET', KEYS[4], lease.id)
@@ -58,4 +60,4 @@ redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[4], '*', 'event',
   outcome == 2 and 'dead-lettered' or 'recovered', 'id', lease.id, 'attempt', lease.attempt,
   'started', outcome == 3 and 'no' or 'yes',
   'request', lease.req)
-return outcome
+return {outcome, lease.deadline}
