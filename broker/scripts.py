@@ -84,16 +84,16 @@ class Scripts:
 
     # --- resolve worker --------------------------------------------------------------------
     def take(self, session: str, req: str, action: str, token: str, reason: str,
-             extra: bytes, marker_ttl_s: int, client: Any = None) -> list[bytes]:
+             extra: bytes, marker_ttl_s: int, none_reply: bytes,
+             client: Any = None) -> list[bytes]:
         k = self._k
         out: list[bytes] = self._run(
             "take",
             [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
              k.state(session), k.inflight(session), k.history(session),
-             k.request_marker(session, req)],
+             k.request_marker(session, req), k.reply(session, req)],
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
-             self._s.history_maxlen,
-             reason, extra],
+             self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s],
             client,
         )
         return out

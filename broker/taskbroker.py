@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import dramatiq
@@ -103,18 +103,12 @@ class StreamsBroker(dramatiq.Broker):
         self.emit_after("enqueue", message, delay)
         return message
 
-    def enqueue_with(self, messages: list[Message[Any]], then: Callable[[Any], None]) -> None:
-        """Send ``messages`` and then whatever ``then`` queues on the same pipeline in one round
-        trip (the resolve worker acks the requests it dispatched this way). Raises redis
-        errors as they are: the caller retries the whole step."""
-        pipe = self.client.pipeline(transaction=False)
-        for message in messages:
-            self.emit_before("enqueue", message, None)
-            pipe.xadd(self.stream(message.queue_name), {FIELD: message.encode()})
-        then(pipe)
-        pipe.execute()
-        for message in messages:
-            self.emit_after("enqueue", message, None)
+    def enqueue_on(self, pipe: Any, message: Message[Any]) -> None:
+        """Queue ``message`` on the caller's pipeline (of this broker's client), to go out in
+        the same round trip as the caller's own writes (the resolve worker sends a take and its
+        task together). The caller emits ``after_enqueue`` once the pipeline has run."""
+        self.emit_before("enqueue", message, None)
+        pipe.xadd(self.stream(message.queue_name), {FIELD: message.encode()})
 
     def ack_with(self, pipe: Any, message: Message[Any] | MessageProxy) -> None:
         """Queue the ack of ``message`` on the caller's pipeline, so that a task's outcome and

@@ -14,21 +14,42 @@ import redis
 from broker.results import NOTHING_TO_APPLY
 from producers import PendingActions
 from tests.conftest import runs
-from tests.faults import K, cluster, events, started_pid, tail_id, wait_for, wait_history
+from tests.faults import FAST, K, cluster, events, started_pid, tail_id, wait_for, wait_history
 from tests.procs import Worker
 
 pool = ThreadPoolExecutor(max_workers=4)
 
 
-def test_resolve_worker_killed_between_pop_and_dispatch(tmp_path: Path) -> None:
+def test_resolve_worker_killed_after_reading_a_request(tmp_path: Path) -> None:
+    """Killed with a request read but not taken: the request is still pending in the group,
+    and another resolve worker claims it once it has been idle for claim_idle_ms."""
     with cluster(tmp_path, workers=0) as (server, workers, pa):
         rc = redis.Redis.from_url(server.url)
-        doomed = Worker(server.url, overrides={"failpoint": "after-take",
+        doomed = Worker(server.url, overrides={"failpoint": "after-read"}).start()
+        action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
+        mark = tail_id(rc, K.workers)
+        waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
+        wait_for(rc, K.workers, lambda f: f.get(b"event") == b"after-read", mark)
+        assert rc.llen(K.stack("s")) == 1  # nothing taken yet
+        doomed.kill()
+        workers.append(Worker(server.url, overrides=FAST).start())  # claim_idle_ms 3000
+        result = waiting.result(timeout=30)
+        assert not result.is_error, result.text
+        assert [(r["id"], r["attempt"]) for r in runs(rc, "s")] == [(action_id, 1)]
+
+
+def test_task_taken_but_never_started_goes_back(tmp_path: Path) -> None:
+    """The whole worker is killed while its dramatiq process holds the task, before begin.lua:
+    no handler ran, so when the dispatch timeout ends the action goes back without a stall and
+    the resolver is told."""
+    with cluster(tmp_path, workers=0) as (server, workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        doomed = Worker(server.url, overrides={"failpoint": "before-begin",
                                                "dispatch_timeout_ms": "1000"}).start()
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
         mark = tail_id(rc, K.workers)
         waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
-        wait_for(rc, K.workers, lambda f: f[b"role"] == b"failpoint", mark)
+        wait_for(rc, K.workers, lambda f: f.get(b"event") == b"before-begin", mark)
         assert rc.hlen(K.inflight("s")) == 1 and rc.llen(K.stack("s")) == 0  # popped
         doomed.kill()
         workers.append(Worker(server.url, overrides={"recovery_interval_ms": "100"}).start())
@@ -37,6 +58,7 @@ def test_resolve_worker_killed_between_pop_and_dispatch(tmp_path: Path) -> None:
         assert action_id in result.text
         [again] = pa.pending("s")
         assert (again.id, again.state, again.attempts) == (action_id, "pending", 1)
+        assert again.last_error == "no worker started attempt 1"
         assert runs(rc, "s") == []  # the handler never ran
         done = pa.resolve(session="s", action="apply", reason="retry")
         assert not done.is_error
@@ -57,7 +79,7 @@ def test_lease_the_index_lost_is_found_after_redis_restarts(tmp_path: Path) -> N
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
         short = PendingActions.from_url(server.url, dispatch_timeout_ms=300)
         got = short.ctx.scripts.take("s", uuid.uuid4().hex, "apply", uuid.uuid4().hex, "r",
-                                     b"null", 60)
+                                     b"null", 60, b"{}")
         short.close()
         assert got[0] == b"ok" and rc.zcard(K.leases) == 0
         assert [a.state for a in pa.pending("s")] == ["in_flight"]

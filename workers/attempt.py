@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from broker import failpoints
 from broker.connection import TRANSIENT
 from broker.context import Context
 from broker.errors import ToolError
@@ -117,6 +118,7 @@ def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: s
             settle(pipe)
         return int(pipe.execute()[0])
 
+    failpoints.hit("before-begin", ctx.client, ctx.keys)
     got = retrying(claim, budget)
     status = got[0].decode()
     if status == "stale":

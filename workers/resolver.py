@@ -143,9 +143,8 @@ class ResolveWorker:
         pipe.execute()
 
     def handle(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[str]:
-        """Dispatch a batch of requests in two round trips whatever its size: every take (each
-        with its lease's index entry), then every task message, reply and request ack. Returns
-        what became of each, for logs and tests; malformed entries are parked and acked."""
+        """Dispatch a batch of requests; returns what became of each, for logs and tests.
+        Malformed entries are parked and acked."""
         requests: list[tuple[bytes, ResolveRequest]] = []
         for entry_id, fields in entries:
             try:
@@ -158,78 +157,92 @@ class ResolveWorker:
                            f"{where}: {first['msg']} ({exc.error_count()} errors)")
         if not requests:
             return []
-        taken = self._take_all([r for _e, r in requests])
-        failpoints.hit("after-take", self.ctx.client, self.ctx.keys)
-        self._dispatch_all(taken, [e for e, _r in requests])
-        return [status for _r, status, _t, _g in taken]
+        failpoints.hit("after-read", self.ctx.client, self.ctx.keys)
+        if isinstance(self.tasks, StreamsBroker) and self.tasks.client is self.ctx.client:
+            return self._dispatch_at_once(requests)
+        return self._dispatch_in_turn(requests)
 
-    def _take_all(self, requests: list[ResolveRequest]) -> list[tuple[ResolveRequest, str, str,
-                                                                       Any]]:
-        """Round trip 1: take.lua for each live request, each followed by the index entry of
-        the lease it would create. Sent together, the index cannot miss a lease even if this
-        process dies right after; an entry for a lease that was not made is removed in round
-        trip 2 (or, if we die first, by recovery, which finds no such lease)."""
+    def _take(self, pipe: Any, request: ResolveRequest, now_ms: float) -> str:
+        """Queue take.lua and, after it, the index entry of the lease it would make: sent
+        together, the index cannot miss a lease even if this process dies right after. An
+        entry for a lease that was not made is removed afterwards (or, should we die first,
+        by recovery, which finds no such lease). Returns the token."""
+        ctx, token = self.ctx, uuid.uuid4().hex
+        # the marker must outlive every redelivery of this request, which stops at its deadline
+        marker_ttl = max(ctx.settings.reply_ttl_s, int(request.deadline_ms / 1000 - now_ms / 1000)
+                         + 60)
+        none = nothing_to_target(request.action, request.reason, request.extra).to_json()
+        ctx.scripts.take(request.session, request.req, request.action, token, request.reason,
+                         orjson.dumps(request.extra), marker_ttl, none, client=pipe)
+        pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(request.session, token):
+                                    now_ms + ctx.settings.dispatch_timeout_ms})
+        return token
+
+    def _dispatch_at_once(self, requests: list[tuple[bytes, ResolveRequest]]) -> list[str]:
+        """On our streams broker, in the same Redis: every take, its index entry, its task
+        message (with the token it will hold if take makes a lease), and the request acks
+        all go in one round trip. Requests that found nothing got their reply from take.lua
+        itself; their task is fenced off as stale by begin.lua, and a request taken before
+        (a redelivery) gets a second task carrying the token of its earlier lease."""
         ctx, now_ms = self.ctx, time.time() * 1000
+        live = [(e, r) for e, r in requests if now_ms <= r.deadline_ms]  # else the caller gave up
         pipe = ctx.client.pipeline(transaction=False)
-        live: list[tuple[ResolveRequest, str]] = []
-        for request in requests:
-            if now_ms > request.deadline_ms:
-                continue  # the caller gave up; acting now would surprise it
-            token = uuid.uuid4().hex
-            # the marker must outlive every redelivery of this request, which stops at its
-            # deadline
-            marker_ttl = max(ctx.settings.reply_ttl_s,
-                             int(request.deadline_ms / 1000 - time.time()) + 60)
-            ctx.scripts.take(request.session, request.req, request.action, token,
-                             request.reason, orjson.dumps(request.extra), marker_ttl,
-                             client=pipe)
-            pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(request.session, token):
-                                        now_ms + ctx.settings.dispatch_timeout_ms})
-            live.append((request, token))
-        replies = pipe.execute() if live else []
-        out = [(r, got[0].decode(), token, got) for (r, token), got in zip(live, replies[::2],
-                                                                            strict=True)]
-        return out + [(r, "expired", "", None) for r in requests if now_ms > r.deadline_ms]
-
-    def _dispatch_all(self, taken: list[tuple[ResolveRequest, str, str, Any]],
-                      entry_ids: list[bytes]) -> None:
-        """Round trip 2: a task per lease, a reply per request that found nothing, then the
-        acks. A crash before it only means redelivery, which take.lua answers with the same
-        lease."""
-        ctx = self.ctx
-        messages: list[dramatiq.Message[Any]] = []
-        strays: list[str] = []  # index entries of leases that were not made
-        replies: list[tuple[str, bytes]] = []
-        for request, status, token, got in taken:
-            stray = ctx.keys.lease_member(request.session, token)
-            if status == "ok":
-                leased = got[6].decode()  # an earlier token when this request was taken before
-                if leased != token:
-                    strays.append(stray)
-                messages.append(self._task(request, leased))
-            elif status in ("none", "dup"):
-                strays.append(stray)
-                if status == "none":
-                    body = nothing_to_target(request.action, request.reason, request.extra)
-                    replies.append((ctx.keys.reply(request.session, request.req),
-                                    body.to_json()))
-
-        def then(pipe: Any) -> None:
+        sent: list[tuple[ResolveRequest, str, dramatiq.Message[Any]]] = []
+        for _e, request in live:
+            token = self._take(pipe, request, now_ms)
+            message = self._task(request, token)
+            self.tasks.enqueue_on(pipe, message)
+            sent.append((request, token, message))
+        self._queue_ack(pipe, [e for e, _r in requests])
+        replies = pipe.execute()
+        for _r, _t, message in sent:
+            self.tasks.emit_after("enqueue", message, None)
+        outcomes = ["expired"] * (len(requests) - len(live))
+        strays: list[str] = []
+        again: list[dramatiq.Message[Any]] = []
+        for (request, token, _m), got in zip(sent, replies[:3 * len(sent):3], strict=True):
+            status = got[0].decode()
+            leased = got[6].decode() if status == "ok" else ""
+            if leased != token:
+                strays.append(ctx.keys.lease_member(request.session, token))
+            if leased and leased != token:
+                again.append(self._task(request, leased))
+            outcomes.append("dispatched" if status == "ok" else status)
+        if strays or again:
+            pipe = ctx.client.pipeline(transaction=False)
+            for message in again:
+                self.tasks.enqueue_on(pipe, message)
             if strays:
                 pipe.zrem(ctx.keys.leases, *strays)
-            for key, body in replies:
-                pipe.rpush(key, body)
-                pipe.expire(key, ctx.settings.reply_ttl_s)
-            self._queue_ack(pipe, entry_ids)
+            pipe.execute()
+            for message in again:
+                self.tasks.emit_after("enqueue", message, None)
+        return outcomes
 
-        if isinstance(self.tasks, StreamsBroker) and self.tasks.client is ctx.client:
-            self.tasks.enqueue_with(messages, then)
-            return
-        for message in messages:  # another broker: send first, so an ack never outruns it
-            self.tasks.enqueue(message)
+    def _dispatch_in_turn(self, requests: list[tuple[bytes, ResolveRequest]]) -> list[str]:
+        """Any other broker: take, then send the tasks, then ack; a crash in between only
+        means redelivery, which take.lua answers with the same lease."""
+        ctx, now_ms = self.ctx, time.time() * 1000
+        live = [r for _e, r in requests if now_ms <= r.deadline_ms]
         pipe = ctx.client.pipeline(transaction=False)
-        then(pipe)
+        tokens = [self._take(pipe, request, now_ms) for request in live]
+        replies = pipe.execute() if live else []
+        outcomes = ["expired"] * (len(requests) - len(live))
+        strays: list[str] = []
+        for request, token, got in zip(live, tokens, replies[::2], strict=True):
+            status = got[0].decode()
+            if status == "ok":
+                leased = got[6].decode()  # an earlier token when this request was taken before
+                self.tasks.enqueue(self._task(request, leased))
+            if status != "ok" or leased != token:
+                strays.append(ctx.keys.lease_member(request.session, token))
+            outcomes.append("dispatched" if status == "ok" else status)
+        pipe = ctx.client.pipeline(transaction=False)
+        if strays:
+            pipe.zrem(ctx.keys.leases, *strays)
+        self._queue_ack(pipe, [e for e, _r in requests])
         pipe.execute()
+        return outcomes
 
     def _task(self, request: ResolveRequest, token: str) -> dramatiq.Message[Any]:
         return dramatiq.Message(

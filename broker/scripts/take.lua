@@ -4,11 +4,14 @@
 -- KEYS[1] directive (string)  KEYS[2] stack (list)  KEYS[3] standing (string)
 -- KEYS[4] actions (hash)      KEYS[5] state (hash)  KEYS[6] inflight (hash)
 -- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
+-- KEYS[9] reply (list)
 -- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
 -- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
 -- ARGV[5] marker ttl seconds  ARGV[6] history maxlen  ARGV[7] reason
 -- ARGV[8] extra as a JSON string (kept opaque: cjson would rewrite {} as [])
--- Returns: {"ok", id, kind, spec JSON, attempt, deadline ms, token} | {"none"} | {"dup"}
+-- ARGV[9] reply JSON for "nothing to target"  ARGV[10] reply ttl seconds
+-- Returns: {"ok", id, kind, spec JSON, attempt, deadline ms, token} | {"none"} (replied here)
+--          | {"dup"}
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
 -- its earlier answer back while that is still actionable (the same lease if no worker has
 -- started it, so it can be dispatched again; "none" again), else "dup".
@@ -53,6 +56,8 @@ end
 local id, kind, spec = pick()
 if not id then
   redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
+  redis.call('RPUSH', KEYS[9], ARGV[9])
+  redis.call('EXPIRE', KEYS[9], ARGV[10])
   return {'none'}
 end
 redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
