@@ -271,6 +271,6 @@ class PendingActions:
             pipe.xlen(k.task_queue(self.settings.queue))
             sessions, requests, leased, handlers, seq, bad, tasks = pipe.execute()
         return {"sessions": sessions, "requests_waiting": requests,
-                "sessions_with_leases": leased, "handlers": sorted(h.decode() for h in handlers),
+                "leases": leased, "handlers": sorted(h.decode() for h in handlers),
                 "staged_total": int(seq or 0), "malformed_requests": bad,
                 "tasks_queued": tasks}
