@@ -93,7 +93,7 @@ class Run:
 
 def _phases(s: Sizes, rabbit: bool) -> int:
     stock = 4 + (3 if rabbit else 0)
-    ours = 10 + len(s.depths) + len(s.sessions) + (1 if s.sweep_window_s else 0)
+    ours = 11 + 2 + len(s.sessions) + (1 if s.sweep_window_s else 0)
     return 3 + stock + ours
 
 
@@ -278,6 +278,17 @@ def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
         r.dists["ours.idle"] = measure.idle("ours idle", measure.resolver(pa, "bench-idle"),
                                             s.idle, s.idle_gap_s, tick,
                                             before=lambda: stage("bench-idle"))
+    # The same with Redis fsyncing once a second: four writes on the path of a resolve each
+    # wait for an fsync under "always"; this row says how much of the idle figure that is.
+    policy = str(pa.client.config_get("appendfsync")["appendfsync"])
+    with progress.phase("ours: idle resolve, Redis set to appendfsync everysec", s.idle) as tick:
+        pa.client.config_set("appendfsync", "everysec")
+        try:
+            r.dists["ours.idle.everysec"] = measure.idle(
+                "ours idle (everysec)", measure.resolver(pa, "bench-idle"), s.idle,
+                s.idle_gap_s, tick, before=lambda: stage("bench-idle"))
+        finally:
+            pa.client.config_set("appendfsync", policy)
     names = [f"bench-load-{i}" for i in range(s.callers)]
     with progress.phase(f"ours: {s.callers} sessions, {s.callers} concurrent callers",
                         s.callers * (s.per_caller + 2) * 2) as tick:

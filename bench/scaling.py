@@ -1,9 +1,10 @@
-"""Resolve latency against stack depth and against the number of sessions: state is added
-between points (pipelined staging), then resolves are timed one at a time. Each timed resolve
-takes an action staged just before it, so the depth (or session count) holds at the point."""
+"""Resolve latency against stack depth and against the number of sessions (pipelined staging
+builds the state), resolves timed one at a time. Each timed resolve takes an action staged just
+before it, so the depth (or session count) holds at the point."""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,8 +15,6 @@ from bench.measure import idle, resolver
 from bench.progress import Progress
 from bench.stats import Dist
 from producers import PendingActions
-
-DEPTH_SESSION = "bench-depth"
 
 
 def _names(start: int, stop: int) -> Iterator[str]:
@@ -50,26 +49,38 @@ class _Target:
         return resolver(self.pa, self.session)()
 
 
+def depth_session(depth: int) -> str:
+    return f"bench-depth-{depth}"
+
+
 def by_depth(pa: PendingActions, depths: tuple[int, ...], samples: int, gap_s: float,
              payload_size: int, progress: Progress) -> list[tuple[int, Dist]]:
+    """Each depth has a session of its own, filled to depth - 1 first; each sample stages one
+    more and resolves it. The samples go in rounds, one per depth in a shuffled order, so a
+    slow spell of a shared machine falls on every depth alike instead of on one point."""
     ctx, payload = pa.ctx, payload_of(payload_size)
-    target = _Target(pa, lambda: DEPTH_SESSION, payload)
-    below = 0  # actions under the one each sample stages: depth at resolve is below + 1
-    out = []
+    with progress.phase(f"stack depths {', '.join(f'{d:,}' for d in depths)}: fill",
+                        sum(d - 1 for d in depths)) as tick:
+        for depth in depths:
+            stage_bulk(pa, cycle([depth_session(depth)], 1), depth - 1, payload, 1000, tick)
+    rng = random.Random(11)
+    dists = {depth: Dist(f"depth {depth}") for depth in depths}
+    with progress.phase(f"stack depths: {samples} rounds of one resolve per depth",
+                        samples * len(depths)) as tick:
+        for round_no in range(samples):
+            order = list(depths)
+            rng.shuffle(order)
+            for depth in order:
+                target = _Target(pa, functools.partial(depth_session, depth), payload)
+                one = idle(f"depth {depth}", target.resolve, 1, (gap_s, gap_s), tick,
+                           before=target.stage, seed=round_no)
+                dists[depth].samples_ms.extend(one.samples_ms)
+                dists[depth].errors += one.errors
     for depth in depths:
-        with progress.phase(f"depth {depth:,}: fill and {samples} resolves",
-                            depth - 1 - below + samples) as tick:
-            if depth - 1 > below:
-                stage_bulk(pa, cycle([DEPTH_SESSION], 1), depth - 1 - below, payload, 1000,
-                           tick)
-                below = depth - 1
-            dist = idle(f"depth {depth}", target.resolve, samples, (gap_s, gap_s), tick,
-                        before=target.stage, seed=depth)
-        depth_now = int(ctx.client.llen(ctx.keys.stack(DEPTH_SESSION)))
-        if depth_now != below:
-            raise RuntimeError(f"depth drifted: {depth_now} stacked, expected {below}")
-        out.append((depth, dist))
-    return out
+        left = int(ctx.client.llen(ctx.keys.stack(depth_session(depth))))
+        if left != depth - 1:
+            raise RuntimeError(f"depth drifted: {left} stacked, expected {depth - 1}")
+    return [(depth, dists[depth]) for depth in depths]
 
 
 def by_sessions(pa: PendingActions, counts: tuple[int, ...], samples: int, gap_s: float,

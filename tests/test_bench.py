@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Every row of a quick run (depth and session points are 1 and 1,000 there).
 QUICK_ROWS = [
     "redis.ping.p50", "redis.evalsha.p50", "redis.ping.idle.p50", "redis.evalsha.idle.p50",
-    "resolve.idle.p50", "resolve.idle.p50.rabbitmq", "resolve.idle.p50.floor",
+    "resolve.idle.p50", "resolve.idle.everysec.p50", "resolve.idle.p50.rabbitmq",
+    "resolve.idle.p50.floor",
     "resolve.idle.p99", "resolve.idle.p99.rabbitmq",
     "resolve.loaded.throughput", "resolve.loaded.throughput.rabbitmq",
     "resolve.loaded.p50", "resolve.loaded.p99",
