@@ -18,6 +18,8 @@ class ChaosProxy:
         self.sockets: set[socket.socket] = set()
         self.cuts = 0
         self.closed = False
+        self.chunks = 0  # forwarded so far, either way: lets a test cut by traffic, not time
+        self.traffic = threading.Condition()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -45,6 +47,9 @@ class ChaosProxy:
         try:
             while data := src.recv(65536):
                 dst.sendall(data)
+                with self.traffic:
+                    self.chunks += 1
+                    self.traffic.notify_all()
         except OSError:
             pass
         finally:
@@ -62,6 +67,12 @@ class ChaosProxy:
             s.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             s.close()
+
+    def wait_traffic(self, chunks: int, timeout: float) -> bool:
+        """Wait until ``chunks`` more chunks have gone through; False on timeout."""
+        with self.traffic:
+            goal = self.chunks + chunks
+            return self.traffic.wait_for(lambda: self.chunks >= goal, timeout)
 
     def cut(self) -> int:
         with self.lock:

@@ -61,8 +61,10 @@ def test_connections_cut_mid_operation(tmp_path: Path) -> None:
         rng = random.Random(7)
 
         def chaos() -> None:
-            while not stop.wait(rng.uniform(0.03, 0.2)):
-                proxy.cut()
+            # by traffic, not by time: however fast the service drains, cuts land mid-work
+            while not stop.is_set():
+                if proxy.wait_traffic(rng.randint(60, 300), timeout=0.5):
+                    proxy.cut()
 
         chaos_thread = threading.Thread(target=chaos)
         chaos_thread.start()
