@@ -55,7 +55,13 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
     if settings.dramatiq_url:
         env["PENDING_ACTIONS_DRAMATIQ_URL"] = settings.dramatiq_url
     command = dramatiq_command(modules, settings, int(shutdown_s * 1000))
-    proc = subprocess.Popen(command, env=env)
+
+    def spawn() -> subprocess.Popen[bytes]:
+        # its own session, out of reach of a terminal's Ctrl-C: dramatiq takes a second
+        # signal as "kill now", so it must get exactly one, the SIGTERM sent below
+        return subprocess.Popen(command, env=env, start_new_session=True)
+
+    proc = spawn()
     ctx = Context.create(settings, role="worker")
     resolver = ResolveWorker(ctx, task_broker(ctx)).start()
     log.info("resolve worker %s and dramatiq (pid %d) running; Ctrl-C stops", resolver.name,
@@ -75,7 +81,7 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
         log.error("dramatiq worker exited with %s; restarting in %.1fs", proc.returncode, delay)
         if stop.wait(delay):
             break
-        proc, started = subprocess.Popen(command, env=env), time.monotonic()
+        proc, started = spawn(), time.monotonic()
     # both stop at once: the resolver's threads may sit in a blocking read for block_ms
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)  # dramatiq lets running handlers finish, bounded

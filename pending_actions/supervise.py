@@ -44,7 +44,12 @@ class WorkerProcess:
         client: Any = redis.Redis.from_url(self.url)
         last = client.xrevrange(Keys().workers, count=1)
         client.close()
-        return self.launch().wait_ready(last[0][0] if last else b"0-0", timeout)
+        self.launch()
+        try:
+            return self.wait_ready(last[0][0] if last else b"0-0", timeout)
+        except BaseException:
+            self.kill()  # a worker that never got ready must not outlive its caller
+            raise
 
     def launch(self) -> WorkerProcess:
         """Start the process without waiting (it may have no Redis to talk to yet)."""

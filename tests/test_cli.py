@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -12,6 +14,7 @@ import pytest
 import redis
 
 from broker.embedded import EmbeddedRedis, free_port
+from producers import PendingActions
 from tests.procs import ROOT, Worker, worker_env
 
 
@@ -91,13 +94,18 @@ def test_help_explains_every_command() -> None:
 
 
 def test_up_runs_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    """Ctrl-C as a terminal sends it: SIGINT to the whole foreground process group, while a
+    handler is running. The handler finishes and its outcome is recorded (so Redis and the
+    dramatiq worker outlive the signal until then), and everything exits."""
     port = free_port()
     env = worker_env("")
     env.pop("PENDING_ACTIONS_REDIS_URL")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pending_actions", "up", "--handlers", "workers.examples",
+        [sys.executable, "-m", "pending_actions", "up",
+         "--handlers", "workers.examples", "tests.handlers",
          "--port", str(port), "--data-dir", str(tmp_path / "data")],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True,  # a process group of its own, like a shell's foreground job
     )
     try:
         assert proc.stdout is not None
@@ -118,7 +126,18 @@ def test_up_runs_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert staged.returncode == 0, staged.stderr
         done = cli(url, "resolve", "--session", "demo", "--action", "apply", "--reason", "r")
         assert done.returncode == 0 and "Applied L: r" in done.stdout
-        proc.send_signal(signal.SIGINT)
+
+        pa = PendingActions.from_url(url)
+        gated = pa.stage(session="demo", tool="edit", label="G", apply="t.gate",
+                         payload={"gate": "gate:demo"})
+        waiting = ThreadPoolExecutor(1).submit(pa.resolve, session="demo", action="apply",
+                                               reason="r", timeout=60)
+        assert client.blpop(["test:started:demo"], timeout=30) is not None
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        client.rpush("gate:demo", "open")  # the running handler may now finish
+        result = waiting.result(timeout=60)
+        assert not result.is_error and result.text == f"gated {gated} done", result.text
+        pa.close()
         assert proc.wait(60) == 0
         with pytest.raises(redis.ConnectionError):
             client.ping()
