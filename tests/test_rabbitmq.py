@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.results import NOTHING_TO_APPLY
 from tests.faults import cluster
 
 RABBIT = "amqp://guest:guest@127.0.0.1:5672/"
@@ -51,3 +52,4 @@ def run_on_rabbit(tmp_path: Path, queue: str) -> None:
         done = pa.resolve(session="s", action="apply", reason="r")
         assert (done.is_error, done.text) == (False, f"applied {first}")
         assert pa.pending("s") == []
+        assert pa.resolve(session="s", action="apply", reason="r").text == NOTHING_TO_APPLY

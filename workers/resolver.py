@@ -231,10 +231,11 @@ class ResolveWorker:
         strays: list[str] = []
         for request, token, got in zip(live, tokens, replies[::2], strict=True):
             status = got[0].decode()
-            if status == "ok":
-                leased = got[6].decode()  # an earlier token when this request was taken before
+            # an earlier token when this request was taken before
+            leased = got[6].decode() if status == "ok" else ""
+            if leased:
                 self.tasks.enqueue(self._task(request, leased))
-            if status != "ok" or leased != token:
+            if leased != token:
                 strays.append(ctx.keys.lease_member(request.session, token))
             outcomes.append("dispatched" if status == "ok" else status)
         pipe = ctx.client.pipeline(transaction=False)
