@@ -43,7 +43,7 @@ class Scripts:
         k = self._k
         return self._run(
             "stage",
-            [k.stack(session), k.actions(session), k.state(session), k.history(session)],
+            [k.stack(session), k.actions(session), k.history(session)],
             [action_id, spec, self._s.history_maxlen],
             client,
         )
