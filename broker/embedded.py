@@ -68,11 +68,11 @@ class EmbeddedRedis:
             "--stream-node-max-bytes", "512",
             "--logfile", str(self.directory / "redis.log"),
         ]
-        # its own session: a Ctrl-C in the terminal reaches the whole foreground group, and
-        # Redis must outlive the workers that are still finishing handlers; whoever started
-        # it stops it last
+        # its own process group: a Ctrl-C in the terminal reaches the whole foreground group,
+        # and Redis must outlive the workers that are still finishing handlers; whoever
+        # started it stops it last
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     process_group=0)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
         while True:

@@ -57,9 +57,11 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
     command = dramatiq_command(modules, settings, int(shutdown_s * 1000))
 
     def spawn() -> subprocess.Popen[bytes]:
-        # its own session, out of reach of a terminal's Ctrl-C: dramatiq takes a second
-        # signal as "kill now", so it must get exactly one, the SIGTERM sent below
-        return subprocess.Popen(command, env=env, start_new_session=True)
+        # its own process group, out of reach of a terminal's Ctrl-C: dramatiq takes a second
+        # signal as "kill now", so it must get exactly one, the SIGTERM sent below. (Not its
+        # own session: under the kernel's autogroup scheduling that cost a fifth of the
+        # throughput.)
+        return subprocess.Popen(command, env=env, process_group=0)
 
     proc = spawn()
     ctx = Context.create(settings, role="worker")
