@@ -93,7 +93,7 @@ class Run:
 
 def _phases(s: Sizes, rabbit: bool) -> int:
     stock = 4 + (3 if rabbit else 0)
-    ours = 11 + 2 + len(s.sessions) + (1 if s.sweep_window_s else 0)
+    ours = 11 + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
     return 3 + stock + ours
 
 
@@ -252,13 +252,16 @@ def _ours_figures(r: Run, url: str, scratch_url: str, processes: int,
         _ours_stage_and_memory(r, pa, scratch_url, progress)
         r.dists.update({f"depth.{d}": dist for d, dist in scaling.by_depth(
             pa, s.depths, s.scaling_samples, s.scaling_gap_s, s.payload_bytes, progress)})
-        r.dists.update({f"sessions.{n}": dist for n, dist in scaling.by_sessions(
-            pa, s.sessions, s.scaling_samples, s.scaling_gap_s, s.payload_bytes, progress)})
-        if s.sweep_window_s:
+
+        def idle_with_sessions() -> None:
             with progress.phase(f"ours: idle Redis commands with {max(s.sessions):,} sessions "
                                 "stored", int(s.sweep_window_s), "s") as tick:
                 r.facts["idle_commands.ours.sessions"] = measure.idle_commands(
                     conn, s.sweep_window_s, processes, tick)
+
+        r.dists.update({f"sessions.{n}": dist for n, dist in scaling.by_sessions(
+            pa, s.sessions, s.scaling_samples, s.scaling_gap_s, s.payload_bytes, progress,
+            at_peak=idle_with_sessions if s.sweep_window_s else None)})
     finally:
         pa.close()
         conn.close()

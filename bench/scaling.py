@@ -9,10 +9,10 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bench.fill import cycle, payload_of, stage_bulk
+from bench.fill import cycle, drop_sessions, payload_of, stage_bulk
 from bench.handlers import NOOP
 from bench.measure import idle, resolver
-from bench.progress import Progress
+from bench.progress import Progress, Tick
 from bench.stats import Dist
 from producers import PendingActions
 
@@ -84,21 +84,41 @@ def by_depth(pa: PendingActions, depths: tuple[int, ...], samples: int, gap_s: f
 
 
 def by_sessions(pa: PendingActions, counts: tuple[int, ...], samples: int, gap_s: float,
-                payload_size: int, progress: Progress) -> list[tuple[int, Dist]]:
+                payload_size: int, progress: Progress,
+                at_peak: Callable[[], None] | None = None) -> list[tuple[int, Dist]]:
     """Every session holds one action; each sample resolves a random one of them (after
-    staging on it), so all the sessions' keys and index entries are live."""
+    staging on it), so all the sessions' keys and index entries are live. The session count
+    cannot be interleaved like the depths, so each point is measured twice, half its samples
+    on the way up (filling) and half on the way down (dropping sessions), which spreads it
+    over two moments of the run instead of one. ``at_peak`` runs while the most sessions are
+    stored."""
     payload = payload_of(payload_size)
     rng = random.Random(7)
     have = 0
-    out = []
+    dists = {count: Dist(f"{count} sessions") for count in counts}
+    half = max(1, samples // 2)
+
+    def measure(count: int, tick: Tick) -> None:
+        target = _Target(pa, _random_of(rng, count), payload)
+        part = idle(f"{count} sessions", target.resolve, half, (gap_s, gap_s), tick,
+                    before=target.stage, seed=count + len(dists[count].samples_ms))
+        dists[count].samples_ms.extend(part.samples_ms)
+        dists[count].errors += part.errors
+
     for count in counts:
-        with progress.phase(f"{count:,} sessions: fill and {samples} resolves",
-                            count - have + samples) as tick:
+        with progress.phase(f"{count:,} sessions: fill and {half} resolves",
+                            count - have + half) as tick:
             if count > have:
                 stage_bulk(pa, _names(have, count), count - have, payload, 1000, tick)
                 have = count
-            target = _Target(pa, _random_of(rng, count), payload)
-            dist = idle(f"{count} sessions", target.resolve, samples, (gap_s, gap_s), tick,
-                        before=target.stage, seed=count)
-        out.append((count, dist))
-    return out
+            measure(count, tick)
+    if at_peak is not None:
+        at_peak()
+    for count in reversed(counts):
+        with progress.phase(f"{count:,} sessions again, on the way down: {half} resolves",
+                            half) as tick:
+            if count < have:
+                drop_sessions(pa.ctx, list(_names(count, have)))
+                have = count
+            measure(count, tick)
+    return [(count, dists[count]) for count in counts]
