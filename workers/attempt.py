@@ -122,7 +122,8 @@ def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: s
     got = retrying(claim, budget)
     status = got[0].decode()
     if status == "stale":
-        log.info("attempt %s of %s is no longer leased; nothing run", token, session)
+        # routine: the task of a resolve that found nothing to target ends here too
+        log.debug("attempt %s of %s is no longer leased; nothing run", token, session)
         return "stale"
     if status == "running":
         log.info("duplicate delivery of attempt %s; nothing run", token)
