@@ -1,0 +1,153 @@
+"""The resolve worker's second loop: return the attempts whose lease expired, found through
+the lease index, and sweep every session once after Redis comes back without its data tail."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from typing import Any
+
+from broker.connection import TRANSIENT
+from broker.context import Context
+from broker.keys import Keys
+from broker.models import Lease, Spec
+from broker.results import base_details, text_result
+
+log = logging.getLogger("pending_actions.resolver")
+
+OUTCOMES = {1: "worker lost; pending again", 2: "worker lost; dead-lettered",
+            3: "never started; pending again"}
+LIVE = 4  # recover.lua: the lease was renewed meanwhile
+SWEEP_LOCK_S = 600
+
+
+def backoff(stop: threading.Event, attempt: int, exc: Exception) -> int:
+    """Wait out a Redis outage a little longer each time; returns the next attempt number."""
+    delay = min(0.05 * 2**attempt, 2.0)
+    log.warning("Redis unavailable (%s); retrying in %.2fs", exc, delay)
+    stop.wait(delay)
+    return attempt + 1
+
+
+class Recovery:
+    def __init__(self, ctx: Context, name: str, stop: threading.Event) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.stop = stop
+
+    def run(self) -> None:
+        failures = 0
+        interval = self.ctx.settings.recovery_interval_ms / 1000
+        every = self.ctx.settings.sweep_check_s
+        next_check = time.monotonic() + random.uniform(0, every)  # spread out
+        while not self.stop.wait(interval):
+            try:
+                self.recover_due()
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + every
+                    self.sweep_if_restarted()
+                failures = 0
+            except TRANSIENT as exc:
+                failures = backoff(self.stop, failures, exc)
+
+    def _now_ms(self) -> int:
+        sec, usec = self.ctx.client.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    def recover_due(self) -> int:
+        """Look at the leases whose index entry is due: recover the expired ones, move the
+        entry of a live one to its real deadline, drop the entry of one that is gone."""
+        ctx, now = self.ctx, self._now_ms()
+        due: Any = ctx.client.zrangebyscore(ctx.keys.leases, "-inf", now, start=0, num=100)
+        if not due:
+            return 0
+        pairs = [Keys.parse_lease_member(m) for m in due]
+        pipe = ctx.client.pipeline(transaction=False)
+        for session, token in pairs:
+            pipe.hget(ctx.keys.inflight(session), token)
+        recovered = 0
+        fix = ctx.client.pipeline(transaction=False)
+        for member, (session, token), raw in zip(due, pairs, pipe.execute(), strict=True):
+            lease = Lease.model_validate_json(raw) if raw else None
+            if lease is not None and lease.deadline <= now:
+                outcome, deadline = ctx.scripts.recover(session, token, lease.req,
+                                                        *self._recovery_replies(session, lease))
+                if outcome in OUTCOMES:
+                    recovered += 1
+                    log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
+                                OUTCOMES[outcome])
+            else:
+                outcome, deadline = (LIVE, lease.deadline) if lease else (0, 0)
+            if outcome == LIVE:  # renewed since the entry was written: look again then
+                fix.zadd(ctx.keys.leases, {member: deadline}, xx=True)
+            else:
+                fix.zrem(ctx.keys.leases, member)
+        fix.execute()
+        return recovered
+
+    def sweep_if_restarted(self) -> int:
+        """Index entries are written in the same round trip as their leases, so only a Redis
+        that lost the tail of its data (a crash under appendfsync everysec, a failover) can
+        hold a lease without one. Both come back under a new run_id: the first resolve worker
+        to notice sweeps every session once for that server, under a lock."""
+        ctx = self.ctx
+        run_id = str(ctx.client.info("server")["run_id"])
+        swept: Any = ctx.client.get(ctx.keys.swept)
+        if swept is not None and swept.decode() == run_id:
+            return 0
+        if not ctx.client.set(ctx.keys.sweep_lock, self.name, nx=True, ex=SWEEP_LOCK_S):
+            return 0
+        try:
+            count = self.sweep()
+            pipe = ctx.client.pipeline(transaction=False)
+            pipe.set(ctx.keys.swept, run_id)
+            pipe.xadd(ctx.keys.workers, {"role": "resolver", "event": "swept", "run_id": run_id,
+                                         "indexed": count, "name": self.name,
+                                         "pid": os.getpid()},
+                      maxlen=1000, approximate=True)
+            pipe.execute()
+        finally:
+            ctx.client.delete(ctx.keys.sweep_lock)
+        if count:
+            log.warning("sweep of Redis run %s indexed %d leases it had lost", run_id, count)
+        return count
+
+    def sweep(self) -> int:
+        """Give every lease of every session an index entry if it has none (500 sessions per
+        round trip); recover_due then treats them as usual."""
+        ctx, count, cursor = self.ctx, 0, 0
+        while True:
+            scanned: Any = ctx.client.sscan(ctx.keys.sessions, cursor, count=500)
+            cursor, members = scanned
+            sessions = [m.decode() for m in members]
+            pipe = ctx.client.pipeline(transaction=False)
+            for session in sessions:
+                pipe.hgetall(ctx.keys.inflight(session))
+            add = ctx.client.pipeline(transaction=False)
+            for session, leases in zip(sessions, pipe.execute(), strict=True):
+                for token, raw in leases.items():
+                    entry = {ctx.keys.lease_member(session, token.decode()):
+                             Lease.model_validate_json(raw).deadline}
+                    add.zadd(ctx.keys.leases, entry, nx=True)
+            count += sum(add.execute()) if len(add) else 0
+            if not cursor:
+                return count
+
+    def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
+        raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
+        spec = Spec.model_validate_json(raw) if raw else None
+        details = base_details(lease.action, lease.reason, lease.extra_value, spec)
+        verb = "Apply" if lease.action == "apply" else "Discard"
+        returned = text_result(
+            f"{verb} interrupted: the worker running attempt {lease.attempt} of {lease.id} was "
+            "lost. The action is pending again; retry or discard it.", details, is_error=True)
+        dead = text_result(
+            f"{verb} failed: {lease.id} was moved to the dead-letter list after its worker was "
+            f"lost {self.ctx.settings.max_stalls} times.", details, is_error=True)
+        unstarted = text_result(
+            f"{verb} interrupted: no worker started attempt {lease.attempt} of {lease.id} in "
+            "time. The action is pending again; retry or discard it.", details, is_error=True)
+        return returned.to_json(), dead.to_json(), unstarted.to_json()
