@@ -1,7 +1,7 @@
 """What producers and workers share: settings, key names, models, errors, Lua scripts and the
 Redis/dramatiq setup."""
 
-from broker.errors import (
+from pending_actions.broker.errors import (
     ConfigError,
     InvalidInput,
     PendingActionsError,
@@ -10,9 +10,9 @@ from broker.errors import (
     ToolError,
     UnknownHandler,
 )
-from broker.keys import Keys
-from broker.models import REMINDER, PendingAction, Result
-from broker.settings import Settings
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import REMINDER, PendingAction, Result
+from pending_actions.broker.settings import Settings
 
 __all__ = [
     "REMINDER",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from broker.errors import ConfigError
+from pending_actions.broker.errors import ConfigError
 
 
 def find_redis_server() -> str:

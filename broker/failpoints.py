@@ -11,7 +11,7 @@ import threading
 
 import redis
 
-from broker.keys import Keys
+from pending_actions.broker.keys import Keys
 
 ENV = "PENDING_ACTIONS_FAILPOINT"
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from broker.errors import InvalidInput
+from pending_actions.broker.errors import InvalidInput
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 TOOL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

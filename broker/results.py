@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.models import Result, Spec
+from pending_actions.broker.models import Result, Spec
 
 NOTHING_TO_APPLY = "No pending action to resolve. Nothing to apply or discard."
 NOTHING_TO_DISCARD = "Nothing to discard; no pending action remains."

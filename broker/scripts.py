@@ -13,8 +13,8 @@ from typing import Any
 
 import redis
 
-from broker.keys import Keys
-from broker.settings import Settings
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.settings import Settings
 
 _NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
@@ -23,7 +23,7 @@ _NAMES = (
 
 
 def _source(name: str) -> str:
-    return (resources.files("broker") / "scripts" / f"{name}.lua").read_text()
+    return (resources.files("pending_actions.broker") / "scripts" / f"{name}.lua").read_text()
 
 
 class Scripts:

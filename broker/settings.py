@@ -48,7 +48,7 @@ class Settings(BaseSettings):
                           description="idle XREADGROUP block time (below the socket timeout)")
 
     def require_url(self) -> str:
-        from broker.errors import ConfigError
+        from pending_actions.broker.errors import ConfigError
 
         if not self.redis_url:
             raise ConfigError(

@@ -27,8 +27,8 @@ from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
 
-from broker.connection import TRANSIENT
-from broker.keys import Keys
+from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.keys import Keys
 
 FIELD = b"m"
 ACKED = "acked_with_outcome"  # message option: the actor already acked it (see ack_with)

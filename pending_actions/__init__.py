@@ -1,1 +1,43 @@
-"""The ``pending-actions`` command line: composes broker, producers and workers."""
+"""pending-actions: stage, approve and apply AI agent tool actions across processes.
+
+The public names live here; the parts are ``pending_actions.broker`` (what both sides share),
+``pending_actions.producers`` (what an agent runtime imports) and ``pending_actions.workers``
+(the resolve worker and the handler runners). Importing this package never imports dramatiq.
+"""
+
+from pending_actions.broker.errors import (
+    ConfigError,
+    InvalidInput,
+    PendingActionsError,
+    RedisUnavailable,
+    ToolError,
+    UnknownHandler,
+)
+from pending_actions.broker.models import PendingAction, Result
+from pending_actions.broker.settings import Settings
+from pending_actions.producers import (
+    PendingActions,
+    intent,
+    render,
+    soft_requirement,
+    tool_definition,
+)
+from pending_actions.workers.registry import handler
+
+__all__ = [
+    "ConfigError",
+    "InvalidInput",
+    "PendingAction",
+    "PendingActions",
+    "PendingActionsError",
+    "RedisUnavailable",
+    "Result",
+    "Settings",
+    "ToolError",
+    "UnknownHandler",
+    "handler",
+    "intent",
+    "render",
+    "soft_requirement",
+    "tool_definition",
+]

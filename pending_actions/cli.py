@@ -14,9 +14,9 @@ import click
 import orjson
 from pydantic import ValidationError
 
-from broker.errors import ConfigError, InvalidInput, PendingActionsError
-from broker.models import PendingAction, Result
-from broker.settings import Settings
+from pending_actions.broker.errors import ConfigError, InvalidInput, PendingActionsError
+from pending_actions.broker.models import PendingAction, Result
+from pending_actions.broker.settings import Settings
 
 
 class Obj:
@@ -34,7 +34,7 @@ class Obj:
         return base
 
     def client(self) -> Any:
-        from producers import PendingActions
+        from pending_actions.producers import PendingActions
 
         settings = self.settings()
         if not settings.redis_url:
@@ -173,7 +173,7 @@ def resolve(obj: Obj, session: str, action: str, reason: str, extra: str | None,
             timeout: float | None) -> None:
     """Apply or discard SESSION's current target (directive, newest action, or standing
     handler) and print the outcome. Exits 1 when the outcome is an error."""
-    from producers import render
+    from pending_actions.producers import render
 
     data = _json_object("--extra", extra)
     try:
@@ -260,7 +260,7 @@ def stats(obj: Obj) -> None:
 
 
 def _register_extras() -> None:
-    from pending_actions.bench import bench
+    from pending_actions.bench.__main__ import bench
     from pending_actions.soak import soak
 
     cli.add_command(soak)

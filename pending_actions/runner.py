@@ -15,17 +15,18 @@ from pathlib import Path
 
 from dramatiq.cli import RET_IMPORT, RET_PIDFILE
 
-from broker.context import Context, task_broker
-from broker.embedded import EmbeddedRedis
-from broker.settings import Settings
-from workers.resolver import ResolveWorker
+from pending_actions.broker.context import Context
+from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.broker.settings import Settings
+from pending_actions.broker.tasks import task_broker
+from pending_actions.workers.resolver import ResolveWorker
 
 log = logging.getLogger("pending_actions")
 
 
 def dramatiq_command(modules: list[str], settings: Settings, shutdown_ms: int) -> list[str]:
     return [
-        sys.executable, "-m", "dramatiq", "workers.actors", *modules,
+        sys.executable, "-m", "dramatiq", "pending_actions.workers.actors", *modules,
         "--processes", str(settings.worker_processes),
         "--threads", str(settings.worker_threads),
         "--worker-shutdown-timeout", str(shutdown_ms),

@@ -21,11 +21,11 @@ import click
 import orjson
 import redis
 
-from broker.embedded import EmbeddedRedis
-from broker.errors import PendingActionsError
-from broker.keys import Keys
+from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.broker.errors import PendingActionsError
+from pending_actions.broker.keys import Keys
+from pending_actions.producers.client import PendingActions
 from pending_actions.supervise import WorkerProcess
-from producers.client import PendingActions
 
 K = Keys()
 

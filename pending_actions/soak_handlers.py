@@ -10,9 +10,9 @@ from typing import Any
 
 import redis
 
-from broker.errors import ToolError
-from broker.models import PendingAction
-from workers.registry import handler
+from pending_actions.broker.errors import ToolError
+from pending_actions.broker.models import PendingAction
+from pending_actions.workers.registry import handler
 
 _client = redis.Redis.from_url(os.environ["PENDING_ACTIONS_REDIS_URL"])
 _EFFECT = _client.register_script(

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from broker.keys import Keys
+from pending_actions.broker.keys import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """What an agent runtime imports: stage actions, resolve them, and the tool's face."""
 
-from producers.client import PendingActions
-from producers.tool import intent, render, soft_requirement, tool_definition
+from pending_actions.producers.client import PendingActions
+from pending_actions.producers.tool import intent, render, soft_requirement, tool_definition
 
 __all__ = ["PendingActions", "intent", "render", "soft_requirement", "tool_definition"]

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 import redis
 
-from broker.connection import BLOCK_CHUNK_S, TRANSIENT
-from broker.context import Context
-from broker.errors import InvalidInput, RedisUnavailable, UnknownHandler
-from broker.models import (
+from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT
+from pending_actions.broker.context import Context
+from pending_actions.broker.errors import InvalidInput, RedisUnavailable, UnknownHandler
+from pending_actions.broker.models import (
     TOOL_RE,
     ActionState,
     PendingAction,
@@ -25,9 +25,9 @@ from broker.models import (
     check_handler_name,
     check_session,
 )
-from broker.results import base_details, text_result
-from broker.settings import Settings
-from producers.tool import soft_requirement
+from pending_actions.broker.results import base_details, text_result
+from pending_actions.broker.settings import Settings
+from pending_actions.producers.tool import soft_requirement
 
 
 @contextmanager

@@ -7,9 +7,9 @@ import os
 import random
 import time
 
-from broker.errors import RedisUnavailable, UnknownHandler
-from producers.client import PendingActions
-from producers.tool import render
+from pending_actions.broker.errors import RedisUnavailable, UnknownHandler
+from pending_actions.producers.client import PendingActions
+from pending_actions.producers.tool import render
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.models import REMINDER, Result
+from pending_actions.broker.models import REMINDER, Result
 
 DESCRIPTION = (
     "Finalizes the most recent pending action (a staged preview) by applying or discarding it. "

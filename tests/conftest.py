@@ -11,8 +11,8 @@ import orjson
 import pytest
 import redis
 
-from broker.embedded import EmbeddedRedis
-from producers import PendingActions
+from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.producers import PendingActions
 from tests.procs import Worker, runs_key
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import redis
 
-from broker.embedded import EmbeddedRedis
-from broker.keys import Keys
-from producers import PendingActions
+from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.broker.keys import Keys
+from pending_actions.producers import PendingActions
 from tests.procs import Worker
 
 K = Keys()

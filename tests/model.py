@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
+from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 
 # apply behaviours -> the test handler that has it
 APPLY = {"ok": "t.ok", "toolerror": "t.toolerror", "boom": "t.boom", "crash": "t.crash"}

@@ -9,9 +9,9 @@ from collections import Counter
 import orjson
 import redis
 
-from broker.errors import RedisUnavailable
-from broker.results import NOTHING_TO_APPLY
-from producers import PendingActions
+from pending_actions.broker.errors import RedisUnavailable
+from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.producers import PendingActions
 from tests.faults import K
 from tests.procs import runs_key
 

@@ -13,8 +13,8 @@ import orjson
 import pytest
 import redis
 
-from broker.embedded import EmbeddedRedis, free_port
-from producers import PendingActions
+from pending_actions.broker.embedded import EmbeddedRedis, free_port
+from pending_actions.producers import PendingActions
 from tests.procs import ROOT, Worker, worker_env
 
 
@@ -102,7 +102,7 @@ def test_up_runs_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     env.pop("PENDING_ACTIONS_REDIS_URL")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pending_actions", "up",
-         "--handlers", "workers.examples", "tests.handlers",
+         "--handlers", "pending_actions.workers.examples", "tests.handlers",
          "--port", str(port), "--data-dir", str(tmp_path / "data")],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         start_new_session=True,  # a process group of its own, like a shell's foreground job

@@ -12,7 +12,7 @@ from collections import Counter
 import redis
 from redis.crc import key_slot
 
-from producers import PendingActions
+from pending_actions.producers import PendingActions
 
 TAG = re.compile(r"\{([^}]*)\}")
 ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')  # one quoted argument of a MONITOR line

@@ -7,9 +7,9 @@ import threading
 import pytest
 import redis
 
-from broker.errors import InvalidInput, UnknownHandler
-from broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
-from producers import PendingActions
+from pending_actions.broker.errors import InvalidInput, UnknownHandler
+from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
+from pending_actions.producers import PendingActions
 from tests.conftest import runs
 
 

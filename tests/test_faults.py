@@ -11,8 +11,8 @@ from pathlib import Path
 
 import redis
 
-from broker.results import NOTHING_TO_APPLY
-from producers import PendingActions
+from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.producers import PendingActions
 from tests.conftest import runs
 from tests.faults import FAST, K, cluster, events, started_pid, tail_id, wait_for, wait_history
 from tests.procs import Worker
@@ -180,9 +180,9 @@ def test_sigterm_lets_the_running_handler_finish(tmp_path: Path) -> None:
 
 
 def test_workers_wait_for_redis_and_producers_fail_fast(tmp_path: Path) -> None:
-    from broker.embedded import EmbeddedRedis, free_port
-    from broker.errors import RedisUnavailable
-    from producers import PendingActions
+    from pending_actions.broker.embedded import EmbeddedRedis, free_port
+    from pending_actions.broker.errors import RedisUnavailable
+    from pending_actions.producers import PendingActions
 
     port = free_port()
     server = EmbeddedRedis(directory=tmp_path / "r", port=port)

@@ -11,9 +11,9 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.errors import InvalidInput, UnknownHandler
-from broker.keys import Keys
-from producers import PendingActions
+from pending_actions.broker.errors import InvalidInput, UnknownHandler
+from pending_actions.broker.keys import Keys
+from pending_actions.producers import PendingActions
 
 K = Keys()
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
-from producers import PendingActions
+from pending_actions.producers import PendingActions
 from tests.faults import cluster
 from tests.model import APPLY, REJECT, Entry, Model
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from producers import PendingActions
+from pending_actions.producers import PendingActions
 from tests.faults import cluster
 from tests.outages import check_exactly_once, run_drains
 from tests.procs import Worker

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis
 
-from broker import REMINDER
-from broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
-from producers import PendingActions, intent, render, tool_definition
+from pending_actions.broker import REMINDER
+from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
+from pending_actions.producers import PendingActions, intent, render, tool_definition
 from tests.conftest import runs
 
 

@@ -1,5 +1,5 @@
 """The resolve worker and the dramatiq actors that run registered handlers."""
 
-from workers.registry import handler
+from pending_actions.workers.registry import handler
 
 __all__ = ["handler"]

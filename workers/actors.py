@@ -17,11 +17,12 @@ import dramatiq
 import orjson
 from dramatiq.middleware import CurrentMessage
 
-from broker.connection import TRANSIENT
-from broker.context import ACTOR_NAME, Context, task_broker
-from broker.settings import Settings
-from broker.taskbroker import StreamsBroker
-from workers import attempt, registry
+from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.context import Context
+from pending_actions.broker.settings import Settings
+from pending_actions.broker.taskbroker import StreamsBroker
+from pending_actions.broker.tasks import ACTOR_NAME, task_broker
+from pending_actions.workers import attempt, registry
 
 log = logging.getLogger("pending_actions.actors")
 ctx = Context.create(Settings(), role="worker")

@@ -1,5 +1,5 @@
 """One handler run: claim the attempt, run apply or reject, then finalize or re-add, every step
-fenced by the lease token. Called by the dramatiq actor in ``workers.actors``."""
+fenced by the lease token. Called by the dramatiq actor in ``pending_actions.workers.actors``."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from broker import failpoints
-from broker.connection import TRANSIENT
-from broker.context import Context
-from broker.errors import ToolError
-from broker.models import ActionState, Lease, PendingAction, Result, Spec
-from broker.results import base_details, from_handler, text_result
-from workers import registry
+from pending_actions.broker import failpoints
+from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.context import Context
+from pending_actions.broker.errors import ToolError
+from pending_actions.broker.models import ActionState, Lease, PendingAction, Result, Spec
+from pending_actions.broker.results import base_details, from_handler, text_result
+from pending_actions.workers import registry
 
 log = logging.getLogger("pending_actions.attempt")
 T = TypeVar("T")

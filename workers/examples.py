@@ -1,12 +1,13 @@
-"""Example handlers for the quick start: ``pending-actions up --handlers workers.examples``."""
+"""Example handlers for the quick start:
+``pending-actions up --handlers pending_actions.workers.examples``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from broker.errors import ToolError
-from broker.models import PendingAction
-from workers.registry import handler
+from pending_actions.broker.errors import ToolError
+from pending_actions.broker.models import PendingAction
+from pending_actions.workers.registry import handler
 
 
 @handler("examples.echo")

@@ -10,11 +10,11 @@ import threading
 import time
 from typing import Any
 
-from broker.connection import TRANSIENT
-from broker.context import Context
-from broker.keys import Keys
-from broker.models import Lease, Spec
-from broker.results import base_details, text_result
+from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.context import Context
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import Lease, Spec
+from pending_actions.broker.results import base_details, text_result
 
 log = logging.getLogger("pending_actions.resolver")
 

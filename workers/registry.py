@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from broker.models import check_handler_name
+from pending_actions.broker.models import check_handler_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 

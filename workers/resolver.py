@@ -17,14 +17,15 @@ import orjson
 import redis
 from pydantic import ValidationError
 
-from broker import failpoints
-from broker.connection import TRANSIENT
-from broker.context import ACTOR_NAME, Context
-from broker.keys import Keys
-from broker.models import ResolveRequest
-from broker.results import nothing_to_target
-from broker.taskbroker import StreamsBroker
-from workers.recovery import Recovery, backoff
+from pending_actions.broker import failpoints
+from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.context import Context
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import ResolveRequest
+from pending_actions.broker.results import nothing_to_target
+from pending_actions.broker.taskbroker import StreamsBroker
+from pending_actions.broker.tasks import ACTOR_NAME
+from pending_actions.workers.recovery import Recovery, backoff
 
 log = logging.getLogger("pending_actions.resolver")
 

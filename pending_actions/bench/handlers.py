@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.models import PendingAction
-from workers import handler
+from pending_actions.broker.models import PendingAction
+from pending_actions.workers import handler
 
 NOOP = "bench.noop"
 

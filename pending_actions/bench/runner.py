@@ -16,12 +16,12 @@ from typing import Any
 
 import redis
 
-from bench import fill, measure, scaling
-from bench.handlers import NOOP
-from bench.procs import ROOT, start_ours, start_stock
-from bench.progress import Progress
-from bench.stats import Dist
-from bench.stock import (
+from pending_actions.bench import fill, measure, scaling
+from pending_actions.bench.handlers import NOOP
+from pending_actions.bench.procs import ROOT, start_ours, start_stock
+from pending_actions.bench.progress import Progress
+from pending_actions.bench.stats import Dist
+from pending_actions.bench.stock import (
     ACTOR,
     RABBITMQ_URL,
     StockClient,
@@ -30,8 +30,8 @@ from bench.stock import (
     rabbitmq_unavailable,
     stock_broker,
 )
-from broker.embedded import EmbeddedRedis
-from producers import PendingActions
+from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.producers import PendingActions
 
 
 @dataclass(frozen=True)

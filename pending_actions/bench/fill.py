@@ -10,10 +10,10 @@ from typing import Any
 
 import orjson
 
-from bench.handlers import NOOP
-from bench.progress import Tick
-from broker.context import Context
-from producers import PendingActions
+from pending_actions.bench.handlers import NOOP
+from pending_actions.bench.progress import Tick
+from pending_actions.broker.context import Context
+from pending_actions.producers import PendingActions
 
 TOOL = "bench"
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import redis
 
-from bench.progress import Tick
-from bench.stats import Dist
-from producers import PendingActions
+from pending_actions.bench.progress import Tick
+from pending_actions.bench.stats import Dist
+from pending_actions.producers import PendingActions
 
 Call = Callable[[], float]  # one timed round trip; returns seconds, raises on failure
 

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import redis
 
-from bench.stock import ENV_BROKER, ENV_QUEUE, ENV_READY, ENV_RESULTS
+from pending_actions.bench.stock import ENV_BROKER, ENV_QUEUE, ENV_READY, ENV_RESULTS
 from pending_actions.supervise import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,11 +77,12 @@ class Child:
 
 def start_ours(url: str, processes: int, threads: int, log_dir: Path,
                timeout: float = 60.0) -> tuple[WorkerProcess, list[int]]:
-    """``pending-actions worker --handlers bench.handlers``: a resolve worker (the CLI process)
+    """``pending-actions worker --handlers pending_actions.bench.handlers``: a resolve worker
+    (the CLI process)
     plus ``processes`` dramatiq worker processes. Returns the worker and every pid that holds
     Redis connections (the resolver and each dramatiq worker process)."""
     worker = WorkerProcess(
-        url, "bench.handlers",
+        url, "pending_actions.bench.handlers",
         {"worker_processes": str(processes), "worker_threads": str(threads)},
         env=child_env({}), log_path=log_dir / "ours-worker.log")
     try:
@@ -96,11 +97,12 @@ def start_ours(url: str, processes: int, threads: int, log_dir: Path,
 
 def start_stock(broker_url: str, results_url: str, queue: str, processes: int, threads: int,
                 log_dir: Path, name: str, timeout: float = 60.0) -> tuple[Child, list[int]]:
-    """``python -m dramatiq bench.stock_actors`` with the given broker; returns the child and
+    """``python -m dramatiq pending_actions.bench.stock_actors`` with the given broker; returns
+    the child and
     the pids of its worker processes once each has booted."""
     ready_key = f"bench:ready:{uuid.uuid4().hex}"
     child = Child(name, [
-        sys.executable, "-m", "dramatiq", "bench.stock_actors",
+        sys.executable, "-m", "dramatiq", "pending_actions.bench.stock_actors",
         "--processes", str(processes), "--threads", str(threads), "--path", str(ROOT),
     ], child_env({ENV_BROKER: broker_url, ENV_QUEUE: queue, ENV_RESULTS: results_url,
                ENV_READY: ready_key}),

@@ -10,8 +10,8 @@ from typing import Any
 
 import orjson
 
-from bench.runner import Run
-from bench.stats import Dist, Row, fmt, fmt_ratio
+from pending_actions.bench.runner import Run
+from pending_actions.bench.stats import Dist, Row, fmt, fmt_ratio
 
 KIB = 1024
 

@@ -1,7 +1,8 @@
 """Stock dramatiq, the baseline: one no-op actor on dramatiq's own brokers with default settings
 and results through dramatiq's Results middleware (Redis backend).
 
-Run by the harness as ``python -m dramatiq bench.stock_actors``; the broker URL, the queue, the
+Run by the harness as ``python -m dramatiq pending_actions.bench.stock_actors``; the broker URL,
+the queue, the
 results URL and a readiness key come from the environment (see ``bench.stock``).
 """
 
@@ -15,7 +16,14 @@ import redis
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
-from bench.stock import ACTOR, ENV_BROKER, ENV_QUEUE, ENV_READY, ENV_RESULTS, stock_broker
+from pending_actions.bench.stock import (
+    ACTOR,
+    ENV_BROKER,
+    ENV_QUEUE,
+    ENV_READY,
+    ENV_RESULTS,
+    stock_broker,
+)
 
 _results_url = os.environ[ENV_RESULTS]
 

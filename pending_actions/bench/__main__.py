@@ -16,7 +16,7 @@ import click
 @click.option("--quick", is_flag=True,
               help="Small sizes, to prove the harness works (CI); the figures mean little.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("bench/results"), show_default=True,
+              default=Path("bench-results"), show_default=True,
               help="Where results.json, latency.png and the workers' logs go.")
 @click.option("--skip-rabbitmq", is_flag=True, help="Do not try the RabbitMQ baseline.")
 @click.option("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/%2F",
@@ -34,7 +34,7 @@ def bench(quick: bool, out: Path, skip_rabbitmq: bool, rabbitmq_url: str, proces
     """Measure resolve latency and throughput, staging, memory, scaling and idle cost, each
     beside baselines measured in the same run (raw Redis, stock dramatiq on RedisBroker and,
     when reachable, RabbitMQ). Starts its own redis-server and worker processes."""
-    from bench import report, runner
+    from pending_actions.bench import report, runner
 
     out.mkdir(parents=True, exist_ok=True)
     options = runner.Options(out=out, quick=quick, skip_rabbitmq=skip_rabbitmq,
