@@ -9,12 +9,13 @@ script is sent as EVAL with its body: redis-py's pipeline sends SCRIPT EXISTS be
 execute that carries a registered script, one more round trip on each step of a resolve, while
 EVAL of a body Redis has seen costs it only a SHA1 of a few KB.
 
-Redis has no include, so every script is loaded as the prelude (``scripts/prelude.lua``: the
-idioms every script shares), then the code tables generated from the enums below, then the
+Redis has no include, so every script is loaded as the part of the prelude it uses (the idioms
+of ``scripts/prelude.lua`` and the code tables generated from the enums below), then the
 script's own file."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -61,15 +62,43 @@ def lua_file(name: str) -> str:
     return (resources.files("pending_actions.broker") / "scripts" / f"{name}.lua").read_text()
 
 
-def prelude() -> str:
-    # a name missing from a table is an error (STRICT), not a nil that XADD would choke on later
-    tables = "".join(
-        f"local {table} = setmetatable({{"
-        + ", ".join(f"{m.name} = {orjson.dumps(m.value).decode()}" for m in enum)
-        + "}, STRICT)\n"
-        for table, enum in LUA_TABLES.items()
-    )
-    return lua_file("prelude") + tables
+def _blocks() -> list[tuple[str, str]]:
+    """The prelude as (name, code) definitions: the file's blocks (split at blank lines, each
+    defining one name), then a code table per enum. A name a table lacks is an error (STRICT),
+    not a nil that XADD would choke on later."""
+    blocks = []
+    for block in lua_file("prelude").split("\n\n"):
+        # comments stay in the file: every EVAL on a pipeline sends the whole body
+        code = "".join(line for line in block.strip().splitlines(keepends=True)
+                       if not line.lstrip().startswith("--"))
+        found = re.search(r"^local (?:function )?(\w+)", code, re.M)
+        if found:
+            blocks.append((found.group(1), code.rstrip() + "\n"))
+    for table, enum in LUA_TABLES.items():
+        items = ", ".join(f"{m.name} = {orjson.dumps(m.value).decode()}" for m in enum)
+        blocks.append((table, f"local {table} = setmetatable({{{items}}}, STRICT)\n"))
+    return blocks
+
+
+def prelude(body: str | None = None) -> str:
+    """The definitions ``body`` uses, and those they use, in prelude order; all of them
+    without a body. Only what a script uses, because a pipeline sends it whole each time."""
+    blocks = _blocks()
+    if body is None:
+        return "".join(code for _n, code in blocks)
+    used, text = set(), body
+    while True:
+        more = {n for n, _c in blocks if n not in used and re.search(rf"\b{n}\b", text)}
+        if not more:
+            return "".join(code for n, code in blocks if n in used)
+        used |= more
+        text += "".join(code for n, code in blocks if n in more)
+
+
+def source(name: str) -> str:
+    """What Redis runs for script ``name``: its prelude, then its file."""
+    body = lua_file(name)
+    return prelude(body) + body
 
 
 @dataclass(frozen=True)
@@ -103,8 +132,7 @@ class Scripts:
     def __init__(self, client: redis.Redis, settings: Settings, keys: Keys) -> None:
         self._k = keys
         self._s = settings
-        head = prelude()
-        self._fn = {name: client.register_script(head + lua_file(name)) for name in NAMES}
+        self._fn = {name: client.register_script(source(name)) for name in NAMES}
 
     def _call(self, name: str, keys: list[str], args: list[Any],
               decode: Callable[[Any], R]) -> Call[R]:

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from pending_actions.broker.events import Event
-from pending_actions.broker.scripts import LUA_TABLES, NAMES, lua_file, prelude
+from pending_actions.broker.scripts import LUA_TABLES, NAMES, lua_file, prelude, source
 
 TABLE_USE = re.compile(r"\b(" + "|".join(LUA_TABLES) + r")\.([A-Za-z_]+)")
 EVENT_FIELD = re.compile(r"'event',\s*('[^']*'|\"[^\"]*\")")
@@ -50,10 +50,13 @@ def test_header_lists_what_the_script_uses(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_script_loads_with_its_prelude(rc: redis.Redis, name: str) -> None:
-    rc.script_load(prelude() + lua_file(name))
+    rc.script_load(source(name))
 
 
 def test_a_misspelt_code_fails_the_script(rc: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match="unknown code name STAGD"):
         rc.eval(prelude() + "return EVENT.STAGD", 0)
     assert rc.eval(prelude() + "return EVENT.LATE_REFUSED", 0) == b"late-refused"
+    # a script gets only the definitions it uses, and those they need
+    assert source("renew").startswith(prelude("now_ms()"))
+    assert "EVENT" not in source("renew") and "local STRICT" in prelude("TAKE.OK")

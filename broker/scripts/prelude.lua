@@ -1,6 +1,7 @@
--- prelude: prepended to every script at load time (Redis has no include), followed by the
--- code tables broker/scripts.py generates from the Python enums: EVENT (broker/events.py),
--- TAKE, BEGIN and RECOVER (broker/replies.py). Only definitions here, no commands.
+-- prelude: the definitions the scripts share (Redis has no include). broker/scripts.py puts
+-- in front of each script the ones it uses, with the code tables it generates from the Python
+-- enums: EVENT (broker/events.py), TAKE, BEGIN and RECOVER (broker/replies.py). So: one
+-- definition per block, blocks apart by a blank line, and only definitions, no commands.
 
 -- reading a name a table lacks is an error, so a misspelt EVENT.X fails the script at once
 local STRICT = {__index = function(_, name) error('unknown code name ' .. tostring(name)) end}
