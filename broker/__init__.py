@@ -6,13 +6,13 @@ from pending_actions.broker.errors import (
     InvalidInput,
     PendingActionsError,
     RedisUnavailable,
-    ScriptError,
     ToolError,
     UnknownHandler,
 )
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.models import REMINDER, PendingAction, Result
+from pending_actions.broker.models import PendingAction, Result
 from pending_actions.broker.settings import Settings
+from pending_actions.broker.texts import REMINDER
 
 __all__ = [
     "REMINDER",
@@ -23,7 +23,6 @@ __all__ = [
     "PendingActionsError",
     "RedisUnavailable",
     "Result",
-    "ScriptError",
     "Settings",
     "ToolError",
     "UnknownHandler",

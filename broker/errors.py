@@ -35,6 +35,3 @@ class ConfigError(PendingActionsError):
 class RedisUnavailable(PendingActionsError):
     """Redis could not be reached; nothing was changed by this call."""
 
-
-class ScriptError(PendingActionsError):
-    """A Lua script answered something the code does not expect: a bug or a foreign key."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from redis.typing import EncodableT, FieldT
 
 from pending_actions.broker.errors import InvalidInput
 
@@ -15,13 +16,6 @@ TOOL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 Kind = Literal["action", "directive", "standing"]
 ResolveAction = Literal["apply", "discard"]
-
-REMINDER = (
-    "<system-reminder>\n"
-    "This is a preview. Call the `resolve` tool to apply or discard these changes.\n"
-    "</system-reminder>"
-)
-
 
 def check_session(session: object) -> str:
     if not isinstance(session, str) or not NAME_RE.match(session):
@@ -35,10 +29,6 @@ def check_handler_name(field: str, name: object) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise InvalidInput(field, f"must be 1-128 characters of A-Z a-z 0-9 . _ : - (got {name!r})")
     return name
-
-
-def dumps(value: Any) -> bytes:
-    return orjson.dumps(value)
 
 
 def _first_error(exc: ValidationError) -> InvalidInput:
@@ -117,8 +107,10 @@ class ResolveInput(BaseModel):
 
 
 class ResolveRequest(BaseModel):
-    """One entry of the request stream."""
+    """One entry of the request stream: this model's JSON under the field ``FIELD``. Written
+    by producers, read by resolve workers."""
 
+    FIELD: ClassVar[bytes] = b"r"
     model_config = ConfigDict(extra="forbid")
 
     req: str = Field(pattern=r"^[0-9a-f]{32}$")
@@ -132,6 +124,14 @@ class ResolveRequest(BaseModel):
     @classmethod
     def _session(cls, v: str) -> str:
         return check_session(v)
+
+    def to_fields(self) -> dict[FieldT, EncodableT]:
+        return {self.FIELD: self.model_dump_json().encode()}
+
+    @classmethod
+    def from_fields(cls, fields: dict[bytes, bytes]) -> ResolveRequest:
+        """Raises pydantic's ValidationError for a malformed entry."""
+        return cls.model_validate_json(fields.get(cls.FIELD, b""))
 
 
 class Lease(BaseModel):
@@ -154,13 +154,8 @@ class Lease(BaseModel):
         return value if isinstance(value, dict) else None
 
 
-class TextContent(BaseModel):
-    type: Literal["text"] = "text"
-    text: str
-
-
 class Result(BaseModel):
-    """The one result shape of CONTRACT section 2."""
+    """The one result shape of resolve, errors included."""
 
     content: list[dict[str, Any]]
     details: dict[str, Any]

@@ -1,14 +1,12 @@
-"""Building the results of CONTRACT section 2. Shared by workers (outcomes) and producers
-(timeouts), so the texts live in one place."""
+"""Building resolve's one result shape, ``{content, details, is_error}``, for workers
+(outcomes) and producers (timeouts). The texts themselves are in ``broker/texts.py``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pending_actions.broker.models import Result, Spec
-
-NOTHING_TO_APPLY = "No pending action to resolve. Nothing to apply or discard."
-NOTHING_TO_DISCARD = "Nothing to discard; no pending action remains."
+from pending_actions.broker.texts import NOTHING_TO_APPLY, NOTHING_TO_DISCARD, done
 
 
 def base_details(
@@ -34,11 +32,6 @@ def nothing_to_target(action: str, reason: str, extra: dict[str, Any] | None) ->
     return text_result(NOTHING_TO_DISCARD, details)
 
 
-def default_text(action: str, spec: Spec, reason: str) -> str:
-    verb = "Applied" if action == "apply" else "Discarded"
-    return f"{verb}: {spec.label}. Reason: {reason}"
-
-
 def from_handler(value: object, action: str, spec: Spec, reason: str,
                  extra: dict[str, Any] | None) -> Result:
     """Turn what a handler returned (str, dict with content/details, or None) into a Result.
@@ -46,7 +39,7 @@ def from_handler(value: object, action: str, spec: Spec, reason: str,
     Raises TypeError for anything else: the caller treats that as a failed attempt."""
     details = base_details(action, reason, extra, spec)
     if value is None:
-        return text_result(default_text(action, spec, reason), details)
+        return text_result(done(action, spec.label, reason), details)
     if isinstance(value, str):
         return text_result(value, details)
     if isinstance(value, dict) and "content" in value:

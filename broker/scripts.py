@@ -1,147 +1,244 @@
-"""The atomic operations: one Lua file each under ``scripts/``, registered with redis-py's
-``register_script`` (which handles EVALSHA and the NOSCRIPT fallback). Each method passes every
-key it touches in KEYS, all under the session's hash tag.
+"""The atomic operations: one Lua file each under ``scripts/``, each behind a method here that
+passes every key it touches in KEYS (all under the session's hash tag) and decodes its reply
+into the type from ``broker/replies.py``.
 
-A script queued on a pipeline is sent as EVAL with its body instead: redis-py's pipeline sends
-SCRIPT EXISTS before every execute that carries a registered script, one more round trip on
-each step of a resolve, while EVAL of a body Redis has seen costs it only a SHA1 of ~1 KB."""
+A method returns a ``Call``: ``run()`` sends it now with EVALSHA (redis-py's
+``register_script`` handles the NOSCRIPT fallback); ``on(pipe)`` queues it on a pipeline and
+returns a ``Queued`` that picks and decodes its reply from ``pipe.execute()``. On a pipeline the
+script is sent as EVAL with its body: redis-py's pipeline sends SCRIPT EXISTS before every
+execute that carries a registered script, one more round trip on each step of a resolve, while
+EVAL of a body Redis has seen costs it only a SHA1 of a few KB.
+
+Redis has no include, so every script is loaded as the part of the prelude it uses (the idioms
+of ``scripts/prelude.lua`` and the code tables generated from the enums below), then the
+script's own file."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from importlib import resources
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar
 
+import orjson
 import redis
 
+from pending_actions.broker.events import Event
 from pending_actions.broker.keys import Keys
+from pending_actions.broker.replies import (
+    BeginStatus,
+    Begun,
+    Concluded,
+    Peeked,
+    Pending,
+    Recovered,
+    RecoverOutcome,
+    Renewed,
+    SlotChanged,
+    Staged,
+    Taken,
+    TakeStatus,
+)
 from pending_actions.broker.settings import Settings
 
-_NAMES = (
+R = TypeVar("R")
+Slot = Literal["directive", "standing"]
+
+NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
     "pending", "peek",
 )
+# the enums a script may name, as the Lua tables of the prelude (e.g. EVENT.TAKEN)
+LUA_TABLES: dict[str, type[Enum]] = {
+    "EVENT": Event, "TAKE": TakeStatus, "BEGIN": BeginStatus, "RECOVER": RecoverOutcome,
+}
+_SET = {"directive": Event.DIRECTIVE_SET, "standing": Event.STANDING_SET}
+_CLEARED = {"directive": Event.DIRECTIVE_CLEARED, "standing": Event.STANDING_CLEARED}
 
 
-def _source(name: str) -> str:
+def lua_file(name: str) -> str:
     return (resources.files("pending_actions.broker") / "scripts" / f"{name}.lua").read_text()
+
+
+def _blocks() -> list[tuple[str, str]]:
+    """The prelude as (name, code) definitions: the file's blocks (split at blank lines, each
+    defining one name), then a code table per enum. A name a table lacks is an error (STRICT),
+    not a nil that XADD would choke on later."""
+    blocks = []
+    for block in lua_file("prelude").split("\n\n"):
+        # comments stay in the file: every EVAL on a pipeline sends the whole body
+        code = "".join(line for line in block.strip().splitlines(keepends=True)
+                       if not line.lstrip().startswith("--"))
+        found = re.search(r"^local (?:function )?(\w+)", code, re.M)
+        if found:
+            blocks.append((found.group(1), code.rstrip() + "\n"))
+    for table, enum in LUA_TABLES.items():
+        items = ", ".join(f"{m.name} = {orjson.dumps(m.value).decode()}" for m in enum)
+        blocks.append((table, f"local {table} = setmetatable({{{items}}}, STRICT)\n"))
+    return blocks
+
+
+def prelude(body: str | None = None) -> str:
+    """The definitions ``body`` uses, and those they use, in prelude order; all of them
+    without a body. Only what a script uses, because a pipeline sends it whole each time."""
+    blocks = _blocks()
+    if body is None:
+        return "".join(code for _n, code in blocks)
+    used, text = set(), body
+    while True:
+        more = {n for n, _c in blocks if n not in used and re.search(rf"\b{n}\b", text)}
+        if not more:
+            return "".join(code for n, code in blocks if n in used)
+        used |= more
+        text += "".join(code for n, code in blocks if n in more)
+
+
+def source(name: str) -> str:
+    """What Redis runs for script ``name``: its prelude, then its file."""
+    body = lua_file(name)
+    return prelude(body) + body
+
+
+@dataclass(frozen=True)
+class Queued(Generic[R]):
+    """Where a script's reply will be in the list ``pipe.execute()`` returns."""
+
+    index: int
+    decode: Callable[[Any], R]
+
+    def get(self, replies: list[Any]) -> R:
+        return self.decode(replies[self.index])
+
+
+@dataclass(frozen=True)
+class Call(Generic[R]):
+    script: Any  # redis-py's registered Script
+    keys: list[str]
+    args: list[Any]
+    decode: Callable[[Any], R]
+
+    def run(self) -> R:
+        return self.decode(self.script(keys=self.keys, args=self.args))
+
+    def on(self, pipe: redis.client.Pipeline) -> Queued[R]:
+        index = len(pipe)
+        pipe.eval(self.script.script, len(self.keys), *self.keys, *self.args)
+        return Queued(index, self.decode)
 
 
 class Scripts:
     def __init__(self, client: redis.Redis, settings: Settings, keys: Keys) -> None:
         self._k = keys
         self._s = settings
-        self._src = {name: _source(name) for name in _NAMES}
-        self._fn = {name: client.register_script(src) for name, src in self._src.items()}
+        self._fn = {name: client.register_script(source(name)) for name in NAMES}
 
-    def _run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
-        if isinstance(client, redis.client.Pipeline):
-            return client.eval(self._src[name], len(keys), *keys, *args)
-        return self._fn[name](keys=keys, args=args, client=client)
+    def _call(self, name: str, keys: list[str], args: list[Any],
+              decode: Callable[[Any], R]) -> Call[R]:
+        return Call(self._fn[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, action_id: str, spec: bytes, client: Any = None) -> Any:
+    def stage(self, session: str, action_id: str, spec: bytes) -> Call[Staged]:
         k = self._k
-        return self._run(
-            "stage",
-            [k.stack(session), k.actions(session), k.history(session)],
-            [action_id, spec, self._s.history_maxlen],
-            client,
+        return self._call(
+            "stage", [k.stack(session), k.actions(session), k.history(session)],
+            [action_id, spec, self._s.history_maxlen], Staged.decode,
         )
 
-    def set_slot(self, session: str, slot: str, action_id: str, spec: bytes) -> Any:
+    def _slot_keys(self, session: str, slot: Slot) -> list[str]:
         k = self._k
         key = k.directive(session) if slot == "directive" else k.standing(session)
-        return self._run(
-            "set_slot",
-            [key, k.actions(session), k.state(session), k.history(session)],
-            [action_id, spec, f"{slot}-set", self._s.history_maxlen],
+        return [key, k.actions(session), k.state(session), k.history(session)]
+
+    def set_slot(self, session: str, slot: Slot, action_id: str,
+                 spec: bytes) -> Call[SlotChanged]:
+        return self._call(
+            "set_slot", self._slot_keys(session, slot),
+            [action_id, spec, _SET[slot], self._s.history_maxlen], SlotChanged.decode,
         )
 
-    def clear_slot(self, session: str, slot: str) -> Any:
-        k = self._k
-        key = k.directive(session) if slot == "directive" else k.standing(session)
-        return self._run(
-            "clear_slot",
-            [key, k.actions(session), k.state(session), k.history(session)],
-            [f"{slot}-cleared", self._s.history_maxlen],
+    def clear_slot(self, session: str, slot: Slot) -> Call[SlotChanged]:
+        return self._call(
+            "clear_slot", self._slot_keys(session, slot),
+            [_CLEARED[slot], self._s.history_maxlen], SlotChanged.decode,
         )
 
-    def pending(self, session: str, limit: int) -> list[bytes]:
+    def pending(self, session: str, limit: int) -> Call[Pending]:
         k = self._k
-        out: list[bytes] = self._run(
+        return self._call(
             "pending",
             [k.stack(session), k.inflight(session), k.actions(session), k.state(session)],
-            [limit],
+            [limit], Pending.decode,
         )
-        return out
 
-    def peek(self, session: str) -> list[bytes]:
+    def peek(self, session: str) -> Call[Peeked]:
         k = self._k
-        out: list[bytes] = self._run(
-            "peek", [k.directive(session), k.stack(session), k.actions(session)], []
+        return self._call(
+            "peek", [k.directive(session), k.stack(session), k.actions(session)], [],
+            Peeked.decode,
         )
-        return out
 
     # --- resolve worker --------------------------------------------------------------------
     def take(self, session: str, req: str, action: str, token: str, reason: str,
-             extra: bytes, marker_ttl_s: int, none_reply: bytes,
-             client: Any = None) -> list[bytes]:
+             extra: bytes, marker_ttl_s: int, none_reply: bytes) -> Call[Taken]:
         k = self._k
-        out: list[bytes] = self._run(
+        return self._call(
             "take",
             [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
              k.state(session), k.inflight(session), k.history(session),
              k.request_marker(session, req), k.reply(session, req)],
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
              self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s],
-            client,
+            Taken.decode,
         )
-        return out
 
-    def recover(self, session: str, token: str, req: str, returned: bytes, dead: bytes,
-                unstarted: bytes) -> tuple[int, int]:
+    def recover(self, session: str, token: str, req: str, replies: tuple[bytes, bytes, bytes],
+                errors: tuple[str, str]) -> Call[Recovered]:
+        """``replies``: to the resolver when returned, dead-lettered, never started;
+        ``errors``: the last_error when returned, never started."""
         k = self._k
-        outcome, deadline = self._run(
+        return self._call(
             "recover",
             [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
              k.state(session), k.history(session), k.dead(session), k.reply(session, req)],
             [token, self._s.max_stalls, self._s.reply_ttl_s, self._s.history_maxlen,
-             returned, dead, unstarted],
+             *replies, *errors],
+            Recovered.decode,
         )
-        return int(outcome), int(deadline)
 
     # --- handler tasks ---------------------------------------------------------------------
-    def begin(self, session: str, token: str, client: Any = None) -> list[bytes]:
+    def begin(self, session: str, token: str) -> Call[Begun]:
         k = self._k
-        out: list[bytes] = self._run(
+        return self._call(
             "begin", [k.inflight(session), k.actions(session), k.state(session)],
-            [token, self._s.lease_ms], client,
+            [token, self._s.lease_ms], Begun.decode,
         )
-        return out
 
-    def renew(self, session: str, token: str, client: Any = None) -> Any:
-        return self._run("renew", [self._k.inflight(session)], [token, self._s.lease_ms], client)
+    def renew(self, session: str, token: str) -> Call[Renewed]:
+        return self._call("renew", [self._k.inflight(session)], [token, self._s.lease_ms],
+                          Renewed.decode)
 
-    def finalize(self, session: str, token: str, req: str, reply: bytes, event: str,
-                 action_id: str, attempt: int, client: Any = None) -> Any:
+    def finalize(self, session: str, token: str, req: str, reply: bytes, event: Event,
+                 action_id: str, attempt: int) -> Call[Concluded]:
         k = self._k
-        return self._run(
+        return self._call(
             "finalize",
             [k.inflight(session), k.actions(session), k.state(session), k.history(session),
              k.reply(session, req)],
             [token, reply, self._s.reply_ttl_s, self._s.history_maxlen, event, action_id,
              attempt],
-            client,
+            Concluded.decode,
         )
 
     def readd(self, session: str, token: str, req: str, error: str, reply: bytes,
-              action_id: str, attempt: int, client: Any = None) -> Any:
+              action_id: str, attempt: int) -> Call[Concluded]:
         k = self._k
-        return self._run(
+        return self._call(
             "readd",
             [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
              k.state(session), k.history(session), k.reply(session, req)],
             [token, error, reply, self._s.reply_ttl_s, self._s.history_maxlen, action_id,
              attempt],
-            client,
+            Concluded.decode,
         )

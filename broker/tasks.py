@@ -1,16 +1,47 @@
-"""The dramatiq side of a process that sends or runs handler tasks: the broker chosen by URL."""
+"""The dramatiq side of a process that sends or runs handler tasks: the task message and the
+broker chosen by URL."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import dramatiq
+from pydantic import BaseModel, ConfigDict
 
 from pending_actions.broker.connection import worker_client
 from pending_actions.broker.context import Context
+from pending_actions.broker.models import ResolveAction, ResolveRequest
 from pending_actions.broker.taskbroker import OrjsonEncoder, StreamsBroker
 
 ACTOR_NAME = "run_attempt"
+
+
+class TaskMessage(BaseModel):
+    """The keyword arguments of the ``run_attempt`` task: one attempt of one resolve, named by
+    the token of its lease. Sent by the resolve worker, read by the actor."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    session: str
+    token: str
+    req: str
+    action: ResolveAction
+    reason: str
+    extra: dict[str, Any] | None = None
+
+    @classmethod
+    def for_lease(cls, request: ResolveRequest, token: str) -> TaskMessage:
+        return cls(session=request.session, token=token, req=request.req,
+                   action=request.action, reason=request.reason, extra=request.extra)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> TaskMessage:
+        """Raises pydantic's ValidationError for a malformed message."""
+        return cls.model_validate(kwargs)
+
+    def to_message(self, queue: str) -> dramatiq.Message[Any]:
+        return dramatiq.Message(queue_name=queue, actor_name=ACTOR_NAME, args=(),
+                                kwargs=self.model_dump(), options={})
 
 
 def task_broker(ctx: Context) -> Any:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dramatiq.cli import RET_IMPORT, RET_PIDFILE
 
+from pending_actions.broker import backoff
 from pending_actions.broker.context import Context
 from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.settings import Settings
@@ -80,7 +81,7 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
         # dramatiq stops all its processes when one dies (a handler that crashes the process,
         # an OOM kill). Leases bring back what was running; we bring back the workers.
         restarts = 0 if time.monotonic() - started > 30 else restarts + 1
-        delay = min(0.1 * 2**restarts, settings.restart_backoff_max_s)
+        delay = backoff.delay(restarts, 0.1, settings.restart_backoff_max_s)
         log.error("dramatiq worker exited with %s; restarting in %.1fs", proc.returncode, delay)
         if stop.wait(delay):
             break

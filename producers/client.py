@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 import redis
 
+from pending_actions.broker import texts
+from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import InvalidInput, RedisUnavailable, UnknownHandler
@@ -26,6 +28,7 @@ from pending_actions.broker.models import (
     check_session,
 )
 from pending_actions.broker.results import base_details, text_result
+from pending_actions.broker.scripts import Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.tool import soft_requirement
 
@@ -121,13 +124,11 @@ class PendingActions:
             ids = []
             for seq, fields in enumerate(checked, start=last - len(checked) + 1):
                 action_id, spec = self._encode(fields, f"pending-action:{fields['tool']}:{seq}")
-                self.ctx.scripts.stage(fields["session"], action_id, spec, client=pipe)
+                # its reply needs no look: an id staged already was staged by a retry of this
+                self.ctx.scripts.stage(fields["session"], action_id, spec).on(pipe)
                 ids.append(action_id)
             pipe.sadd(self.ctx.keys.sessions, *{f["session"] for f in checked})
-            for result in pipe.execute(raise_on_error=False):
-                # EXISTS: a retried call whose first try went through; the id is ours alone
-                if isinstance(result, Exception) and not str(result).startswith("EXISTS"):
-                    raise result
+            pipe.execute()
         return ids
 
     def stage(self, *, session: str, tool: str, label: str, apply: str,
@@ -146,23 +147,23 @@ class PendingActions:
         """Set the session's standing handler: the fallback when nothing else is pending."""
         return self._set_slot(session, "standing", tool, label, apply, reject)
 
-    def _set_slot(self, session: str, slot: str, tool: str, label: str, apply: str,
+    def _set_slot(self, session: str, slot: Slot, tool: str, label: str, apply: str,
                   reject: str | None) -> str:
         with _redis_errors():
             slot_id, spec = self._spec(session, slot, tool, label, apply, reject, None, slot)
-            self.ctx.scripts.set_slot(session, slot, slot_id, spec)
+            self.ctx.scripts.set_slot(session, slot, slot_id, spec).run()
             self.client.sadd(self.ctx.keys.sessions, session)
         return slot_id
 
     def clear_standing(self, session: str) -> bool:
         check_session(session)
         with _redis_errors():
-            return bool(self.ctx.scripts.clear_slot(session, "standing"))
+            return self.ctx.scripts.clear_slot(session, "standing").run().previous is not None
 
     def clear_directive(self, session: str) -> bool:
         check_session(session)
         with _redis_errors():
-            return bool(self.ctx.scripts.clear_slot(session, "directive"))
+            return self.ctx.scripts.clear_slot(session, "directive").run().previous is not None
 
     # --- resolving -------------------------------------------------------------------------
     def resolve(self, *, session: str, action: str, reason: str,
@@ -178,14 +179,11 @@ class PendingActions:
                                  reason=given.reason, extra=given.extra,
                                  deadline_ms=int((time.time() + wait) * 1000))
         with _redis_errors():
-            self.client.xadd(self.ctx.keys.requests, {"r": request.model_dump_json()})
+            self.client.xadd(self.ctx.keys.requests, request.to_fields())
         got = self._wait_reply(self.ctx.keys.reply(session, req), wait)
         if got is None:
             details = base_details(given.action, given.reason, given.extra)
-            return text_result(
-                f"Timed out after {wait:g}s waiting for the resolve to finish. The action is "
-                "still applied, discarded or pending, never lost: check `pending-actions ls`.",
-                details, is_error=True)
+            return text_result(texts.timed_out(wait), details, is_error=True)
         return Result.model_validate_json(got[1])
 
     def _wait_reply(self, key: str, wait: float) -> Any:
@@ -193,16 +191,16 @@ class PendingActions:
         left (the request is already in Redis and will be answered); Redis staying away
         raises RedisUnavailable."""
         deadline = time.monotonic() + wait
-        failures = 0
+        retry = Backoff(cap=0.5)
         while (left := deadline - time.monotonic()) > 0:
             try:
                 got = self.client.blpop([key], timeout=max(min(left, BLOCK_CHUNK_S), 0.01))
                 if got is not None:
                     return got
             except TRANSIENT as exc:
-                failures += 1
-                if failures > 3:
+                if retry.failures >= 3:
                     raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                time.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
         return None
 
     # --- reading ---------------------------------------------------------------------------
@@ -210,13 +208,7 @@ class PendingActions:
         """In-flight actions first, then the stack, head first."""
         check_session(session)
         with _redis_errors():
-            flat = self.ctx.scripts.pending(session, limit)
-        out = []
-        for i in range(0, len(flat), 3):
-            spec = Spec.model_validate_json(flat[i + 1])
-            state = ActionState.model_validate_json(flat[i + 2])
-            out.append(PendingAction.build(spec, state, flat[i].decode()))
-        return out
+            return self.ctx.scripts.pending(session, limit).run().actions
 
     def show(self, session: str, action_id: str) -> PendingAction | None:
         """One staged action, directive or standing handler by id; None if it is gone."""
@@ -238,13 +230,11 @@ class PendingActions:
         """The directive if set; else a soft requirement to call resolve; else None."""
         check_session(session)
         with _redis_errors():
-            got = self.ctx.scripts.peek(session)
-        if not got:
-            return None
-        if got[0] == b"directive":
-            spec = Spec.model_validate_json(got[1])
-            return {"type": "directive", **spec.model_dump(exclude={"payload", "kind"})}
-        return soft_requirement(got[1].decode())
+            got = self.ctx.scripts.peek(session).run()
+        if got.directive is not None:
+            return {"type": "directive",
+                    **got.directive.model_dump(exclude={"payload", "kind"})}
+        return soft_requirement(got.head) if got.head is not None else None
 
     def history(self, session: str, count: int = 100) -> list[dict[str, Any]]:
         check_session(session)

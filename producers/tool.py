@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pending_actions.broker.models import REMINDER, Result
+from pending_actions.broker.models import Result
+from pending_actions.broker.texts import REMINDER
 
 DESCRIPTION = (
     "Finalizes the most recent pending action (a staged preview) by applying or discarding it. "

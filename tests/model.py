@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
+from pending_actions.broker import texts
 
 # apply behaviours -> the test handler that has it
 APPLY = {"ok": "t.ok", "toolerror": "t.toolerror", "boom": "t.boom", "crash": "t.crash"}
@@ -67,8 +67,8 @@ class Model:
             target, kind = s.standing, "standing"
         else:
             if action == "apply":
-                return Expected(True, NOTHING_TO_APPLY, None)
-            return Expected(False, NOTHING_TO_DISCARD, None)
+                return Expected(True, texts.NOTHING_TO_APPLY, None)
+            return Expected(False, texts.NOTHING_TO_DISCARD, None)
         target.attempts += 1
 
         def consume() -> None:
@@ -83,21 +83,19 @@ class Model:
             consume()
             if target.reject == "text":
                 return Expected(False, f"rejected {target.label} because {reason}", target.label)
-            return Expected(False, f"Discarded: {target.label}. Reason: {reason}", target.label)
+            return Expected(False, texts.done(action, target.label, reason), target.label)
         if target.apply == "ok":
             consume()
             return Expected(False, f"applied {target.id}", target.label)
         if target.apply == "toolerror":
             return Expected(True, "refused: no reason", target.label)
         if target.apply == "boom":
-            return Expected(True, "Apply failed: kaput", target.label)
+            return Expected(True, texts.handler_failed(action, "kaput"), target.label)
         # crash: the worker dies; the lease runs out; back on top, or dead past the limit
         target.stalls += 1
         if kind != "standing" and target.stalls >= self.max_stalls:
             consume()
             s.dead.append(target.id)
-            return Expected(True, f"Apply failed: {target.id} was moved to the dead-letter list "
-                            f"after its worker was lost {self.max_stalls} times.", target.label)
-        return Expected(True, f"Apply interrupted: the worker running attempt {target.attempts} "
-                        f"of {target.id} was lost. The action is pending again; retry or "
-                        "discard it.", target.label)
+            return Expected(True, texts.dead_lettered(action, target.id, self.max_stalls),
+                            target.label)
+        return Expected(True, texts.worker_lost(action, target.attempts, target.id), target.label)

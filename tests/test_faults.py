@@ -79,9 +79,9 @@ def test_lease_the_index_lost_is_found_after_redis_restarts(tmp_path: Path) -> N
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
         short = PendingActions.from_url(server.url, dispatch_timeout_ms=300)
         got = short.ctx.scripts.take("s", uuid.uuid4().hex, "apply", uuid.uuid4().hex, "r",
-                                     b"null", 60, b"{}")
+                                     b"null", 60, b"{}").run()
         short.close()
-        assert got[0] == b"ok" and rc.zcard(K.leases) == 0
+        assert got.status == "ok" and rc.zcard(K.leases) == 0
         assert [a.state for a in pa.pending("s")] == ["in_flight"]
         mark = tail_id(rc, K.workers)
         server.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import dramatiq
 import orjson
 import pytest
 import redis
@@ -13,6 +14,10 @@ from hypothesis import strategies as st
 
 from pending_actions.broker.errors import InvalidInput, UnknownHandler
 from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import ResolveRequest
+from pending_actions.broker.settings import Settings
+from pending_actions.broker.taskbroker import FIELD as TASK_FIELD
+from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage
 from pending_actions.producers import PendingActions
 
 K = Keys()
@@ -115,11 +120,10 @@ def test_bad_stage_fields(pa: PendingActions, session: str, field: str,
 
 
 raw_fields = st.dictionaries(
-    st.sampled_from([b"r", b"x", b"req"]),
+    st.sampled_from([ResolveRequest.FIELD, b"x", b"req"]),
     st.one_of(st.binary(max_size=40),
               st.builds(lambda d: orjson.dumps(d), st.dictionaries(
-                  st.sampled_from(["req", "session", "action", "reason", "extra",
-                                   "deadline_ms"]),
+                  st.sampled_from(list(ResolveRequest.model_fields)),
                   st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8),
                             st.lists(st.booleans(), max_size=2)), max_size=6))),
     min_size=1, max_size=3)
@@ -201,15 +205,20 @@ def test_fuzzed_stage_and_slots(pa: PendingActions, rc: redis.Redis, session: ob
     assert snapshot(rc, anchor) == before
 
 
+def task_entry(kwargs: dict[str, object]) -> bytes:
+    """A well-formed dramatiq message for our actor around ``kwargs``."""
+    message = dramatiq.Message(queue_name=Settings().queue, actor_name=ACTOR_NAME, args=(),
+                               kwargs=kwargs, options={})
+    return orjson.dumps(message.asdict())
+
+
 task_entries = st.dictionaries(
-    st.sampled_from([b"m", b"x"]),
+    st.sampled_from([TASK_FIELD, b"x"]),
     st.one_of(
         st.binary(max_size=30),
-        st.builds(lambda kw: orjson.dumps({
-            "queue_name": "pending-actions", "actor_name": "run_attempt", "args": [],
-            "kwargs": kw, "options": {}, "message_id": "m1", "message_timestamp": 0}),
-            st.dictionaries(st.sampled_from(["session", "token", "req", "action", "reason"]),
-                            st.one_of(st.text(max_size=6), st.integers(0, 9)), max_size=5)),
+        st.builds(task_entry, st.dictionaries(
+            st.sampled_from(list(TaskMessage.model_fields)),
+            st.one_of(st.text(max_size=6), st.integers(0, 9)), max_size=5)),
         st.builds(lambda d: orjson.dumps(d), st.dictionaries(
             st.text(max_size=6), st.integers(0, 9), max_size=3))),
     min_size=1, max_size=2)

@@ -17,11 +17,13 @@ import dramatiq
 import orjson
 from dramatiq.middleware import CurrentMessage
 
+from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
+from pending_actions.broker.events import WorkerEvent
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.taskbroker import StreamsBroker
-from pending_actions.broker.tasks import ACTOR_NAME, task_broker
+from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage, task_broker
 from pending_actions.workers import attempt, registry
 
 log = logging.getLogger("pending_actions.actors")
@@ -44,7 +46,7 @@ class Registration(dramatiq.Middleware):
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self.stop.set()
         try:
-            ctx.client.xadd(ctx.keys.workers, {"role": "dramatiq", "event": "stopping",
+            ctx.client.xadd(ctx.keys.workers, {"role": "dramatiq", "event": WorkerEvent.STOPPING,
                                                "pid": os.getpid()}, maxlen=1000,
                             approximate=True)
         except TRANSIENT:
@@ -57,21 +59,22 @@ class Registration(dramatiq.Middleware):
         if names:
             pipe.hset(ctx.keys.handlers, mapping=dict.fromkeys(names, info))
         if first:
-            pipe.xadd(ctx.keys.workers, {"role": "dramatiq", "event": "ready", "pid": os.getpid(),
+            pipe.xadd(ctx.keys.workers, {"role": "dramatiq", "event": WorkerEvent.READY,
+                                         "pid": os.getpid(),
                                          "handlers": ",".join(names)}, maxlen=1000,
                       approximate=True)
         pipe.execute()
 
     def _run(self) -> None:
-        first, delay = True, 0.05
+        first, retry = True, Backoff()
         while not self.stop.is_set():
             try:
                 self._publish(first)
-                first, delay = False, self.HEARTBEAT_S
+                first = False
+                retry.reset()
+                self.stop.wait(self.HEARTBEAT_S)
             except TRANSIENT as exc:
-                log.warning("cannot register handlers yet (%s); retrying", exc)
-                delay = min(delay * 2, 2.0) if delay < self.HEARTBEAT_S else 0.05
-            self.stop.wait(delay)
+                retry.wait(self.stop, exc, "cannot register handlers yet")
 
 
 broker = task_broker(ctx)
@@ -87,9 +90,8 @@ renewer = attempt.Renewer(ctx)
     max_retries=0,  # a failed attempt is re-added by readd.lua, never retried by dramatiq
     time_limit=ctx.settings.handler_time_limit_ms,
 )
-def run_attempt(session: str, token: str, req: str, action: str, reason: str,
-                extra: dict[str, Any] | None = None) -> None:
-    attempt.run_attempt(ctx, renewer, session, token, req, action, reason, extra, _settle())
+def run_attempt(**fields: Any) -> None:
+    attempt.run_attempt(ctx, renewer, TaskMessage.from_kwargs(fields), _settle())
 
 
 def _settle() -> attempt.Settle | None:

@@ -7,38 +7,27 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from pending_actions.broker import failpoints
+from pending_actions.broker import failpoints, texts
+from pending_actions.broker.backoff import retry
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ToolError
-from pending_actions.broker.models import ActionState, Lease, PendingAction, Result, Spec
+from pending_actions.broker.events import Event
+from pending_actions.broker.models import PendingAction, Result, Spec
+from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
+from pending_actions.broker.scripts import Call
+from pending_actions.broker.tasks import TaskMessage
 from pending_actions.workers import registry
 
 log = logging.getLogger("pending_actions.attempt")
-T = TypeVar("T")
 
 try:  # dramatiq interrupts a thread (time limit, shutdown) with a BaseException subclass
     from dramatiq.middleware import Interrupt
 except ImportError:  # pragma: no cover
     Interrupt = Exception  # type: ignore[misc,assignment]
-
-
-def retrying(fn: Callable[[], T], budget_s: float) -> T:
-    """Retry a Redis call through an outage for up to ``budget_s``; past that the lease runs
-    out anyway and recovery takes over."""
-    deadline = time.monotonic() + budget_s
-    delay = 0.05
-    while True:
-        try:
-            return fn()
-        except TRANSIENT:
-            if time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
 
 
 class Renewer:
@@ -74,7 +63,7 @@ class Renewer:
                 pipe = ctx.client.pipeline(transaction=False)
                 deadline = time.time() * 1000 + ctx.settings.lease_ms
                 for token, session in items:
-                    ctx.scripts.renew(session, token, client=pipe)
+                    ctx.scripts.renew(session, token).on(pipe)
                     # GT: only ever later; XX: a finished lease's entry stays gone
                     pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(session, token): deadline},
                               xx=True, gt=True)
@@ -92,79 +81,77 @@ def idempotency_key(spec: Spec, req: str) -> str:
 Settle = Callable[[Any], None]  # queues the task message's own ack on the outcome's pipeline
 
 
-def run_attempt(ctx: Context, renewer: Renewer, session: str, token: str, req: str,
-                action: str, reason: str, extra: dict[str, Any] | None,
+def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                 settle: Settle | None = None) -> str:
     """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate.
     ``settle``, when given, rides on the outcome's round trip (the task's ack)."""
     budget = ctx.settings.lease_ms / 1000
+    session, token, req, action = task.session, task.token, task.req, task.action
     member = ctx.keys.lease_member(session, token)
 
-    def claim() -> Any:
+    def claim() -> Begun:
         # one round trip: claim the attempt and bring its index entry down to the (shorter)
         # running lease; LT never raises it, XX never revives an entry recovery removed
         pipe = ctx.client.pipeline(transaction=False)
-        ctx.scripts.begin(session, token, client=pipe)
+        begun = ctx.scripts.begin(session, token).on(pipe)
         pipe.zadd(ctx.keys.leases, {member: time.time() * 1000 + ctx.settings.lease_ms},
                   xx=True, lt=True)
-        return pipe.execute()[0]
+        return begun.get(pipe.execute())
 
-    def conclude(step: Callable[[Any], Any]) -> int:
+    def conclude(step: Call[Concluded]) -> bool:
         # the outcome, the end of the lease's index entry and the task's ack: one round trip
-        pipe = ctx.client.pipeline(transaction=False)
-        step(pipe)
-        pipe.zrem(ctx.keys.leases, member)
-        if settle is not None:
-            settle(pipe)
-        return int(pipe.execute()[0])
+        def send() -> bool:
+            pipe = ctx.client.pipeline(transaction=False)
+            done = step.on(pipe)
+            pipe.zrem(ctx.keys.leases, member)
+            if settle is not None:
+                settle(pipe)
+            return done.get(pipe.execute()).recorded
+
+        return retry(send, budget)
 
     failpoints.hit("before-begin", ctx.client, ctx.keys)
-    got = retrying(claim, budget)
-    status = got[0].decode()
-    if status == "stale":
+    begun = retry(claim, budget)
+    if begun.status is BeginStatus.STALE:
         # routine: the task of a resolve that found nothing to target ends here too
         log.debug("attempt %s of %s is no longer leased; nothing run", token, session)
         return "stale"
-    if status == "running":
+    if begun.status is BeginStatus.RUNNING:
         log.info("duplicate delivery of attempt %s; nothing run", token)
         return "duplicate"
-    if status == "gone":
-        lease = Lease.model_validate_json(got[1])
-        reply = text_result("The target was replaced before it ran; nothing was done.",
-                            base_details(action, reason, extra), is_error=True)
-        retrying(lambda: conclude(lambda p: ctx.scripts.readd(
-            session, token, req, "replaced", reply.to_json(), lease.id, lease.attempt,
-            client=p)), budget)
+    assert begun.lease is not None
+    if begun.status is BeginStatus.GONE:
+        reply = text_result(texts.REPLACED, base_details(action, task.reason, task.extra),
+                            is_error=True)
+        conclude(ctx.scripts.readd(session, token, req, "replaced", reply.to_json(),
+                                   begun.lease.id, begun.lease.attempt))
         return "failed"
-    spec = Spec.model_validate_json(got[1])
-    view = PendingAction.build(spec, ActionState.model_validate_json(got[2]), "in_flight")
-    name = spec.apply if action == "apply" else spec.reject
+    assert begun.spec is not None and begun.counters is not None
+    spec = begun.spec
+    view = PendingAction.build(spec, begun.counters, "in_flight")
     renewer.add(session, token)
     try:
-        result = _call(name, view, spec, action, reason, extra, idempotency_key(spec, req))
+        result = _call(view, spec, task, idempotency_key(spec, req))
     finally:
         renewer.discard(token)
     if result.is_error:
-        error = result.text
-        done = retrying(lambda: conclude(lambda p: ctx.scripts.readd(
-            session, token, req, error, result.to_json(), spec.id, view.attempts, client=p)),
-            budget)
-        outcome = "failed"
+        done = conclude(ctx.scripts.readd(session, token, req, result.text, result.to_json(),
+                                          spec.id, view.attempts))
+        outcome = Event.FAILED
     else:
-        event = "applied" if action == "apply" else "discarded"
-        done = retrying(lambda: conclude(lambda p: ctx.scripts.finalize(
-            session, token, req, result.to_json(), event, spec.id, view.attempts, client=p)),
-            budget)
-        outcome = event
+        outcome = Event.APPLIED if action == "apply" else Event.DISCARDED
+        done = conclude(ctx.scripts.finalize(session, token, req, result.to_json(), outcome,
+                                             spec.id, view.attempts))
     if not done:
         log.warning("late outcome of %s (attempt %s) refused: its lease had expired",
                     spec.id, view.attempts)
         return "stale"
-    return outcome
+    return outcome.value
 
 
-def _call(name: str | None, view: PendingAction, spec: Spec, action: str, reason: str,
-          extra: dict[str, Any] | None, key: str) -> Result:
+def _call(view: PendingAction, spec: Spec, task: TaskMessage, key: str) -> Result:
+    action, reason, extra = task.action, task.reason, task.extra
+    name = spec.apply if action == "apply" else spec.reject
     details = base_details(action, reason, extra, spec)
     try:
         if name is None:  # discard without a reject handler
@@ -178,6 +165,5 @@ def _call(name: str | None, view: PendingAction, spec: Spec, action: str, reason
         return text_result(str(exc), details, is_error=True)
     except (Exception, Interrupt) as exc:
         message = str(exc) or type(exc).__name__
-        text = f"Apply failed: {message}" if action == "apply" else message
         log.info("handler %s for %s failed: %s", name, spec.id, message)
-        return text_result(text, details, is_error=True)
+        return text_result(texts.handler_failed(action, message), details, is_error=True)

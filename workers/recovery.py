@@ -10,26 +10,19 @@ import threading
 import time
 from typing import Any
 
+from pending_actions.broker import texts
+from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
+from pending_actions.broker.events import WorkerEvent
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Lease, Spec
+from pending_actions.broker.replies import Recovered, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
 
 log = logging.getLogger("pending_actions.resolver")
 
-OUTCOMES = {1: "worker lost; pending again", 2: "worker lost; dead-lettered",
-            3: "never started; pending again"}
-LIVE = 4  # recover.lua: the lease was renewed meanwhile
 SWEEP_LOCK_S = 600
-
-
-def backoff(stop: threading.Event, attempt: int, exc: Exception) -> int:
-    """Wait out a Redis outage a little longer each time; returns the next attempt number."""
-    delay = min(0.05 * 2**attempt, 2.0)
-    log.warning("Redis unavailable (%s); retrying in %.2fs", exc, delay)
-    stop.wait(delay)
-    return attempt + 1
 
 
 class Recovery:
@@ -39,7 +32,7 @@ class Recovery:
         self.stop = stop
 
     def run(self) -> None:
-        failures = 0
+        retry = Backoff()
         interval = self.ctx.settings.recovery_interval_ms / 1000
         every = self.ctx.settings.sweep_check_s
         next_check = time.monotonic() + random.uniform(0, every)  # spread out
@@ -49,9 +42,9 @@ class Recovery:
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + every
                     self.sweep_if_restarted()
-                failures = 0
+                retry.reset()
             except TRANSIENT as exc:
-                failures = backoff(self.stop, failures, exc)
+                retry.wait(self.stop, exc, "Redis unavailable")
 
     def _now_ms(self) -> int:
         sec, usec = self.ctx.client.time()
@@ -73,16 +66,20 @@ class Recovery:
         for member, (session, token), raw in zip(due, pairs, pipe.execute(), strict=True):
             lease = Lease.model_validate_json(raw) if raw else None
             if lease is not None and lease.deadline <= now:
-                outcome, deadline = ctx.scripts.recover(session, token, lease.req,
-                                                        *self._recovery_replies(session, lease))
-                if outcome in OUTCOMES:
+                got = ctx.scripts.recover(
+                    session, token, lease.req, self._recovery_replies(session, lease),
+                    (texts.worker_lost_error(lease.attempt),
+                     texts.never_started_error(lease.attempt))).run()
+                if got.outcome not in (RecoverOutcome.GONE, RecoverOutcome.LIVE):
                     recovered += 1
                     log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
-                                OUTCOMES[outcome])
+                                got.outcome.name.lower().replace("_", " "))
+            elif lease is not None:
+                got = Recovered(RecoverOutcome.LIVE, lease.deadline)
             else:
-                outcome, deadline = (LIVE, lease.deadline) if lease else (0, 0)
-            if outcome == LIVE:  # renewed since the entry was written: look again then
-                fix.zadd(ctx.keys.leases, {member: deadline}, xx=True)
+                got = Recovered(RecoverOutcome.GONE, 0)
+            if got.outcome is RecoverOutcome.LIVE:  # renewed since the entry was written
+                fix.zadd(ctx.keys.leases, {member: got.deadline}, xx=True)
             else:
                 fix.zrem(ctx.keys.leases, member)
         fix.execute()
@@ -104,8 +101,8 @@ class Recovery:
             count = self.sweep()
             pipe = ctx.client.pipeline(transaction=False)
             pipe.set(ctx.keys.swept, run_id)
-            pipe.xadd(ctx.keys.workers, {"role": "resolver", "event": "swept", "run_id": run_id,
-                                         "indexed": count, "name": self.name,
+            pipe.xadd(ctx.keys.workers, {"role": "resolver", "event": WorkerEvent.SWEPT,
+                                         "run_id": run_id, "indexed": count, "name": self.name,
                                          "pid": os.getpid()},
                       maxlen=1000, approximate=True)
             pipe.execute()
@@ -140,14 +137,10 @@ class Recovery:
         raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
         spec = Spec.model_validate_json(raw) if raw else None
         details = base_details(lease.action, lease.reason, lease.extra_value, spec)
-        verb = "Apply" if lease.action == "apply" else "Discard"
-        returned = text_result(
-            f"{verb} interrupted: the worker running attempt {lease.attempt} of {lease.id} was "
-            "lost. The action is pending again; retry or discard it.", details, is_error=True)
-        dead = text_result(
-            f"{verb} failed: {lease.id} was moved to the dead-letter list after its worker was "
-            f"lost {self.ctx.settings.max_stalls} times.", details, is_error=True)
-        unstarted = text_result(
-            f"{verb} interrupted: no worker started attempt {lease.attempt} of {lease.id} in "
-            "time. The action is pending again; retry or discard it.", details, is_error=True)
-        return returned.to_json(), dead.to_json(), unstarted.to_json()
+
+        def reply(text: str) -> bytes:
+            return text_result(text, details, is_error=True).to_json()
+
+        return (reply(texts.worker_lost(lease.action, lease.attempt, lease.id)),
+                reply(texts.dead_lettered(lease.action, lease.id, self.ctx.settings.max_stalls)),
+                reply(texts.never_started(lease.action, lease.attempt, lease.id)))

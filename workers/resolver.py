@@ -18,18 +18,20 @@ import redis
 from pydantic import ValidationError
 
 from pending_actions.broker import failpoints
+from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
+from pending_actions.broker.events import WorkerEvent
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import ResolveRequest
+from pending_actions.broker.replies import Taken, TakeStatus
 from pending_actions.broker.results import nothing_to_target
+from pending_actions.broker.scripts import Queued
 from pending_actions.broker.taskbroker import StreamsBroker
-from pending_actions.broker.tasks import ACTOR_NAME
-from pending_actions.workers.recovery import Recovery, backoff
+from pending_actions.broker.tasks import TaskMessage
+from pending_actions.workers.recovery import Recovery
 
 log = logging.getLogger("pending_actions.resolver")
-
-REQUEST_FIELD = b"r"
 
 
 class ResolveWorker:
@@ -72,7 +74,7 @@ class ResolveWorker:
 
     def serve(self) -> None:
         consumer = f"{self.name}:{threading.current_thread().name}"
-        failures = 0
+        retry = Backoff()
         announced = threading.current_thread().name != "resolve-0"
         next_claim = 0.0
         while not self.stop.is_set():
@@ -80,7 +82,7 @@ class ResolveWorker:
                 self._ensure_group()
                 if not announced:
                     self.ctx.client.xadd(self.ctx.keys.workers,
-                                         {"role": "resolver", "event": "ready",
+                                         {"role": "resolver", "event": WorkerEvent.READY,
                                           "pid": os.getpid(), "name": self.name},
                                          maxlen=1000, approximate=True)
                     announced = True
@@ -94,9 +96,9 @@ class ResolveWorker:
                         entries = self._read(consumer)
                     if entries:
                         self.handle(entries)
-                    failures = 0
+                    retry.reset()
             except TRANSIENT as exc:
-                failures = backoff(self.stop, failures, exc)
+                retry.wait(self.stop, exc, "Redis unavailable")
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):  # Redis came back empty: recreate the group
                     raise
@@ -140,8 +142,7 @@ class ResolveWorker:
         requests: list[tuple[bytes, ResolveRequest]] = []
         for entry_id, fields in entries:
             try:
-                requests.append(
-                    (entry_id, ResolveRequest.model_validate_json(fields.get(REQUEST_FIELD, b""))))
+                requests.append((entry_id, ResolveRequest.from_fields(fields)))
             except ValidationError as exc:
                 first = exc.errors()[0]
                 where = ".".join(str(p) for p in first["loc"]) or "entry"
@@ -154,21 +155,23 @@ class ResolveWorker:
             return self._dispatch_at_once(requests)
         return self._dispatch_in_turn(requests)
 
-    def _take(self, pipe: Any, request: ResolveRequest, now_ms: float) -> str:
+    def _take(self, pipe: Any, request: ResolveRequest,
+              now_ms: float) -> tuple[str, Queued[Taken]]:
         """Queue take.lua and, after it, the index entry of the lease it would make: sent
         together, the index cannot miss a lease even if this process dies right after. An
         entry for a lease that was not made is removed afterwards (or, should we die first,
-        by recovery, which finds no such lease). Returns the token."""
+        by recovery, which finds no such lease). Returns the token and take's reply."""
         ctx, token = self.ctx, uuid.uuid4().hex
         # the marker must outlive every redelivery of this request, which stops at its deadline
         marker_ttl = max(ctx.settings.reply_ttl_s, int(request.deadline_ms / 1000 - now_ms / 1000)
                          + 60)
         none = nothing_to_target(request.action, request.reason, request.extra).to_json()
-        ctx.scripts.take(request.session, request.req, request.action, token, request.reason,
-                         orjson.dumps(request.extra), marker_ttl, none, client=pipe)
+        taken = ctx.scripts.take(request.session, request.req, request.action, token,
+                                 request.reason, orjson.dumps(request.extra), marker_ttl,
+                                 none).on(pipe)
         pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(request.session, token):
                                     now_ms + ctx.settings.dispatch_timeout_ms})
-        return token
+        return token, taken
 
     def _dispatch_at_once(self, requests: list[tuple[bytes, ResolveRequest]]) -> list[str]:
         """On our streams broker, in the same Redis: every take, its index entry, its task
@@ -179,26 +182,26 @@ class ResolveWorker:
         ctx, now_ms = self.ctx, time.time() * 1000
         live = [(e, r) for e, r in requests if now_ms <= r.deadline_ms]  # else the caller gave up
         pipe = ctx.client.pipeline(transaction=False)
-        sent: list[tuple[ResolveRequest, str, dramatiq.Message[Any]]] = []
+        sent: list[tuple[ResolveRequest, str, Queued[Taken], dramatiq.Message[Any]]] = []
         for _e, request in live:
-            token = self._take(pipe, request, now_ms)
+            token, taken = self._take(pipe, request, now_ms)
             message = self._task(request, token)
             self.tasks.enqueue_on(pipe, message)
-            sent.append((request, token, message))
+            sent.append((request, token, taken, message))
         self._queue_ack(pipe, [e for e, _r in requests])
         replies = pipe.execute()
-        for _r, _t, message in sent:
+        for *_rest, message in sent:
             self.tasks.emit_after("enqueue", message, None)
         outcomes = ["expired"] * (len(requests) - len(live))
         strays: list[str] = []
         again: list[dramatiq.Message[Any]] = []
-        for (request, token, _m), got in zip(sent, replies[:3 * len(sent):3], strict=True):
-            outcome, leased = _taken(got)
-            if leased != token:
+        for request, token, taken, _m in sent:
+            got = taken.get(replies)
+            if got.token != token:
                 strays.append(ctx.keys.lease_member(request.session, token))
-                if leased:
-                    again.append(self._task(request, leased))
-            outcomes.append(outcome)
+                if got.token:
+                    again.append(self._task(request, got.token))
+            outcomes.append(_outcome(got))
         if strays or again:
             pipe = ctx.client.pipeline(transaction=False)
             for message in again:
@@ -216,17 +219,17 @@ class ResolveWorker:
         ctx, now_ms = self.ctx, time.time() * 1000
         live = [r for _e, r in requests if now_ms <= r.deadline_ms]
         pipe = ctx.client.pipeline(transaction=False)
-        tokens = [self._take(pipe, request, now_ms) for request in live]
+        takes = [self._take(pipe, request, now_ms) for request in live]
         replies = pipe.execute() if live else []
         outcomes = ["expired"] * (len(requests) - len(live))
         strays: list[str] = []
-        for request, token, got in zip(live, tokens, replies[::2], strict=True):
-            outcome, leased = _taken(got)
-            if leased:
-                self.tasks.enqueue(self._task(request, leased))
-            if leased != token:
+        for request, (token, taken) in zip(live, takes, strict=True):
+            got = taken.get(replies)
+            if got.token:
+                self.tasks.enqueue(self._task(request, got.token))
+            if got.token != token:
                 strays.append(ctx.keys.lease_member(request.session, token))
-            outcomes.append(outcome)
+            outcomes.append(_outcome(got))
         pipe = ctx.client.pipeline(transaction=False)
         if strays:
             pipe.zrem(ctx.keys.leases, *strays)
@@ -235,17 +238,9 @@ class ResolveWorker:
         return outcomes
 
     def _task(self, request: ResolveRequest, token: str) -> dramatiq.Message[Any]:
-        return dramatiq.Message(
-            queue_name=self.ctx.settings.queue, actor_name=ACTOR_NAME, args=(),
-            kwargs={"session": request.session, "token": token, "req": request.req,
-                    "action": request.action, "reason": request.reason,
-                    "extra": request.extra},
-            options={},
-        )
+        return TaskMessage.for_lease(request, token).to_message(self.ctx.settings.queue)
 
 
-def _taken(got: Any) -> tuple[str, str]:
-    """take.lua's answer as (what became of the request, the token of its lease or ""). The
-    token is an earlier one when the request was taken before (a redelivery)."""
-    status = got[0].decode()
-    return ("dispatched", got[6].decode()) if status == "ok" else (status, "")
+def _outcome(taken: Taken) -> str:
+    """What became of a request, for logs and tests: dispatched, none or dup."""
+    return "dispatched" if taken.status is TakeStatus.OK else taken.status.value

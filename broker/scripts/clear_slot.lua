@@ -1,6 +1,6 @@
 -- clear_slot: remove the session's directive or standing handler.
 -- KEYS[1] slot (string)   KEYS[2] actions (hash)   KEYS[3] state (hash)   KEYS[4] history
--- ARGV[1] event name      ARGV[2] history maxlen
+-- ARGV[1] event (EVENT.DIRECTIVE_CLEARED | EVENT.STANDING_CLEARED)   ARGV[2] history maxlen
 -- Returns: the removed id, or false when the slot was empty.
 local old = redis.call('GET', KEYS[1])
 if not old then
@@ -9,5 +9,5 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('HDEL', KEYS[2], old)
 redis.call('HDEL', KEYS[3], old)
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[1], 'id', old)
+history(KEYS[4], ARGV[2], ARGV[1], 'id', old)
 return old

@@ -3,12 +3,12 @@
 -- KEYS[1] inflight (hash)  KEYS[2] actions (hash)  KEYS[3] state (hash)  KEYS[4] history
 -- KEYS[5] reply (list)
 -- ARGV[1] lease token  ARGV[2] reply JSON  ARGV[3] reply ttl s  ARGV[4] history maxlen
--- ARGV[5] event name ("applied" | "discarded")  ARGV[6] action id  ARGV[7] attempt
--- Returns: 1 when recorded, 0 when the token was stale (only a "late-refused" history entry).
+-- ARGV[5] event (EVENT.APPLIED | EVENT.DISCARDED)  ARGV[6] action id  ARGV[7] attempt
+-- Returns: 1 when recorded, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', 'late-refused', 'id',
-    ARGV[6], 'attempt', ARGV[7], 'outcome', ARGV[5])
+  history(KEYS[4], ARGV[4], EVENT.LATE_REFUSED, 'id', ARGV[6], 'attempt', ARGV[7],
+    'outcome', ARGV[5])
   return 0
 end
 local lease = cjson.decode(raw)
@@ -19,6 +19,6 @@ if lease.kind ~= 'standing' then
 end
 redis.call('RPUSH', KEYS[5], ARGV[2])
 redis.call('EXPIRE', KEYS[5], ARGV[3])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[5], 'id', lease.id,
-  'attempt', lease.attempt, 'request', lease.req)
+history(KEYS[4], ARGV[4], ARGV[5], 'id', lease.id, 'attempt', lease.attempt,
+  'request', lease.req)
 return 1

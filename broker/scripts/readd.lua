@@ -5,11 +5,11 @@
 -- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)  KEYS[7] reply (list)
 -- ARGV[1] lease token  ARGV[2] error text  ARGV[3] reply JSON  ARGV[4] reply ttl s
 -- ARGV[5] history maxlen  ARGV[6] action id  ARGV[7] attempt
--- Returns: 1 when re-added, 0 when the token was stale (only a "late-refused" history entry).
+-- Returns: 1 when re-added, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[5], '*', 'event', 'late-refused', 'id',
-    ARGV[6], 'attempt', ARGV[7], 'outcome', 'failed')
+  history(KEYS[6], ARGV[5], EVENT.LATE_REFUSED, 'id', ARGV[6], 'attempt', ARGV[7],
+    'outcome', EVENT.FAILED)
   return 0
 end
 local lease = cjson.decode(raw)
@@ -26,12 +26,12 @@ elseif kept and lease.kind == 'directive' then
   end
 end
 if kept then
-  local st = cjson.decode(redis.call('HGET', KEYS[5], lease.id) or '{"attempts":0,"stalls":0}')
+  local st = counters(KEYS[5], lease.id)
   st.last_error = ARGV[2]
   redis.call('HSET', KEYS[5], lease.id, cjson.encode(st))
 end
 redis.call('RPUSH', KEYS[7], ARGV[3])
 redis.call('EXPIRE', KEYS[7], ARGV[4])
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[5], '*', 'event', 'failed', 'id', lease.id,
-  'attempt', lease.attempt, 'request', lease.req, 'error', ARGV[2])
+history(KEYS[6], ARGV[5], EVENT.FAILED, 'id', lease.id, 'attempt', lease.attempt,
+  'request', lease.req, 'error', ARGV[2])
 return 1

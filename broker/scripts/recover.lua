@@ -6,38 +6,39 @@
 -- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)
 -- KEYS[7] dead (list)      KEYS[8] reply (list)
 -- ARGV[1] lease token  ARGV[2] max stalls  ARGV[3] reply ttl s  ARGV[4] history maxlen
--- ARGV[5] reply JSON when returned to pending  ARGV[6] reply JSON when dead-lettered
+-- ARGV[5] reply JSON when returned after a stall  ARGV[6] reply JSON when dead-lettered
 -- ARGV[7] reply JSON when no worker started it
--- Returns: {outcome, deadline ms}: outcome 0 no such lease (finished or recovered already),
--- 1 returned after a stall, 2 dead-lettered, 3 returned unstarted, 4 still live (nothing
--- done; the deadline says when to look again).
+-- ARGV[8] last_error when returned after a stall  ARGV[9] last_error when no worker started it
+-- Returns: {outcome, deadline ms}, outcome one of RECOVER: GONE (no such lease: finished or
+-- recovered already), RETURNED, DEAD_LETTERED, UNSTARTED, or LIVE (nothing done; the deadline
+-- says when to look again).
 redis.replicate_commands()
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
-  return {0, 0}
+  return {RECOVER.GONE, 0}
 end
 local lease = cjson.decode(raw)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 if lease.deadline > now then
-  return {4, lease.deadline}
+  return {RECOVER.LIVE, lease.deadline}
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 local spec = redis.call('HGET', KEYS[4], lease.id)
-local outcome = 1
+local outcome = RECOVER.RETURNED
 if lease.state == 'dispatched' then
-  outcome = 3
+  outcome = RECOVER.UNSTARTED
 end
 if spec then
-  local st = cjson.decode(redis.call('HGET', KEYS[5], lease.id) or '{"attempts":0,"stalls":0}')
-  if outcome == 1 then
+  local st = counters(KEYS[5], lease.id)
+  if outcome == RECOVER.RETURNED then
     st.stalls = (st.stalls or 0) + 1
-    st.last_error = 'worker lost during attempt ' .. lease.attempt
+    st.last_error = ARGV[8]
   else
-    st.last_error = 'no worker started attempt ' .. lease.attempt
+    st.last_error = ARGV[9]
   end
-  if outcome == 1 and lease.kind ~= 'standing' and st.stalls >= tonumber(ARGV[2]) then
-    outcome = 2
+  if outcome == RECOVER.RETURNED and lease.kind ~= 'standing'
+      and st.stalls >= tonumber(ARGV[2]) then
+    outcome = RECOVER.DEAD_LETTERED
     redis.call('LPUSH', KEYS[7], '{"id":' .. cjson.encode(lease.id) ..
       ',"reason":' .. cjson.encode('lease lost ' .. st.stalls .. ' times; last attempt ' ..
       lease.attempt) .. ',"stalls":' .. st.stalls .. ',"attempts":' .. st.attempts ..
@@ -54,10 +55,12 @@ if spec then
     end
   end
 end
-redis.call('RPUSH', KEYS[8], ARGV[4 + outcome])
+local replies = {[RECOVER.RETURNED] = ARGV[5], [RECOVER.DEAD_LETTERED] = ARGV[6],
+                 [RECOVER.UNSTARTED] = ARGV[7]}
+redis.call('RPUSH', KEYS[8], replies[outcome])
 redis.call('EXPIRE', KEYS[8], ARGV[3])
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[4], '*', 'event',
-  outcome == 2 and 'dead-lettered' or 'recovered', 'id', lease.id, 'attempt', lease.attempt,
-  'started', outcome == 3 and 'no' or 'yes',
+history(KEYS[6], ARGV[4],
+  outcome == RECOVER.DEAD_LETTERED and EVENT.DEAD_LETTERED or EVENT.RECOVERED,
+  'id', lease.id, 'attempt', lease.attempt, 'started', outcome == RECOVER.UNSTARTED and 'no' or 'yes',
   'request', lease.req)
 return {outcome, lease.deadline}

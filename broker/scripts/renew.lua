@@ -8,7 +8,6 @@ if not raw then
   return 0
 end
 local lease = cjson.decode(raw)
-local t = redis.call('TIME')
-lease.deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+lease.deadline = now_ms() + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(lease))
 return lease.deadline

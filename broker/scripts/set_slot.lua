@@ -1,7 +1,8 @@
 -- set_slot: set the session's directive or standing handler, replacing any previous one.
 -- KEYS[1] slot (string: directive or standing)   KEYS[2] actions (hash)   KEYS[3] state (hash)
 -- KEYS[4] history (stream)
--- ARGV[1] new id   ARGV[2] spec JSON   ARGV[3] event name   ARGV[4] history maxlen
+-- ARGV[1] new id   ARGV[2] spec JSON   ARGV[3] event (EVENT.DIRECTIVE_SET | EVENT.STANDING_SET)
+-- ARGV[4] history maxlen
 -- Returns: the replaced id, or false when the slot was empty.
 local old = redis.call('GET', KEYS[1])
 if old then
@@ -10,6 +11,6 @@ if old then
 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[1], '{"attempts":0,"stalls":0}')
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[3], 'id', ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], NEW_STATE)
+history(KEYS[4], ARGV[4], ARGV[3], 'id', ARGV[1])
 return old

@@ -3,10 +3,11 @@
 -- which saves a field, and for a session's first action a whole key, per pending action.
 -- KEYS[1] stack (list)   KEYS[2] actions (hash)   KEYS[3] history (stream)
 -- ARGV[1] action id      ARGV[2] spec JSON        ARGV[3] history maxlen
--- Returns: the stack depth after the push, or an error reply "EXISTS" if the id is taken.
+-- Returns: the stack depth after the push, or 0 when the id is staged already (a retried call
+-- whose first try went through: ids come from a counter, so it is ours) and nothing changed.
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
-  return redis.error_reply('EXISTS ' .. ARGV[1])
+  return 0
 end
 local depth = redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'event', 'staged', 'id', ARGV[1])
+history(KEYS[3], ARGV[3], EVENT.STAGED, 'id', ARGV[1])
 return depth

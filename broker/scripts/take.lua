@@ -10,67 +10,64 @@
 -- ARGV[5] marker ttl seconds  ARGV[6] history maxlen  ARGV[7] reason
 -- ARGV[8] extra as a JSON string (kept opaque: cjson would rewrite {} as [])
 -- ARGV[9] reply JSON for "nothing to target"  ARGV[10] reply ttl seconds
--- Returns: {"ok", id, kind, spec JSON, attempt, deadline ms, token} | {"none"} (replied here)
---          | {"dup"}
+-- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token} | {TAKE.NONE} (replied here)
+--          | {TAKE.DUP}
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
 -- its earlier answer back while that is still actionable (the same lease if no worker has
--- started it, so it can be dispatched again; "none" again), else "dup".
+-- started it, so it can be dispatched again; NONE again), else DUP.
 redis.replicate_commands()
+-- a slot or stack entry may outlive its spec: such an id is skipped
+local function held(id)
+  return id and redis.call('HEXISTS', KEYS[4], id) == 1
+end
+
 local prev = redis.call('GET', KEYS[8])
 if prev == 'none' then
-  return {'none'}
+  return {TAKE.NONE}
 elseif prev then
   local raw = redis.call('HGET', KEYS[6], prev)
   if raw then
     local lease = cjson.decode(raw)
-    local spec = redis.call('HGET', KEYS[4], lease.id)
-    if lease.state == 'dispatched' and spec then
-      return {'ok', lease.id, lease.kind, spec, tostring(lease.attempt),
-              tostring(lease.deadline), prev}
+    if lease.state == 'dispatched' and held(lease.id) then
+      return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt), tostring(lease.deadline),
+              prev}
     end
   end
-  return {'dup'}
+  return {TAKE.DUP}
 end
 
 local function pick()
   local id = redis.call('GET', KEYS[1])
   if id then
     redis.call('DEL', KEYS[1])
-    local spec = redis.call('HGET', KEYS[4], id)
-    if spec then return id, 'directive', spec end
+    if held(id) then return id, 'directive' end
   end
   while true do
     id = redis.call('LPOP', KEYS[2])
     if not id then break end
-    local spec = redis.call('HGET', KEYS[4], id)
-    if spec then return id, 'action', spec end
+    if held(id) then return id, 'action' end
   end
   id = redis.call('GET', KEYS[3])
-  if id then
-    local spec = redis.call('HGET', KEYS[4], id)
-    if spec then return id, 'standing', spec end
-  end
+  if held(id) then return id, 'standing' end
   return nil
 end
 
-local id, kind, spec = pick()
+local id, kind = pick()
 if not id then
   redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
   redis.call('RPUSH', KEYS[9], ARGV[9])
   redis.call('EXPIRE', KEYS[9], ARGV[10])
-  return {'none'}
+  return {TAKE.NONE}
 end
 redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local st = cjson.decode(redis.call('HGET', KEYS[5], id) or '{"attempts":0,"stalls":0}')
+local st = counters(KEYS[5], id)
 st.attempts = (st.attempts or 0) + 1
 redis.call('HSET', KEYS[5], id, cjson.encode(st))
-local deadline = now + tonumber(ARGV[4])
+local deadline = now_ms() + tonumber(ARGV[4])
 redis.call('HSET', KEYS[6], ARGV[3], cjson.encode({
   id = id, kind = kind, token = ARGV[3], attempt = st.attempts, req = ARGV[1],
   action = ARGV[2], deadline = deadline, state = 'dispatched', reason = ARGV[7],
   extra = ARGV[8]}))
-redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[6], '*', 'event', 'taken', 'id', id,
-  'kind', kind, 'action', ARGV[2], 'attempt', st.attempts, 'request', ARGV[1])
-return {'ok', id, kind, spec, tostring(st.attempts), tostring(deadline), ARGV[3]}
+history(KEYS[7], ARGV[6], EVENT.TAKEN, 'id', id, 'kind', kind, 'action', ARGV[2],
+  'attempt', st.attempts, 'request', ARGV[1])
+return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3]}

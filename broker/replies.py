@@ -1,0 +1,160 @@
+"""What each Lua script answers, as a type: the one place that knows the layout of a script's
+reply. ``Scripts`` (``broker/scripts.py``) decodes through these whether a script ran on its own
+or on a pipeline, so no caller reads a reply by position.
+
+The status codes are enums that the prelude hands to Lua as tables (``TAKE``, ``BEGIN``,
+``RECOVER``), so both sides spell them the same way."""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+from typing import Any, NamedTuple, cast
+
+from pending_actions.broker.models import ActionState, Kind, Lease, PendingAction, Spec
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+class Staged(NamedTuple):
+    """stage.lua: the stack depth after the push, 0 when the id was staged already (a retried
+    call whose first try went through; the id is ours alone)."""
+
+    depth: int
+
+    @classmethod
+    def decode(cls, raw: Any) -> Staged:
+        return cls(int(raw))
+
+
+class SlotChanged(NamedTuple):
+    """set_slot.lua and clear_slot.lua: the id the slot held before, if any."""
+
+    previous: str | None
+
+    @classmethod
+    def decode(cls, raw: Any) -> SlotChanged:
+        return cls(_text(raw) if raw else None)
+
+
+class Pending(NamedTuple):
+    """pending.lua: in-flight actions first, then the stack, head first."""
+
+    actions: list[PendingAction]
+
+    @classmethod
+    def decode(cls, raw: Any) -> Pending:
+        return cls([PendingAction.build(Spec.model_validate_json(raw[i + 1]),
+                                        ActionState.model_validate_json(raw[i + 2]),
+                                        _text(raw[i]))
+                    for i in range(0, len(raw), 3)])
+
+
+class Peeked(NamedTuple):
+    """peek.lua: what the next resolve would target: the directive, else the stack head's id."""
+
+    directive: Spec | None
+    head: str | None
+
+    @classmethod
+    def decode(cls, raw: Any) -> Peeked:
+        if not raw:
+            return cls(None, None)
+        if _text(raw[0]) == "directive":
+            return cls(Spec.model_validate_json(raw[1]), None)
+        return cls(None, _text(raw[1]))
+
+
+class TakeStatus(StrEnum):
+    OK = "ok"  # a new lease, or the earlier one of a redelivered request no worker started
+    NONE = "none"  # nothing to target: take.lua pushed the reply itself
+    DUP = "dup"  # the request was taken before and its lease is started or gone
+
+
+class Taken(NamedTuple):
+    """take.lua. With OK, the lease: its token is an earlier one when the request was taken
+    before (a redelivery)."""
+
+    status: TakeStatus
+    id: str = ""
+    kind: Kind = "action"
+    attempt: int = 0
+    deadline: int = 0
+    token: str = ""
+
+    @classmethod
+    def decode(cls, raw: Any) -> Taken:
+        status = TakeStatus(_text(raw[0]))
+        if status is not TakeStatus.OK:
+            return cls(status)
+        _s, action_id, kind, attempt, deadline, token = raw
+        return cls(status, _text(action_id), cast(Kind, _text(kind)), int(attempt), int(deadline),
+                   _text(token))
+
+
+class BeginStatus(StrEnum):
+    OK = "ok"  # this delivery claimed the attempt; run the handler
+    STALE = "stale"  # no such lease: recovered, finished, or a take that found nothing
+    RUNNING = "running"  # another delivery of the same attempt claimed it first
+    GONE = "gone"  # the target's spec was replaced while the task waited
+
+
+class Begun(NamedTuple):
+    """begin.lua. OK carries the lease, the spec and its counters; GONE only the lease."""
+
+    status: BeginStatus
+    lease: Lease | None = None
+    spec: Spec | None = None
+    counters: ActionState | None = None
+
+    @classmethod
+    def decode(cls, raw: Any) -> Begun:
+        status = BeginStatus(_text(raw[0]))
+        if status is BeginStatus.GONE:
+            return cls(status, Lease.model_validate_json(raw[1]))
+        if status is not BeginStatus.OK:
+            return cls(status)
+        return cls(status, Lease.model_validate_json(raw[3]), Spec.model_validate_json(raw[1]),
+                   ActionState.model_validate_json(raw[2]))
+
+
+class Renewed(NamedTuple):
+    """renew.lua: the lease's new deadline in ms, 0 when the lease is gone."""
+
+    deadline: int
+
+    @classmethod
+    def decode(cls, raw: Any) -> Renewed:
+        return cls(int(raw))
+
+
+class Concluded(NamedTuple):
+    """finalize.lua and readd.lua: False when the token no longer held the lease (the outcome
+    was refused and only written to the history as late-refused)."""
+
+    recorded: bool
+
+    @classmethod
+    def decode(cls, raw: Any) -> Concluded:
+        return cls(bool(int(raw)))
+
+
+class RecoverOutcome(IntEnum):
+    GONE = 0  # no such lease: finished or recovered already
+    RETURNED = 1  # its worker was lost mid-handler: back where it was, stalls + 1
+    DEAD_LETTERED = 2  # lost max_stalls times: moved to the dead-letter list
+    UNSTARTED = 3  # no worker started it in time: back where it was, no stall
+    LIVE = 4  # renewed meanwhile: nothing done, look again at the deadline
+
+
+class Recovered(NamedTuple):
+    """recover.lua: what became of the lease, and its deadline (the one to look again at when
+    LIVE)."""
+
+    outcome: RecoverOutcome
+    deadline: int
+
+    @classmethod
+    def decode(cls, raw: Any) -> Recovered:
+        return cls(RecoverOutcome(int(raw[0])), int(raw[1]))

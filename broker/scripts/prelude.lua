@@ -1,0 +1,26 @@
+-- prelude: the definitions the scripts share (Redis has no include). broker/scripts.py puts
+-- in front of each script the ones it uses, with the code tables it generates from the Python
+-- enums: EVENT (broker/events.py), TAKE, BEGIN and RECOVER (broker/replies.py). So: one
+-- definition per block, blocks apart by a blank line, and only definitions, no commands.
+
+-- reading a name a table lacks is an error, so a misspelt EVENT.X fails the script at once
+local STRICT = {__index = function(_, name) error('unknown code name ' .. tostring(name)) end}
+
+-- the counters of an action never taken yet (the state hash has no entry for it)
+local NEW_STATE = '{"attempts":0,"stalls":0}'
+
+-- the server's clock in ms (a script that calls this starts with redis.replicate_commands())
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- an action's counters {attempts, stalls, last_error}, decoded
+local function counters(state_key, id)
+  return cjson.decode(redis.call('HGET', state_key, id) or NEW_STATE)
+end
+
+-- append an event to a session's history, trimmed to about maxlen entries
+local function history(key, maxlen, event, ...)
+  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'event', event, ...)
+end

@@ -1,0 +1,59 @@
+"""Every text a result or an action's ``last_error`` carries to the model, in one place: the
+resolve worker, the handler tasks, recovery and the producer's timeout all take theirs from
+here. (The tool's own definition, its intent line and the rendering for people are in
+``producers/tool.py``.) ``action`` is ``"apply"`` or ``"discard"`` throughout."""
+
+from __future__ import annotations
+
+REMINDER = (
+    "<system-reminder>\n"
+    "This is a preview. Call the `resolve` tool to apply or discard these changes.\n"
+    "</system-reminder>"
+)
+
+NOTHING_TO_APPLY = "No pending action to resolve. Nothing to apply or discard."
+NOTHING_TO_DISCARD = "Nothing to discard; no pending action remains."
+REPLACED = "The target was replaced before it ran; nothing was done."
+
+
+def _verb(action: str) -> str:
+    return "Apply" if action == "apply" else "Discard"
+
+
+def done(action: str, label: str, reason: str) -> str:
+    """A handler returned None (or a discard has no reject handler)."""
+    return f"{'Applied' if action == 'apply' else 'Discarded'}: {label}. Reason: {reason}"
+
+
+def handler_failed(action: str, message: str) -> str:
+    """A handler raised something other than ToolError: a failed discard passes it as is."""
+    return f"Apply failed: {message}" if action == "apply" else message
+
+
+def worker_lost(action: str, attempt: int, action_id: str) -> str:
+    return (f"{_verb(action)} interrupted: the worker running attempt {attempt} of {action_id} "
+            "was lost. The action is pending again; retry or discard it.")
+
+
+def never_started(action: str, attempt: int, action_id: str) -> str:
+    return (f"{_verb(action)} interrupted: no worker started attempt {attempt} of {action_id} "
+            "in time. The action is pending again; retry or discard it.")
+
+
+def dead_lettered(action: str, action_id: str, stalls: int) -> str:
+    return (f"{_verb(action)} failed: {action_id} was moved to the dead-letter list after its "
+            f"worker was lost {stalls} times.")
+
+
+def timed_out(wait: float) -> str:
+    return (f"Timed out after {wait:g}s waiting for the resolve to finish. The action is still "
+            "applied, discarded or pending, never lost: check `pending-actions ls`.")
+
+
+# an action's last_error after recovery returned it
+def worker_lost_error(attempt: int) -> str:
+    return f"worker lost during attempt {attempt}"
+
+
+def never_started_error(attempt: int) -> str:
+    return f"no worker started attempt {attempt}"

@@ -1,0 +1,62 @@
+"""The Lua side of the protocol: every script names events and reply codes through the tables
+the prelude generates from the Python enums, its header lists exactly the KEYS and ARGV it
+uses, and each one, prelude included, loads in a real Redis."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import redis
+
+from pending_actions.broker.events import Event
+from pending_actions.broker.scripts import LUA_TABLES, NAMES, lua_file, prelude, source
+
+TABLE_USE = re.compile(r"\b(" + "|".join(LUA_TABLES) + r")\.([A-Za-z_]+)")
+EVENT_FIELD = re.compile(r"'event',\s*('[^']*'|\"[^\"]*\")")
+SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)\]")
+
+
+def header_and_body(name: str) -> tuple[str, str]:
+    lines = lua_file(name).splitlines()
+    n = next(i for i, line in enumerate(lines) if not line.startswith("--"))
+    return "\n".join(lines[:n]), "\n".join(lines[n:])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_codes_and_events_come_from_the_enums(name: str) -> None:
+    source = lua_file(name)
+    for table, member in TABLE_USE.findall(source):
+        assert member in LUA_TABLES[table].__members__, f"{name}.lua: {table}.{member}"
+    assert not EVENT_FIELD.findall(source), f"{name}.lua: a bare event name; use EVENT.X"
+    assert "XADD" not in source, f"{name}.lua: write history through the prelude's history()"
+    assert "'TIME'" not in source, f"{name}.lua: read the clock through the prelude's now_ms()"
+
+
+def test_every_event_is_written_somewhere() -> None:
+    used = {m for name in NAMES for t, m in TABLE_USE.findall(lua_file(name)) if t == "EVENT"}
+    # set_slot/clear_slot and finalize get theirs from Python (broker/scripts.py, attempt.py)
+    from_python = {"DIRECTIVE_SET", "STANDING_SET", "DIRECTIVE_CLEARED", "STANDING_CLEARED",
+                   "APPLIED", "DISCARDED"}
+    assert used | from_python == set(Event.__members__)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_header_lists_what_the_script_uses(name: str) -> None:
+    header, body = header_and_body(name)
+    assert set(SLOT.findall(body)) <= set(SLOT.findall(header)), f"{name}.lua header"
+    assert "Returns:" in header
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_script_loads_with_its_prelude(rc: redis.Redis, name: str) -> None:
+    rc.script_load(source(name))
+
+
+def test_a_misspelt_code_fails_the_script(rc: redis.Redis) -> None:
+    with pytest.raises(redis.ResponseError, match="unknown code name STAGD"):
+        rc.eval(prelude() + "return EVENT.STAGD", 0)
+    assert rc.eval(prelude() + "return EVENT.LATE_REFUSED", 0) == b"late-refused"
+    # a script gets only the definitions it uses, and those they need
+    assert source("renew").startswith(prelude("now_ms()"))
+    assert "EVENT" not in source("renew") and "local STRICT" in prelude("TAKE.OK")
