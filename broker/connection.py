@@ -1,32 +1,99 @@
-"""Redis clients. Producers fail fast; workers retry with backoff (see ``worker_client``)."""
+"""Redis clients. Producers fail fast; workers retry with backoff (see ``worker_client``).
+
+One URL picks the client: ``redis://`` / ``rediss://`` / ``unix://`` a single Redis,
+``redis+cluster://[user:password@]host1:port1,host2:port2/`` (or ``rediss+cluster://``) a Redis
+Cluster, reached through any of the listed startup nodes with redis-py's ``RedisCluster``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+from urllib.parse import unquote, urlsplit
+
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    ConnectionError,
+    MasterDownError,
+    ReadOnlyError,
+    SlotNotCoveredError,
+    TimeoutError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
-# Errors after which the same command may simply be tried again.
-TRANSIENT: tuple[type[Exception], ...] = (ConnectionError, TimeoutError, BusyLoadingError)
+from pending_actions.broker.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class NotReplicated(ConnectionError):
+    """A write was made but fewer replicas than ``REPLICA_WAIT`` confirmed it in time: treated
+    like a dropped connection (every write we wait on is safe to send again). ``result`` is
+    what the master answered, when it did."""
+
+    result: Any = None
+
+
+# Errors after which the same command may simply be tried again. The cluster ones are what a
+# failover looks like from a client: a slot without a master for a moment, a master that turned
+# replica (READONLY), a reshard in progress.
+TRANSIENT: tuple[type[Exception], ...] = (
+    ConnectionError, TimeoutError, BusyLoadingError, ClusterDownError, MasterDownError,
+    TryAgainError, SlotNotCoveredError, ReadOnlyError,
+)
 
 # A reply slower than this means a dead connection. Every blocking command we send blocks for
 # less (BLOCK_CHUNK_S, block_ms), so it never trips this; redis-py 8 defaults to 5 s otherwise.
 SOCKET_TIMEOUT_S = 15.0
 BLOCK_CHUNK_S = 5.0
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.split("://", 1)[0] in CLUSTER_SCHEMES
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def cluster_client(url: str, **options: Any) -> redis.Redis:
+    """A RedisCluster for a ``redis+cluster://`` URL."""
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    nodes = []
+    for hostport in hosts.split(","):
+        host, _, port = hostport.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"cluster URL: expected host:port in {hostport!r} ({url!r})")
+        nodes.append(ClusterNode(host, int(port)))  # type: ignore[no-untyped-call]
+    if parts.username or parts.password:
+        options["username"] = unquote(parts.username) if parts.username else None
+        options["password"] = unquote(parts.password) if parts.password else None
+    if parts.scheme.startswith("rediss"):
+        options["ssl"] = True
+    # RedisCluster serves every command and pipeline we send on a single Redis (keys of one
+    # call in one slot), so the rest of the code types it as a redis.Redis
+    return cast(redis.Redis, RedisCluster(startup_nodes=nodes, **options))
 
 
 def _client(url: str, backoff_cap: float, retries: int, **extra: int) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
+    options: dict[str, Any] = dict(
         socket_connect_timeout=2.0,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_keepalive=True,
         health_check_interval=30,
         retry=Retry(ExponentialBackoff(cap=backoff_cap, base=backoff_cap / 20), retries=retries),
-        retry_on_error=list(TRANSIENT),
         **extra,
     )
+    if is_cluster_url(url):
+        return cluster_client(url, **options)
+    return redis.Redis.from_url(url, retry_on_error=list(TRANSIENT), **options)
 
 
 def producer_client(url: str) -> redis.Redis:
@@ -38,3 +105,43 @@ def producer_client(url: str) -> redis.Redis:
 def worker_client(url: str, max_connections: int = 64) -> redis.Redis:
     """A client for long-running workers; their loops add their own backoff on top."""
     return _client(url, backoff_cap=1.0, retries=5, max_connections=max_connections)
+
+
+def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[Any]], T]],
+          replicas: int, timeout_ms: int) -> T:
+    """Run the commands ``build`` queues on a pipeline and, with ``replicas`` > 0, ``WAIT`` for
+    that many replicas to have them before returning (else ``NotReplicated``). ``build`` returns
+    how to read its answer from the pipeline's replies.
+
+    WAIT covers the writes of its own connection, so on a cluster the pipeline goes straight
+    to the master of ``key``'s slot over one connection (every command queued must be in that
+    slot); a failover in between shows up as a connection error, and the caller's retry finds
+    the new master."""
+    if not replicas:
+        pipe = client.pipeline(transaction=False)
+        read = build(pipe)
+        return read(pipe.execute())
+    if is_cluster(client):
+        cluster = cast(Any, client)
+        node = cluster.get_node_from_key(key)
+        try:
+            pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
+            read = build(pipe)
+            pipe.execute_command("WAIT", replicas, timeout_ms)
+            replies = pipe.execute()
+        except TRANSIENT:
+            cluster.nodes_manager.initialize()  # a dead master: learn the new layout
+            raise
+        except AskError as exc:  # MOVED too: the slot has a new master; try again there
+            cluster.nodes_manager.initialize()
+            raise NotReplicated(f"slot moved: {exc}") from exc
+    else:
+        pipe = client.pipeline(transaction=False)
+        read = build(pipe)
+        pipe.execute_command("WAIT", replicas, timeout_ms)  # type: ignore[no-untyped-call]
+        replies = pipe.execute()
+    if int(replies[-1]) < replicas:
+        short = NotReplicated(f"{replies[-1]} of {replicas} replicas confirmed in {timeout_ms} ms")
+        short.result = read(replies[:-1])
+        raise short
+    return read(replies[:-1])

@@ -24,6 +24,6 @@ class Context:
     def create(cls, settings: Settings, *, role: str = "producer") -> Context:
         url = settings.require_url()
         client = worker_client(url) if role == "worker" else producer_client(url)
-        keys = Keys(settings.key_prefix)
+        keys = Keys(settings.key_prefix, settings.partitions)
         return cls(settings, keys, client, Scripts(client, settings, keys))
 

@@ -24,7 +24,7 @@ class UnknownHandler(InvalidInput):
     """A handler name that no worker has registered."""
 
     def __init__(self, field: str, name: str) -> None:
-        super().__init__(field, f"no worker has registered a handler named {name!r}")
+        super().__init__(field, f"no live worker has a handler named {name!r}")
         self.name = name
 
 

@@ -28,4 +28,3 @@ class Event(StrEnum):
 class WorkerEvent(StrEnum):
     READY = "ready"  # a resolve worker or a dramatiq worker process is serving
     STOPPING = "stopping"  # a dramatiq worker process is shutting down
-    SWEPT = "swept"  # a resolve worker indexed the leases of a restarted Redis

@@ -1,22 +1,69 @@
 """Every Redis key name, in one place.
 
-A session's keys all carry the hash tag ``{<session>}`` so that each Lua script touches one
-Redis Cluster slot. Global keys (counter, request stream, indexes) are only touched by plain
-commands or single-key scripts, never together with session keys.
-"""
+Sessions are spread over ``partitions`` partitions (a stable hash of the session id). Each
+partition has one hash tag, and every key of its sessions and of the partition itself (request
+stream, lease index, id counter, sessions set, task streams) carries that tag: one Redis Cluster
+slot per partition, so a script can touch a session and its partition's lease index and task
+stream in one atomic step. A session's key names still contain its id
+(``pa:{p3-41}:s:<session>:stack``), so they stay readable with redis-cli.
+
+The tags are chosen so that partition slots are evenly spaced over 0..16383: ``redis-cli
+--cluster create`` gives each master an equal run of slots, so the partitions, and the load,
+spread evenly over any number of masters. Changing ``partitions`` on a live deployment moves
+every session to other keys: drain first (no pending action, no request in flight).
+
+Global keys (pool registry, worker lifecycle stream) are read rarely, never on the resolve
+path."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
+from functools import cache
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+RESOLVER_GROUP = "resolvers"
+TASK_GROUP = "workers"
+
+
+@cache
+def partition_tags(partitions: int) -> tuple[str, ...]:
+    """One hash tag per partition, the i-th landing in the middle half of the i-th of
+    ``partitions`` equal slot ranges."""
+    width = REDIS_CLUSTER_HASH_SLOTS / partitions
+    tags = []
+    for i in range(partitions):
+        low, high = int(i * width + width / 4), int(i * width + 3 * width / 4)
+        n = 0
+        while not low <= key_slot(f"p{i}-{n}".encode()) < max(high, low + 1):
+            n += 1
+        tags.append(f"p{i}-{n}")
+    return tuple(tags)
 
 
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "pa"
+    partitions: int = 16
+    tags: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
-    # --- per session: one slot -------------------------------------------------------------
+    RESOLVER_GROUP = RESOLVER_GROUP
+    TASK_GROUP = TASK_GROUP
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tags", partition_tags(self.partitions))
+
+    def partition(self, session: str) -> int:
+        """The session's partition: stable across processes and restarts (crc32, not hash())."""
+        return zlib.crc32(session.encode()) % self.partitions
+
+    def _p(self, partition: int, name: str) -> str:
+        return f"{self.prefix}:{{{self.tags[partition]}}}:{name}"
+
+    # --- per session: the slot of its partition --------------------------------------------
     def _s(self, session: str, name: str) -> str:
-        return f"{self.prefix}:{{{session}}}:{name}"
+        return self._p(self.partition(session), f"s:{session}:{name}")
 
     def stack(self, session: str) -> str:
         """LIST of pending action ids, head (newest) on the left."""
@@ -58,27 +105,43 @@ class Keys:
         """LIST with a TTL: where the resolver waits (BLPOP) for its result."""
         return self._s(session, f"reply:{request_id}")
 
-    # --- global ---------------------------------------------------------------------------
-    @property
-    def seq(self) -> str:
-        """Counter behind every ``pending-action:<tool>:<seq>`` id."""
-        return f"{self.prefix}:seq"
+    # --- per partition ----------------------------------------------------------------------
+    def seq(self, partition: int) -> str:
+        """Counter behind the ids staged in this partition: ``seq = counter * partitions +
+        partition``, so ids are unique across partitions without one global counter."""
+        return self._p(partition, "seq")
 
-    @property
-    def requests(self) -> str:
-        """STREAM of resolve requests, read by resolve workers through a consumer group."""
-        return f"{self.prefix}:requests"
+    def requests(self, partition: int) -> str:
+        """STREAM of resolve requests of this partition's sessions (consumer group
+        ``resolvers``)."""
+        return self._p(partition, "requests")
 
-    @property
-    def requests_dead(self) -> str:
+    def requests_dead(self, partition: int) -> str:
         """STREAM of malformed entries taken off the request stream, with the reason."""
-        return f"{self.prefix}:requests:dead"
+        return self._p(partition, "requests:dead")
 
-    @property
-    def leases(self) -> str:
-        """ZSET of every live lease, member ``<session>/<token>`` (see ``lease_member``), score
-        its deadline in ms: tells recovery where to look without scanning sessions."""
-        return f"{self.prefix}:leases"
+    def leases(self, partition: int) -> str:
+        """ZSET of every live lease of the partition, member ``<session>/<token>`` (see
+        ``lease_member``), score its deadline in ms: kept in step by the scripts that make,
+        renew and end leases; tells recovery where to look."""
+        return self._p(partition, "leases")
+
+    def sessions(self, partition: int) -> str:
+        """SET of every session of the partition that ever staged something (for stats)."""
+        return self._p(partition, "sessions")
+
+    def task_queue(self, partition: int, pool: str) -> str:
+        """STREAM of handler tasks of this partition for the workers of ``pool``."""
+        return self._p(partition, f"dq:{pool}")
+
+    def task_dead(self, partition: int, pool: str) -> str:
+        """STREAM of task messages that were nacked or could not be decoded."""
+        return self._p(partition, f"dq:{pool}:dead")
+
+    def plain_queue(self, queue: str) -> str:
+        """STREAM backing a dramatiq queue on a Redis of its own (``DRAMATIQ_URL``), where no
+        script enqueues and partitions do not matter."""
+        return f"{self.prefix}:dq:{queue}"
 
     @staticmethod
     def lease_member(session: str, token: str) -> str:
@@ -91,38 +154,19 @@ class Keys:
         session, _, token = text.rpartition("/")
         return session, token
 
+    # --- global (one tag, so the registry can be read in one pipeline on a cluster) ---------
     @property
-    def sweep_lock(self) -> str:
-        """STRING with a TTL: the resolve worker running the full lease sweep right now."""
-        return f"{self.prefix}:sweep-lock"
+    def pools(self) -> str:
+        """HASH pool id -> JSON list of the handler names of the workers of that pool."""
+        return f"{self.prefix}:{{registry}}:pools"
 
     @property
-    def swept(self) -> str:
-        """STRING: run_id of the Redis server whose data the last full lease sweep covered."""
-        return f"{self.prefix}:swept"
-
-    @property
-    def handlers(self) -> str:
-        """HASH handler name -> JSON about the worker that registered it."""
-        return f"{self.prefix}:handlers"
-
-    @property
-    def sessions(self) -> str:
-        """SET of every session that ever staged something (for stats and sweeps)."""
-        return f"{self.prefix}:sessions"
+    def pool_live(self) -> str:
+        """ZSET ``<pool>/<instance>`` -> expiry in ms: a worker process of the pool that is
+        alive (heartbeat) until then; removed at clean shutdown."""
+        return f"{self.prefix}:{{registry}}:live"
 
     @property
     def workers(self) -> str:
         """STREAM of worker lifecycle events (ready, stopping)."""
         return f"{self.prefix}:workers"
-
-    def task_queue(self, queue: str) -> str:
-        """STREAM backing a dramatiq queue."""
-        return f"{self.prefix}:dq:{queue}"
-
-    def task_dead(self, queue: str) -> str:
-        """STREAM of dramatiq messages that were nacked."""
-        return f"{self.prefix}:dq:{queue}:dead"
-
-    RESOLVER_GROUP = "resolvers"
-    TASK_GROUP = "workers"

@@ -47,6 +47,8 @@ class Spec(BaseModel):
     kind: Kind = "action"
     tool: str
     label: str
+    # take.lua reads apply and reject from the stored JSON text: they must stay ahead of any
+    # free-form field (payload, and any field added later that may hold an object)
     apply: str
     reject: str | None = None
     payload: dict[str, Any] = Field(default_factory=dict)

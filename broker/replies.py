@@ -70,11 +70,14 @@ class TakeStatus(StrEnum):
     OK = "ok"  # a new lease, or the earlier one of a redelivered request no worker started
     NONE = "none"  # nothing to target: take.lua pushed the reply itself
     DUP = "dup"  # the request was taken before and its lease is started or gone
+    NO_WORKER = "no-worker"  # no live worker has the handler the target needs; nothing taken
 
 
 class Taken(NamedTuple):
     """take.lua. With OK, the lease: its token is an earlier one when the request was taken
-    before (a redelivery)."""
+    before (a redelivery), and the number (1-based) of the pool its task went to. With
+    NO_WORKER, the target's id and the handler no live pool has ("" when it needs none but
+    there is no live pool at all)."""
 
     status: TakeStatus
     id: str = ""
@@ -82,15 +85,21 @@ class Taken(NamedTuple):
     attempt: int = 0
     deadline: int = 0
     token: str = ""
+    pool: int = 0
+    handler: str = ""
+    spec: Spec | None = None
 
     @classmethod
     def decode(cls, raw: Any) -> Taken:
         status = TakeStatus(_text(raw[0]))
+        if status is TakeStatus.NO_WORKER:
+            return cls(status, _text(raw[1]), handler=_text(raw[2]),
+                       spec=Spec.model_validate_json(raw[3]))
         if status is not TakeStatus.OK:
             return cls(status)
-        _s, action_id, kind, attempt, deadline, token = raw
+        _s, action_id, kind, attempt, deadline, token, pool = raw
         return cls(status, _text(action_id), cast(Kind, _text(kind)), int(attempt), int(deadline),
-                   _text(token))
+                   _text(token), int(pool))
 
 
 class BeginStatus(StrEnum):

@@ -1,6 +1,6 @@
 """The atomic operations: one Lua file each under ``scripts/``, each behind a method here that
-passes every key it touches in KEYS (all under the session's hash tag) and decodes its reply
-into the type from ``broker/replies.py``.
+passes every key it touches in KEYS (all under the hash tag of the session's partition) and
+decodes its reply into the type from ``broker/replies.py``.
 
 A method returns a ``Call``: ``run()`` sends it now with EVALSHA (redis-py's
 ``register_script`` handles the NOSCRIPT fallback); ``on(pipe)`` queues it on a pipeline and
@@ -27,6 +27,7 @@ import redis
 
 from pending_actions.broker.events import Event
 from pending_actions.broker.keys import Keys
+from pending_actions.broker.pools import Live
 from pending_actions.broker.replies import (
     BeginStatus,
     Begun,
@@ -124,7 +125,9 @@ class Call(Generic[R]):
 
     def on(self, pipe: redis.client.Pipeline) -> Queued[R]:
         index = len(pipe)
-        pipe.eval(self.script.script, len(self.keys), *self.keys, *self.args)
+        # execute_command, not eval(): redis-py's cluster pipeline refuses eval() itself but
+        # routes an EVAL by its keys like any command
+        pipe.execute_command("EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
         return Queued(index, self.decode)
 
 
@@ -142,9 +145,15 @@ class Scripts:
     def stage(self, session: str, action_id: str, spec: bytes) -> Call[Staged]:
         k = self._k
         return self._call(
-            "stage", [k.stack(session), k.actions(session), k.history(session)],
-            [action_id, spec, self._s.history_maxlen], Staged.decode,
+            "stage", [k.stack(session), k.actions(session), k.history(session),
+                      k.sessions(k.partition(session))],
+            [action_id, spec, self._s.history_maxlen, session], Staged.decode,
         )
+
+    def _leases(self, session: str, token: str) -> tuple[str, str]:
+        """The lease index of the session's partition and the lease's member in it."""
+        k = self._k
+        return k.leases(k.partition(session)), k.lease_member(session, token)
 
     def _slot_keys(self, session: str, slot: Slot) -> list[str]:
         k = self._k
@@ -181,15 +190,22 @@ class Scripts:
 
     # --- resolve worker --------------------------------------------------------------------
     def take(self, session: str, req: str, action: str, token: str, reason: str,
-             extra: bytes, marker_ttl_s: int, none_reply: bytes) -> Call[Taken]:
+             extra: bytes, marker_ttl_s: int, none_reply: bytes, live: Live,
+             message: bytes | None) -> Call[Taken]:
+        """``message``: the task to enqueue to the chosen pool's stream in this partition;
+        None when the caller enqueues it on another broker itself."""
         k = self._k
+        index, _member = self._leases(session, token)
+        streams = [] if message is None else [k.task_queue(k.partition(session), pool)
+                                              for pool in live.pools]
         return self._call(
             "take",
             [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
              k.state(session), k.inflight(session), k.history(session),
-             k.request_marker(session, req), k.reply(session, req)],
+             k.request_marker(session, req), k.reply(session, req), index, *streams],
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
-             self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s],
+             self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s, session,
+             live.routes_json, len(live.pools), message or b""],
             Taken.decode,
         )
 
@@ -198,47 +214,53 @@ class Scripts:
         """``replies``: to the resolver when returned, dead-lettered, never started;
         ``errors``: the last_error when returned, never started."""
         k = self._k
+        index, member = self._leases(session, token)
         return self._call(
             "recover",
             [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
-             k.state(session), k.history(session), k.dead(session), k.reply(session, req)],
+             k.state(session), k.history(session), k.dead(session), k.reply(session, req),
+             index],
             [token, self._s.max_stalls, self._s.reply_ttl_s, self._s.history_maxlen,
-             *replies, *errors],
+             *replies, *errors, member],
             Recovered.decode,
         )
 
     # --- handler tasks ---------------------------------------------------------------------
     def begin(self, session: str, token: str) -> Call[Begun]:
         k = self._k
+        index, member = self._leases(session, token)
         return self._call(
-            "begin", [k.inflight(session), k.actions(session), k.state(session)],
-            [token, self._s.lease_ms], Begun.decode,
+            "begin", [k.inflight(session), k.actions(session), k.state(session), index],
+            [token, self._s.lease_ms, member], Begun.decode,
         )
 
     def renew(self, session: str, token: str) -> Call[Renewed]:
-        return self._call("renew", [self._k.inflight(session)], [token, self._s.lease_ms],
-                          Renewed.decode)
+        index, member = self._leases(session, token)
+        return self._call("renew", [self._k.inflight(session), index],
+                          [token, self._s.lease_ms, member], Renewed.decode)
 
     def finalize(self, session: str, token: str, req: str, reply: bytes, event: Event,
                  action_id: str, attempt: int) -> Call[Concluded]:
         k = self._k
+        index, member = self._leases(session, token)
         return self._call(
             "finalize",
             [k.inflight(session), k.actions(session), k.state(session), k.history(session),
-             k.reply(session, req)],
+             k.reply(session, req), index],
             [token, reply, self._s.reply_ttl_s, self._s.history_maxlen, event, action_id,
-             attempt],
+             attempt, member],
             Concluded.decode,
         )
 
     def readd(self, session: str, token: str, req: str, error: str, reply: bytes,
               action_id: str, attempt: int) -> Call[Concluded]:
         k = self._k
+        index, member = self._leases(session, token)
         return self._call(
             "readd",
             [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
-             k.state(session), k.history(session), k.reply(session, req)],
+             k.state(session), k.history(session), k.reply(session, req), index],
             [token, error, reply, self._s.reply_ttl_s, self._s.history_maxlen, action_id,
-             attempt],
+             attempt, member],
             Concluded.decode,
         )

@@ -19,6 +19,17 @@ class Settings(BaseSettings):
     )
     key_prefix: str = Field(default="pa", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     queue: str = Field(default="pending-actions", description="dramatiq queue of handler runs")
+    partitions: int = Field(
+        default=16, ge=1, le=1024,
+        description="partitions of sessions (one cluster slot each); change only when drained")
+    replica_wait: int = Field(
+        default=0, ge=0,
+        description="replicas that must have a stage or an outcome before it is acknowledged")
+    replica_wait_timeout_ms: int = Field(default=1_000, ge=1,
+                                         description="how long a replica wait may take")
+    pool_ttl_ms: int = Field(
+        default=10_000, ge=500,
+        description="a dramatiq worker's handlers count as live this long after its heartbeat")
 
     lease_ms: int = Field(default=15_000, ge=200, description="lease on a running attempt")
     dispatch_timeout_ms: int = Field(
@@ -39,9 +50,6 @@ class Settings(BaseSettings):
         default=5.0, ge=0.01, description="longest pause before restarting crashed workers")
     resolve_threads: int = Field(default=8, ge=1, le=64,
                                  description="request-serving threads per resolve worker")
-    sweep_check_s: float = Field(
-        default=30.0, gt=0,
-        description="how often a resolve worker checks whether Redis restarted (then sweeps)")
     worker_processes: int = Field(default=1, ge=1)
     worker_threads: int = Field(default=8, ge=1)
     block_ms: int = Field(default=5_000, ge=10, le=10_000,

@@ -1,8 +1,16 @@
 """A dramatiq broker on Redis streams that pushes work to idle workers.
 
 Stock dramatiq's RedisBroker polls: an idle consumer sleeps between fetches, which costs an
-interactive resolve hundreds of milliseconds. Here each queue is a stream read through a consumer
-group with ``XREADGROUP ... BLOCK``, so a waiting worker wakes the moment a message lands.
+interactive resolve hundreds of milliseconds. Here each queue is read from one or more streams
+through a consumer group with ``XREADGROUP ... BLOCK``, so a waiting worker wakes the moment a
+message lands.
+
+Handler tasks live in the partitions beside the state (``pa:{tag}:dq:<pool>``, see
+``broker/keys.py``): take.lua enqueues a task in the same atomic step as its lease. A worker
+process serves its pool (``broker/pools.py``) through queues named ``<pool>@<n>``, each reading
+a group of partition streams: all of them in one read on a single Redis, one per queue on a
+cluster (a blocking read's keys must share a slot). Whatever queue a message was sent under,
+the consumer that read it renames it to its own queue, which dramatiq's worker uses to ack.
 
 Delivery is at least once (a message unacked for ``claim_idle_ms`` is claimed by another
 consumer). Correctness never rests on that: every handler run is fenced by its lease token.
@@ -23,15 +31,16 @@ import dramatiq
 import orjson
 import redis
 from dramatiq.broker import Consumer, MessageProxy
-from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
 
 from pending_actions.broker.connection import TRANSIENT
-from pending_actions.broker.keys import Keys
+from pending_actions.broker.keys import TASK_GROUP, Keys
 
-FIELD = b"m"
+FIELD = b"m"  # take.lua writes the same field name
 ACKED = "acked_with_outcome"  # message option: the actor already acked it (see ack_with)
+STREAM = "stream"  # message option: the stream the message was read from
+ENTRY = "stream_entry"  # message option: its entry id there
 
 
 class OrjsonEncoder(dramatiq.Encoder):
@@ -59,6 +68,7 @@ class StreamsBroker(dramatiq.Broker):
         middleware: list[Any] | None = None,
         claim_idle_ms: int = 60_000,
     ) -> None:
+        self.serving: dict[str, list[str]] = {}  # queue -> its streams, once serve() is called
         super().__init__(middleware=middleware)
         self.client = client
         self.keys = keys
@@ -66,59 +76,51 @@ class StreamsBroker(dramatiq.Broker):
         self.queues: set[str] = set()
         self._groups: set[str] = set()
 
-    def stream(self, queue_name: str) -> str:
-        return self.keys.task_queue(queue_name)
+    def streams(self, queue_name: str) -> list[str]:
+        return self.serving.get(queue_name) or [self.keys.plain_queue(queue_name)]
+
+    def serve(self, queue_name: str, streams: list[str]) -> None:
+        """Consume ``queue_name`` from ``streams`` (instead of the queues actors declared)."""
+        self.serving[queue_name] = streams
+        self.declare_queue(queue_name)
 
     def ensure_group(self, stream: str) -> None:
         if stream in self._groups:
             return
         try:
-            self.client.xgroup_create(stream, Keys.TASK_GROUP, id="0", mkstream=True)
+            self.client.xgroup_create(stream, TASK_GROUP, id="0", mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
         self._groups.add(stream)
 
     def declare_queue(self, queue_name: str) -> None:
+        # no delay queue: handler tasks are never retried or delayed by dramatiq
         if queue_name in self.queues:
             return
         self.emit_before("declare_queue", queue_name)
         self.queues.add(queue_name)
         self.emit_after("declare_queue", queue_name)
-        delayed = dq_name(queue_name)
-        self.delay_queues.add(delayed)
-        self.emit_after("declare_delay_queue", delayed)
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-        queue_name = message.queue_name
         if delay is not None:
-            queue_name = dq_name(queue_name)
-            message = message.copy(queue_name=queue_name,
-                                   options={"eta": current_millis() + delay})
+            raise ValueError("this broker does not delay messages")
         self.emit_before("enqueue", message, delay)
         try:
-            self.client.xadd(self.stream(queue_name), {FIELD: message.encode()})
+            self.client.xadd(self.streams(message.queue_name)[0], {FIELD: message.encode()})
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         self.emit_after("enqueue", message, delay)
         return message
 
-    def enqueue_on(self, pipe: Any, message: Message[Any]) -> None:
-        """Queue ``message`` on the caller's pipeline (of this broker's client), to go out in
-        the same round trip as the caller's own writes (the resolve worker sends a take and its
-        task together). The caller emits ``after_enqueue`` once the pipeline has run."""
-        self.emit_before("enqueue", message, None)
-        pipe.xadd(self.stream(message.queue_name), {FIELD: message.encode()})
-
     def ack_with(self, pipe: Any, message: Message[Any] | MessageProxy) -> None:
         """Queue the ack of ``message`` on the caller's pipeline, so that a task's outcome and
         its ack are one round trip; the consumer then skips its own ack. Should that pipeline
         fail, the entry stays pending and is redelivered, which the lease token fences."""
-        entry = message.options.get("stream_entry")
-        if not entry:
+        entry, stream = message.options.get(ENTRY), message.options.get(STREAM)
+        if not entry or not stream:
             return
-        stream = self.stream(message.queue_name)
-        pipe.xack(stream, Keys.TASK_GROUP, entry)
+        pipe.xack(stream, TASK_GROUP, entry)
         pipe.xdel(stream, entry)
         message.options[ACKED] = True
 
@@ -126,11 +128,15 @@ class StreamsBroker(dramatiq.Broker):
         return StreamConsumer(self, queue_name, prefetch, timeout)
 
     def get_declared_queues(self) -> set[str]:
-        return set(self.queues)
+        if self.serving:
+            return set(self.serving)
+        return set(self.queues) if isinstance(self.queues, set) else set()
+
+    def get_declared_delay_queues(self) -> set[str]:
+        return set()
 
     def flush(self, queue_name: str) -> None:
-        for name in (queue_name, dq_name(queue_name)):
-            stream = self.stream(name)
+        for stream in self.streams(queue_name):
             self.client.delete(stream)
             self._groups.discard(stream)
 
@@ -139,55 +145,55 @@ class StreamsBroker(dramatiq.Broker):
             self.flush(queue_name)
 
     def join(self, queue_name: str, *, timeout: int | None = None) -> None:
-        """Wait until both the queue and its delay queue are empty (for tests and scripts)."""
+        """Wait until the queue's streams are empty (for tests and scripts)."""
         deadline = None if timeout is None else time.monotonic() + timeout / 1000
-        streams = [self.stream(queue_name), self.stream(dq_name(queue_name))]
-        while sum(int(self.client.xlen(s)) for s in streams):
+        while sum(int(self.client.xlen(s)) for s in self.streams(queue_name)):
             if deadline is not None and time.monotonic() > deadline:
                 raise QueueJoinTimeout(queue_name)
             time.sleep(0.01)
 
 
 class StreamConsumer(Consumer):
-    """Reads one queue's stream. ``ack`` runs on worker threads, so the bookkeeping is locked."""
+    """Reads one queue's streams. ``ack`` runs on worker threads, so the bookkeeping is
+    locked."""
 
     def __init__(self, broker: StreamsBroker, queue_name: str, prefetch: int,
                  timeout: int) -> None:
         self.broker = broker
         self.client = broker.client
-        self.stream = broker.stream(queue_name)
-        self.dead = broker.keys.task_dead(queue_name)
+        self.queue_name = queue_name
+        self.streams = broker.streams(queue_name)
         self.prefetch = max(1, prefetch)
         self.timeout = max(1, int(timeout))
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.cache: deque[tuple[bytes, bytes]] = deque()
+        self.cache: deque[tuple[str, bytes, bytes]] = deque()
         self.outstanding = 0
         self.room = threading.Condition()
         self.next_claim = 0.0
 
-    def _entry_id(self, message: MessageProxy) -> bytes:
-        entry: bytes = message.options["stream_entry"].encode()
-        return entry
+    @staticmethod
+    def _where(message: MessageProxy) -> tuple[str, bytes]:
+        return message.options[STREAM], message.options[ENTRY].encode()
 
     def _done(self) -> None:
         with self.room:
             self.outstanding -= 1
             self.room.notify()
 
-    def _remove(self, entry: bytes, park: dict[bytes, bytes] | None = None) -> None:
-        """Drop an entry from the stream (acked), first copying it to the dead stream."""
-        pipe = self.client.pipeline(transaction=True)
+    def _remove(self, stream: str, entry: bytes, park: dict[bytes, bytes] | None = None) -> None:
+        """Drop an entry from its stream (acked), first copying it to the dead stream."""
+        pipe = self.client.pipeline(transaction=False)
         if park is not None:
             fields: dict[Any, Any] = {**park, b"entry": entry}
-            pipe.xadd(self.dead, fields)
-        pipe.xack(self.stream, Keys.TASK_GROUP, entry)
-        pipe.xdel(self.stream, entry)
+            pipe.xadd(f"{stream}:dead", fields, maxlen=10_000, approximate=True)
+        pipe.xack(stream, TASK_GROUP, entry)
+        pipe.xdel(stream, entry)
         pipe.execute()
 
     def ack(self, message: MessageProxy) -> None:
         try:
             if not message.options.get(ACKED):
-                self._remove(self._entry_id(message))
+                self._remove(*self._where(message))
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         finally:
@@ -195,7 +201,7 @@ class StreamConsumer(Consumer):
 
     def nack(self, message: MessageProxy) -> None:
         try:
-            self._remove(self._entry_id(message), {FIELD: message.encode()})
+            self._remove(*self._where(message), {FIELD: message.encode()})
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         finally:
@@ -203,16 +209,14 @@ class StreamConsumer(Consumer):
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         """Hand messages back at once (on shutdown) rather than waiting for a claim."""
-        pipe = self.client.pipeline(transaction=True)
-        count = 0
+        pipe = self.client.pipeline(transaction=False)
         for message in messages:
-            entry = self._entry_id(message)
-            data = message._message.copy(options={"stream_entry": None}).encode()
-            pipe.xadd(self.stream, {FIELD: data})
-            pipe.xack(self.stream, Keys.TASK_GROUP, entry)
-            pipe.xdel(self.stream, entry)
-            count += 1
-        if count:
+            stream, entry = self._where(message)
+            data = message._message.copy(options={}).encode()
+            pipe.xadd(stream, {FIELD: data})
+            pipe.xack(stream, TASK_GROUP, entry)
+            pipe.xdel(stream, entry)
+        if len(pipe):
             try:
                 pipe.execute()
             except TRANSIENT as exc:
@@ -222,26 +226,29 @@ class StreamConsumer(Consumer):
         now = time.monotonic()
         if now >= self.next_claim:
             self.next_claim = now + self.broker.claim_idle_ms / 2000
-            claimed: Any = self.client.xautoclaim(
-                self.stream, Keys.TASK_GROUP, self.name, self.broker.claim_idle_ms,
-                start_id="0-0", count=count,
-            )
-            self.cache.extend((e, f[FIELD]) for e, f in claimed[1] if f and FIELD in f)
+            for stream in self.streams:
+                claimed: Any = self.client.xautoclaim(
+                    stream, TASK_GROUP, self.name, self.broker.claim_idle_ms, start_id="0-0",
+                    count=count)
+                self.cache.extend((stream, e, f[FIELD]) for e, f in claimed[1] if f and FIELD in f)
             if self.cache:
                 return
         reply: Any = self.client.xreadgroup(
-            Keys.TASK_GROUP, self.name, {self.stream: ">"}, count=count, block=self.timeout
-        )
-        for _stream, entries in reply or ():
-            self.cache.extend((e, f.get(FIELD, b"")) for e, f in entries)
+            TASK_GROUP, self.name, dict.fromkeys(self.streams, ">"), count=count,
+            block=self.timeout)
+        for stream, entries in reply or ():
+            name = stream.decode() if isinstance(stream, bytes) else stream
+            self.cache.extend((name, e, f.get(FIELD, b"")) for e, f in entries)
 
-    def _proxy(self, entry: bytes, data: bytes) -> MessageProxy | None:
+    def _proxy(self, stream: str, entry: bytes, data: bytes) -> MessageProxy | None:
         try:
             message = Message.decode(data)
         except Exception as exc:  # malformed entry: park it in the dead stream, keep serving
-            self._remove(entry, {FIELD: data, b"reason": str(exc)[:500].encode()})
+            self._remove(stream, entry, {FIELD: data, b"reason": str(exc)[:500].encode()})
             return None
-        message = message.copy(options={"stream_entry": entry.decode()})
+        message = message.copy(queue_name=self.queue_name,
+                               options={**message.options, STREAM: stream,
+                                        ENTRY: entry.decode()})
         with self.room:
             self.outstanding += 1
         return MessageProxy(message)
@@ -255,16 +262,16 @@ class StreamConsumer(Consumer):
                     room = self.prefetch - self.outstanding
                 if room <= 0:
                     return None
-                self.broker.ensure_group(self.stream)
+                for stream in self.streams:
+                    self.broker.ensure_group(stream)
                 self._fetch(room)
             if not self.cache:
                 return None
-            entry, data = self.cache.popleft()
-            return self._proxy(entry, data)
+            return self._proxy(*self.cache.popleft())
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         except redis.ResponseError as exc:
             if "NOGROUP" in str(exc):  # stream deleted (flush) or Redis restarted empty
-                self.broker._groups.discard(self.stream)
+                self.broker._groups.difference_update(self.streams)
                 return None
             raise

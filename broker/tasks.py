@@ -16,6 +16,12 @@ from pending_actions.broker.taskbroker import OrjsonEncoder, StreamsBroker
 ACTOR_NAME = "run_attempt"
 
 
+def pool_queue(queue: str, pool: str) -> str:
+    """The dramatiq queue of a pool's tasks on a broker other than our streams in the state's
+    Redis (RabbitMQ, or a Redis of its own): one per pool, no partitions."""
+    return f"{queue}.{pool}"
+
+
 class TaskMessage(BaseModel):
     """The keyword arguments of the ``run_attempt`` task: one attempt of one resolve, named by
     the token of its lease. Sent by the resolve worker, read by the actor."""

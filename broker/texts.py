@@ -45,6 +45,13 @@ def dead_lettered(action: str, action_id: str, stalls: int) -> str:
             f"worker was lost {stalls} times.")
 
 
+def no_worker(action: str, action_id: str, name: str | None) -> str:
+    """No live worker has the handler the target needs: nothing was taken."""
+    needs = f"its handler {name!r}" if name else "any handler"
+    return (f"{_verb(action)} refused: no live worker has {needs} for {action_id}. The action "
+            "stays pending; start a worker that has it, or discard the action.")
+
+
 def timed_out(wait: float) -> str:
     return (f"Timed out after {wait:g}s waiting for the resolve to finish. The action is still "
             "applied, discarded or pending, never lost: check `pending-actions ls`.")

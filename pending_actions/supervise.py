@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
-
+from pending_actions.broker.connection import producer_client
 from pending_actions.broker.keys import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +40,7 @@ class WorkerProcess:
         return env
 
     def start(self, timeout: float = 30.0) -> WorkerProcess:
-        client: Any = redis.Redis.from_url(self.url)
+        client: Any = producer_client(self.url)
         last = client.xrevrange(Keys().workers, count=1)
         client.close()
         self.launch()
@@ -77,7 +76,7 @@ class WorkerProcess:
         """Block on the ``workers`` stream until this worker's resolver and dramatiq
         processes have said they are ready."""
         assert self.proc is not None
-        client: Any = redis.Redis.from_url(self.url)
+        client: Any = producer_client(self.url)
         stream = Keys().workers
         processes = int(self.overrides.get("worker_processes", "1"))
         resolver_ready = False

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -13,7 +15,7 @@ import redis
 
 from pending_actions.broker import texts
 from pending_actions.broker.backoff import Backoff
-from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT
+from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import InvalidInput, RedisUnavailable, UnknownHandler
 from pending_actions.broker.models import (
@@ -27,6 +29,7 @@ from pending_actions.broker.models import (
     check_handler_name,
     check_session,
 )
+from pending_actions.broker.pools import LiveView
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.broker.scripts import Slot
 from pending_actions.broker.settings import Settings
@@ -44,9 +47,16 @@ def _redis_errors() -> Iterator[None]:
 class PendingActions:
     """Client of the service. Thread-safe; one per process is enough."""
 
+    # ids reserved per partition in one INCRBY: a stage is then one script call, and ids stay
+    # unique without a counter hit per stage (an unused rest of a block is skipped, never reused)
+    ID_BLOCK = 16
+
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.ctx = Context.create(self.settings)
+        self.live = LiveView(self.ctx.client, self.ctx.keys)
+        self._ids: dict[int, tuple[int, int]] = {}  # partition -> (next counter, end)
+        self._ids_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> PendingActions:
@@ -64,8 +74,33 @@ class PendingActions:
               reject: object, payload: object, prefix: str) -> tuple[str, bytes]:
         fields = self._validate(session, kind, tool, label, apply, reject, payload)
         self._check_handlers([fields])
-        seq = self.client.incr(self.ctx.keys.seq)
+        [seq] = self._seqs([session])
         return self._encode(fields, f"{prefix}:{tool}:{seq}")
+
+    def _left(self, partition: int) -> int:
+        nxt, end = self._ids.get(partition, (0, 0))
+        return end - nxt
+
+    def _seqs(self, sessions: list[str]) -> list[int]:
+        """One new seq per session given: ``counter * partitions + partition``, the counter
+        that of the session's partition (reserved in blocks, topped up in one round trip)."""
+        k = self.ctx.keys
+        parts = [k.partition(s) for s in sessions]
+        with self._ids_lock:
+            need = Counter(parts)
+            short = {p: n for p, n in need.items() if self._left(p) < n}
+            if short:
+                pipe = self.client.pipeline(transaction=False)
+                for p, n in short.items():
+                    pipe.incrby(k.seq(p), max(n, self.ID_BLOCK))
+                for (p, n), end in zip(short.items(), pipe.execute(), strict=True):
+                    self._ids[p] = (int(end) - max(n, self.ID_BLOCK) + 1, int(end) + 1)
+            out = []
+            for p in parts:
+                nxt, end = self._ids[p]
+                self._ids[p] = (nxt + 1, end)
+                out.append(nxt * k.partitions + p)
+            return out
 
     def _encode(self, fields: dict[str, Any], action_id: str) -> tuple[str, bytes]:
         spec = Spec(id=action_id, created_at=time.time(), **fields)
@@ -99,13 +134,15 @@ class PendingActions:
                 "apply": apply, "reject": reject, "payload": payload}
 
     def _check_handlers(self, checked: list[dict[str, Any]]) -> None:
-        """One look-up for every handler name the validated specs use."""
-        wanted = {(field, f[field]) for f in checked for field in ("apply", "reject")
-                  if f[field] is not None}
-        pairs = sorted(wanted)
-        found = self.client.hmget(self.ctx.keys.handlers, [name for _f, name in pairs])
-        for (field, name), value in zip(pairs, found, strict=True):
-            if value is None:
+        """Every handler name the validated specs use must be live in some worker (the view
+        of live workers is a few seconds old at most, and read again on a miss)."""
+        wanted = sorted({(field, f[field]) for f in checked for field in ("apply", "reject")
+                         if f[field] is not None})
+        live = self.live.get()
+        if not all(live.has(name) for _f, name in wanted):
+            live = self.live.get(fresh=True)
+        for field, name in wanted:
+            if not live.has(name):
                 raise UnknownHandler(field, name)
 
     def stage_many(self, actions: Iterable[dict[str, Any]]) -> list[str]:
@@ -119,17 +156,39 @@ class PendingActions:
             return []
         with _redis_errors():
             self._check_handlers(checked)
-            last = int(self.client.incrby(self.ctx.keys.seq, len(checked)))
-            pipe = self.client.pipeline(transaction=False)
+            seqs = self._seqs([f["session"] for f in checked])
+            first = checked[0]["session"]
             ids = []
-            for seq, fields in enumerate(checked, start=last - len(checked) + 1):
-                action_id, spec = self._encode(fields, f"pending-action:{fields['tool']}:{seq}")
-                # its reply needs no look: an id staged already was staged by a retry of this
-                self.ctx.scripts.stage(fields["session"], action_id, spec).on(pipe)
-                ids.append(action_id)
-            pipe.sadd(self.ctx.keys.sessions, *{f["session"] for f in checked})
-            pipe.execute()
+
+            def build(pipe: Any) -> Callable[[list[Any]], None]:
+                for seq, fields in zip(seqs, checked, strict=True):
+                    action_id, spec = self._encode(fields,
+                                                   f"pending-action:{fields['tool']}:{seq}")
+                    # its reply needs no look: an id staged already was staged by a retry of
+                    # this
+                    self.ctx.scripts.stage(fields["session"], action_id, spec).on(pipe)
+                    ids.append(action_id)
+                return lambda _replies: None
+
+            if self.settings.replica_wait and is_cluster(self.client):
+                # WAIT covers one connection, so one master: a batch goes slot by slot
+                for seq, fields in zip(seqs, checked, strict=True):
+                    ids.extend(self._stage_one(fields, seq))
+            else:
+                acked(self.client, self.ctx.keys.stack(first), build,
+                      self.settings.replica_wait, self.settings.replica_wait_timeout_ms)
         return ids
+
+    def _stage_one(self, fields: dict[str, Any], seq: int) -> list[str]:
+        action_id, spec = self._encode(fields, f"pending-action:{fields['tool']}:{seq}")
+
+        def build(pipe: Any) -> Callable[[list[Any]], None]:
+            self.ctx.scripts.stage(fields["session"], action_id, spec).on(pipe)
+            return lambda _replies: None
+
+        acked(self.client, self.ctx.keys.stack(fields["session"]), build,
+              self.settings.replica_wait, self.settings.replica_wait_timeout_ms)
+        return [action_id]
 
     def stage(self, *, session: str, tool: str, label: str, apply: str,
               reject: str | None = None, payload: dict[str, Any] | None = None) -> str:
@@ -152,7 +211,8 @@ class PendingActions:
         with _redis_errors():
             slot_id, spec = self._spec(session, slot, tool, label, apply, reject, None, slot)
             self.ctx.scripts.set_slot(session, slot, slot_id, spec).run()
-            self.client.sadd(self.ctx.keys.sessions, session)
+            keys = self.ctx.keys
+            self.client.sadd(keys.sessions(keys.partition(session)), session)
         return slot_id
 
     def clear_standing(self, session: str) -> bool:
@@ -179,7 +239,8 @@ class PendingActions:
                                  reason=given.reason, extra=given.extra,
                                  deadline_ms=int((time.time() + wait) * 1000))
         with _redis_errors():
-            self.client.xadd(self.ctx.keys.requests, request.to_fields())
+            keys = self.ctx.keys
+            self.client.xadd(keys.requests(keys.partition(session)), request.to_fields())
         got = self._wait_reply(self.ctx.keys.reply(session, req), wait)
         if got is None:
             details = base_details(given.action, given.reason, given.extra)
@@ -251,16 +312,24 @@ class PendingActions:
     def stats(self) -> dict[str, Any]:
         k, c = self.ctx.keys, self.client
         with _redis_errors():
+            live = self.live.get(fresh=True)
+            parts = range(k.partitions)
             pipe = c.pipeline(transaction=False)
-            pipe.scard(k.sessions)
-            pipe.xlen(k.requests)
-            pipe.zcard(k.leases)
-            pipe.hkeys(k.handlers)
-            pipe.get(k.seq)
-            pipe.xlen(k.requests_dead)
-            pipe.xlen(k.task_queue(self.settings.queue))
-            sessions, requests, leased, handlers, seq, bad, tasks = pipe.execute()
-        return {"sessions": sessions, "requests_waiting": requests,
-                "leases": leased, "handlers": sorted(h.decode() for h in handlers),
-                "staged_total": int(seq or 0), "malformed_requests": bad,
-                "tasks_queued": tasks}
+            for p in parts:
+                pipe.scard(k.sessions(p))
+                pipe.xlen(k.requests(p))
+                pipe.zcard(k.leases(p))
+                pipe.get(k.seq(p))
+                pipe.xlen(k.requests_dead(p))
+                for pool in live.pools:
+                    pipe.xlen(k.task_queue(p, pool))
+            got = pipe.execute()
+        width = 5 + len(live.pools)
+        rows = [got[i * width:(i + 1) * width] for i in parts]
+        return {"sessions": sum(r[0] for r in rows), "requests_waiting": sum(r[1] for r in rows),
+                "leases": sum(r[2] for r in rows), "handlers": sorted(live.routes),
+                "pools": len(live.pools), "partitions": k.partitions,
+                # ids are reserved in blocks: this counts reserved ones, staged or skipped
+                "ids_reserved": sum(int(r[3] or 0) for r in rows),
+                "malformed_requests": sum(r[4] for r in rows),
+                "tasks_queued": sum(sum(r[5:]) for r in rows)}

@@ -1,19 +1,35 @@
 """Fixtures against real services: a private redis-server on a free port (AOF, fsync always)
-and real worker processes started through the CLI."""
+and real worker processes started through the CLI; also a real 3-master Redis Cluster for the
+tests that run on both (see ``both``)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 import pytest
 import redis
 
+from pending_actions.broker.connection import producer_client
 from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from tests.procs import Worker, runs_key
+from tests.rediscluster import Cluster
+
+
+@dataclass
+class Deployment:
+    """Redis (one server or a cluster), one worker on it, a client, and a raw Redis client."""
+
+    name: str
+    url: str
+    pa: PendingActions
+    rc: redis.Redis
+    worker: Worker
+    monitor_ports: list[int]  # the servers to watch with MONITOR (every master)
 
 
 @pytest.fixture(scope="session")
@@ -31,17 +47,51 @@ def worker(redis_server: EmbeddedRedis) -> Iterator[Worker]:
 
 
 @pytest.fixture(scope="session")
-def pa(redis_server: EmbeddedRedis, worker: Worker) -> Iterator[PendingActions]:
+def single(redis_server: EmbeddedRedis, worker: Worker) -> Iterator[Deployment]:
     client = PendingActions.from_url(redis_server.url, resolve_timeout_s=30)
-    yield client
+    rc = redis.Redis.from_url(redis_server.url)
+    yield Deployment("single", redis_server.url, client, rc, worker, [redis_server.port])
     client.close()
+    rc.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    found = Cluster(Path(tmp_path_factory.mktemp("cluster"))).start()
+    yield found
+    found.stop()
+
+
+@pytest.fixture(scope="session")
+def clustered(redis_cluster: Cluster) -> Iterator[Deployment]:
+    w = Worker(redis_cluster.url).start()
+    client = PendingActions.from_url(redis_cluster.url, resolve_timeout_s=30)
+    rc = producer_client(redis_cluster.url)
+    yield Deployment("cluster", redis_cluster.url, client, rc, w, redis_cluster.master_ports())
+    w.stop()
+    client.close()
+
+
+def both(request: pytest.FixtureRequest) -> Deployment:
+    """For a module's own ``deployment`` fixture parametrized over ["single", "cluster"]."""
+    name = "clustered" if request.param == "cluster" else "single"
+    found: Deployment = request.getfixturevalue(name)
+    return found
 
 
 @pytest.fixture
-def rc(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
+def deployment(single: Deployment) -> Deployment:
+    return single
+
+
+@pytest.fixture
+def pa(deployment: Deployment) -> PendingActions:
+    return deployment.pa
+
+
+@pytest.fixture
+def rc(deployment: Deployment) -> redis.Redis:
+    return deployment.rc
 
 
 @pytest.fixture

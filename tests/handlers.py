@@ -10,13 +10,16 @@ from typing import Any
 import orjson
 import redis
 
+from pending_actions.broker.connection import cluster_client, is_cluster_url
 from pending_actions.broker.errors import ToolError
 from pending_actions.broker.models import PendingAction
 from pending_actions.workers import handler
 from tests.procs import runs_key
 
 # no socket timeout: t.gate blocks for up to a minute on purpose
-_client = redis.Redis.from_url(os.environ["PENDING_ACTIONS_REDIS_URL"], socket_timeout=None)
+_url = os.environ["PENDING_ACTIONS_REDIS_URL"]
+_client = (cluster_client(_url, socket_timeout=None) if is_cluster_url(_url)
+           else redis.Redis.from_url(_url, socket_timeout=None))
 
 
 def record(name: str, action: PendingAction, reason: str, extra: dict[str, Any] | None,
@@ -117,6 +120,7 @@ def idem(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
     # one atomic step, so a retried call after a lost reply cannot lose or double the effect
     _client.eval(
         "if redis.call('SET', KEYS[1], ARGV[1], 'NX') then redis.call('RPUSH', KEYS[2], ARGV[1])"
-        " end return 1", 2, f"test:effect:{idempotency_key}", f"test:effects:{action.session}",
+        " end return 1", 2, f"test:effect:{{{action.session}}}:{idempotency_key}",
+        f"test:effects:{{{action.session}}}",
         action.id)
     return f"done {action.id}"

@@ -70,7 +70,7 @@ def check_exactly_once(rc: redis.Redis, staged: dict[str, list[str]]) -> dict[st
     run twice by the service."""
     totals = Counter[str]()
     for session, ids in staged.items():
-        effects = [x.decode() for x in rc.lrange(f"test:effects:{session}", 0, -1)]
+        effects = [x.decode() for x in rc.lrange(f"test:effects:{{{session}}}", 0, -1)]
         assert sorted(effects) == sorted(ids), (session, Counter(effects) - Counter(ids))
         ran = [orjson.loads(x) for x in rc.lrange(runs_key(session), 0, -1)]
         attempts = Counter((r["id"], r["attempt"]) for r in ran)

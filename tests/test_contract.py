@@ -10,7 +10,12 @@ import redis
 from pending_actions.broker.errors import InvalidInput, UnknownHandler
 from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 from pending_actions.producers import PendingActions
-from tests.conftest import runs
+from tests.conftest import Deployment, both, runs
+
+
+@pytest.fixture(params=["single", "cluster"])
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    return both(request)
 
 
 def stage(pa: PendingActions, session: str, label: str = "edit a.py", apply: str = "t.ok",
@@ -160,7 +165,7 @@ def test_timeout_reports_error_and_action_still_ends_applied(
     last = "0-0"
     events: list[str] = []
     while "applied" not in events:
-        got = rc.xread({f"pa:{{{session}}}:history": last}, block=10_000)
+        got = rc.xread({pa.ctx.keys.history(session): last}, block=10_000)
         assert got, "no outcome within 10s"
         for entry_id, fields in got[0][1]:
             last = entry_id

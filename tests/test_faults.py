@@ -11,6 +11,7 @@ from pathlib import Path
 
 import redis
 
+from pending_actions.broker.pools import Live, read_live
 from pending_actions.broker.results import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
 from tests.conftest import runs
@@ -65,30 +66,30 @@ def test_task_taken_but_never_started_goes_back(tmp_path: Path) -> None:
         assert [(r["id"], r["attempt"]) for r in runs(rc, "s")] == [(action_id, 2)]
 
 
-def test_lease_the_index_lost_is_found_after_redis_restarts(tmp_path: Path) -> None:
-    """Index entries go in the same round trip as their leases, but a Redis that loses the
-    tail of its data (a crash under everysec, a failover) may keep a lease and lose its entry.
-    Made here by running take.lua alone; the restart gives Redis a new run_id, on which a
-    resolve worker sweeps every session and the lease is recovered as usual."""
+def test_a_lease_is_indexed_by_its_own_script_and_recovered_after_redis_restarts(
+        tmp_path: Path) -> None:
+    """take.lua writes the lease and its index entry in one atomic step, so even a Redis that
+    loses the tail of its data (a crash under everysec, a failover) never keeps a lease without
+    its entry: no sweep is needed. Made here by running take.lua alone (no task, no worker),
+    then a Redis restart; the lease is recovered as usual."""
     with cluster(tmp_path, workers=0) as (server, workers, pa):
         rc = redis.Redis.from_url(server.url)
-        mark = tail_id(rc, K.workers)
-        workers.append(Worker(server.url, overrides={"recovery_interval_ms": "100",
-                                                     "sweep_check_s": "0.2"}).start())
-        first = wait_for(rc, K.workers, lambda f: f[b"event"] == b"swept", mark)
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
         short = PendingActions.from_url(server.url, dispatch_timeout_ms=300)
-        got = short.ctx.scripts.take("s", uuid.uuid4().hex, "apply", uuid.uuid4().hex, "r",
-                                     b"null", 60, b"{}").run()
+        token = uuid.uuid4().hex
+        got = short.ctx.scripts.take("s", uuid.uuid4().hex, "apply", token, "r", b"null", 60,
+                                     b"{}", Live(("p",), {"t.ok": [1]}), None).run()
         short.close()
-        assert got.status == "ok" and rc.zcard(K.leases) == 0
+        index = K.leases(K.partition("s"))
+        assert got.status == "ok"
+        assert rc.zscore(index, K.lease_member("s", token)) == got.deadline
         assert [a.state for a in pa.pending("s")] == ["in_flight"]
-        mark = tail_id(rc, K.workers)
         server.kill()
         server.start()
-        again = wait_for(rc, K.workers, lambda f: f[b"event"] == b"swept", mark)
-        assert again[b"run_id"] != first[b"run_id"] and again[b"indexed"] == b"1"
+        assert rc.zscore(index, K.lease_member("s", token)) == got.deadline  # from the AOF
+        workers.append(Worker(server.url, overrides={"recovery_interval_ms": "100"}).start())
         wait_history(rc, "s", "recovered")
+        assert rc.zcard(index) == 0
         [back] = pa.pending("s")
         assert (back.id, back.state, back.attempts) == (action_id, "pending", 1)
 
@@ -220,10 +221,11 @@ def test_sigterm_hands_back_prefetched_work(tmp_path: Path) -> None:
             pa.stage(session=s, tool="edit", label=s, apply="t.ok")
         rest = [pool.submit(pa.resolve, session=s, action="apply", reason="r", timeout=20)
                 for s in ("s2", "s3")]
-        queue = K.task_queue(pa.settings.queue)
+        [task_pool] = read_live(rc, K).pools
+        queues = {K.task_queue(K.partition(s), task_pool) for s in ("s1", "s2", "s3")}
         deadline = time.monotonic() + 10
         # worker a runs one task and holds (prefetch 2) another it cannot start yet
-        while rc.xpending(queue, "workers")["pending"] < 2:
+        while sum(rc.xpending(q, "workers")["pending"] for q in queues) < 2:
             assert time.monotonic() < deadline, "worker a never fetched the tasks"
             time.sleep(0.01)
         workers.append(Worker(server.url, overrides=slow).start())

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pending_actions.broker.errors import InvalidInput, UnknownHandler
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import ResolveRequest
+from pending_actions.broker.pools import read_live
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.taskbroker import FIELD as TASK_FIELD
 from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage
@@ -53,7 +54,7 @@ def test_longest_valid_session(pa: PendingActions) -> None:
 
 def test_unknown_handler_refused_at_stage_time(
         pa: PendingActions, rc: redis.Redis, session: str) -> None:
-    seq = rc.get(K.seq)
+    seq = rc.get(K.seq(K.partition(session)))
     with pytest.raises(UnknownHandler) as err:
         pa.stage(session=session, tool="edit", label="x", apply="nope.missing")
     assert (err.value.field, err.value.name) == ("apply", "nope.missing")
@@ -62,7 +63,7 @@ def test_unknown_handler_refused_at_stage_time(
     assert err.value.field == "reject"
     with pytest.raises(UnknownHandler):
         pa.set_directive(session, tool="plan", label="x", apply="nope")
-    assert pa.pending(session) == [] and rc.get(K.seq) == seq
+    assert pa.pending(session) == [] and rc.get(K.seq(K.partition(session))) == seq
 
 
 @pytest.mark.parametrize("payload", [[1, 2], "text", 3, orjson.Fragment(b"{}")])
@@ -136,10 +137,11 @@ def test_malformed_request_entries_are_parked_and_worker_keeps_serving(
     session = "fuzz-raw"
     pa.stage(session=session, tool="edit", label="keep me", apply="t.ok")
     before = snapshot(rc, session)
-    start = rc.xrevrange(K.requests_dead, count=1)
+    part = K.partition(session)
+    start = rc.xrevrange(K.requests_dead(part), count=1)
     last = start[0][0] if start else b"0-0"
-    rc.xadd(K.requests, fields)
-    got = rc.xread({K.requests_dead: last}, block=10_000)
+    rc.xadd(K.requests(part), fields)
+    got = rc.xread({K.requests_dead(part): last}, block=10_000)
     assert got, "malformed entry was not parked"
     reason = got[0][1][0][1][b"reason"]
     assert reason
@@ -232,7 +234,9 @@ def test_malformed_task_entries_change_nothing(pa: PendingActions, rc: redis.Red
     session = f"fuzz-task-{uuid.uuid4().hex[:8]}"
     pa.stage(session=session, tool="edit", label="keep", apply="t.ok")
     before = snapshot(rc, session)
-    queue, dead = K.task_queue(pa.settings.queue), K.task_dead(pa.settings.queue)
+    [pool] = read_live(rc, K).pools
+    part = K.partition(session)
+    queue, dead = K.task_queue(part, pool), K.task_dead(part, pool)
     last = tail(rc, dead)
     entry = rc.xadd(queue, fields)
     deadline = time.monotonic() + 10

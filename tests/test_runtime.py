@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from pending_actions.broker import REMINDER
 from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 from pending_actions.producers import PendingActions, intent, render, tool_definition
-from tests.conftest import runs
+from tests.conftest import Deployment, both, runs
+
+
+@pytest.fixture(params=["single", "cluster"])
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    return both(request)
 
 
 def test_reminder_is_exact() -> None:

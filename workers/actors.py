@@ -1,5 +1,6 @@
 """The dramatiq side: broker setup from the environment, the actor that runs handlers, and a
-middleware that publishes this worker's handler names once it has booted.
+middleware that keeps this worker's pool of handlers live (``broker/pools.py``) and says when
+it is ready.
 
 Run with ``python -m dramatiq workers.actors your.handlers`` (``pending-actions worker`` does).
 """
@@ -10,20 +11,20 @@ import logging
 import os
 import socket
 import threading
-import time
+import uuid
 from typing import Any
 
 import dramatiq
-import orjson
 from dramatiq.middleware import CurrentMessage
 
+from pending_actions.broker import pools
 from pending_actions.broker.backoff import Backoff
-from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.connection import TRANSIENT, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import WorkerEvent
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.taskbroker import StreamsBroker
-from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage, task_broker
+from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage, pool_queue, task_broker
 from pending_actions.workers import attempt, registry
 
 log = logging.getLogger("pending_actions.actors")
@@ -31,14 +32,21 @@ ctx = Context.create(Settings(), role="worker")
 
 
 class Registration(dramatiq.Middleware):
-    """Tells producers which handler names exist and says when this worker is ready. Runs in a
-    thread so a worker that boots while Redis is down keeps trying, and re-registers every
-    HEARTBEAT_S in case Redis lost its data."""
-
-    HEARTBEAT_S = 30.0
+    """Serves the queues of this process's pool (its handler set, known once every handler
+    module is imported, at worker boot), keeps the pool live with a heartbeat every third of
+    ``POOL_TTL_MS`` (so a process that dies silently drops out within that), and removes it at
+    clean shutdown. Runs in a thread so a worker that boots while Redis is down keeps trying."""
 
     def __init__(self) -> None:
         self.stop = threading.Event()
+        self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.names: list[str] = []
+        self.pool = ""
+
+    def before_worker_boot(self, broker: Any, worker: Any) -> None:
+        self.names = registry.names()
+        self.pool = pools.pool_id(self.names)
+        serve_pool(broker, self.pool)
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         threading.Thread(target=self._run, name="registration", daemon=True).start()
@@ -46,35 +54,47 @@ class Registration(dramatiq.Middleware):
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self.stop.set()
         try:
+            pools.leave(ctx.client, ctx.keys, self.pool, self.instance)
             ctx.client.xadd(ctx.keys.workers, {"role": "dramatiq", "event": WorkerEvent.STOPPING,
                                                "pid": os.getpid()}, maxlen=1000,
                             approximate=True)
         except TRANSIENT:
             log.warning("could not announce shutdown; Redis is unavailable")
 
-    def _publish(self, first: bool) -> None:
-        names = registry.names()
-        info = orjson.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
-        pipe = ctx.client.pipeline(transaction=False)
-        if names:
-            pipe.hset(ctx.keys.handlers, mapping=dict.fromkeys(names, info))
-        if first:
-            pipe.xadd(ctx.keys.workers, {"role": "dramatiq", "event": WorkerEvent.READY,
-                                         "pid": os.getpid(),
-                                         "handlers": ",".join(names)}, maxlen=1000,
-                      approximate=True)
-        pipe.execute()
-
     def _run(self) -> None:
         first, retry = True, Backoff()
+        ttl = ctx.settings.pool_ttl_ms
         while not self.stop.is_set():
             try:
-                self._publish(first)
+                pools.heartbeat(ctx.client, ctx.keys, self.pool, self.names, self.instance, ttl)
+                if first:
+                    ctx.client.xadd(ctx.keys.workers,
+                                    {"role": "dramatiq", "event": WorkerEvent.READY,
+                                     "pid": os.getpid(), "pool": self.pool,
+                                     "handlers": ",".join(self.names)},
+                                    maxlen=1000, approximate=True)
                 first = False
                 retry.reset()
-                self.stop.wait(self.HEARTBEAT_S)
+                self.stop.wait(ttl / 3000)
             except TRANSIENT as exc:
                 retry.wait(self.stop, exc, "cannot register handlers yet")
+
+
+def serve_pool(broker: Any, pool: str) -> None:
+    """Consume this pool's tasks: from every partition's stream on our streams broker in the
+    state's Redis (one read for all on a single Redis, one per partition on a cluster), from
+    one queue per pool on any other broker."""
+    base = ctx.settings.queue
+    if isinstance(broker, StreamsBroker) and broker.client is ctx.client:
+        every = list(range(ctx.keys.partitions))
+        groups = [[p] for p in every] if is_cluster(ctx.client) else [every]
+        for n, group in enumerate(groups):
+            broker.serve(f"{pool}@{n}", [ctx.keys.task_queue(p, pool) for p in group])
+    elif isinstance(broker, StreamsBroker):
+        name = pool_queue(base, pool)
+        broker.serve(name, [ctx.keys.plain_queue(name)])
+    else:
+        broker.declare_queue(pool_queue(base, pool))
 
 
 broker = task_broker(ctx)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from pending_actions.broker import failpoints, texts
 from pending_actions.broker.backoff import retry
-from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.connection import TRANSIENT, NotReplicated, acked
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ToolError
 from pending_actions.broker.events import Event
@@ -59,14 +58,9 @@ class Renewer:
             if not items:
                 continue
             try:
-                ctx = self.ctx
-                pipe = ctx.client.pipeline(transaction=False)
-                deadline = time.time() * 1000 + ctx.settings.lease_ms
+                pipe = self.ctx.client.pipeline(transaction=False)
                 for token, session in items:
-                    ctx.scripts.renew(session, token).on(pipe)
-                    # GT: only ever later; XX: a finished lease's entry stays gone
-                    pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(session, token): deadline},
-                              xx=True, gt=True)
+                    self.ctx.scripts.renew(session, token).on(pipe)
                 pipe.execute()
             except TRANSIENT as exc:
                 log.warning("lease renewal failed (%s); retrying", exc)
@@ -87,26 +81,53 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
     ``settle``, when given, rides on the outcome's round trip (the task's ack)."""
     budget = ctx.settings.lease_ms / 1000
     session, token, req, action = task.session, task.token, task.req, task.action
-    member = ctx.keys.lease_member(session, token)
+    # with REPLICA_WAIT, the claim is on a replica before the handler runs (so a failover
+    # cannot forget the take and run the action again), and so is the outcome before this
+    # attempt is over (a lost outcome is sent again, to the new master, while the lease holds)
+    where, replicas = ctx.keys.inflight(session), ctx.settings.replica_wait
+    wait_ms = ctx.settings.replica_wait_timeout_ms
 
     def claim() -> Begun:
-        # one round trip: claim the attempt and bring its index entry down to the (shorter)
-        # running lease; LT never raises it, XX never revives an entry recovery removed
-        pipe = ctx.client.pipeline(transaction=False)
-        begun = ctx.scripts.begin(session, token).on(pipe)
-        pipe.zadd(ctx.keys.leases, {member: time.time() * 1000 + ctx.settings.lease_ms},
-                  xx=True, lt=True)
-        return begun.get(pipe.execute())
+        def build(pipe: Any) -> Callable[[list[Any]], Begun]:
+            return ctx.scripts.begin(session, token).on(pipe).get
+
+        try:
+            return acked(ctx.client, where, build, replicas, wait_ms)
+        except NotReplicated as exc:
+            if exc.result is None or exc.result.status is not BeginStatus.OK:
+                raise
+            # claimed on that master, not yet on a replica: a renewal is a later write on the
+            # same master, so once one is replicated the claim is too
+            def renewed(pipe: Any) -> Callable[[list[Any]], int]:
+                call = ctx.scripts.renew(session, token).on(pipe)
+                return lambda replies: call.get(replies).deadline
+
+            if not retry(lambda: acked(ctx.client, where, renewed, replicas, wait_ms), budget):
+                return Begun(BeginStatus.STALE)  # the lease ended meanwhile: do not run
+            claimed: Begun = exc.result
+            return claimed
 
     def conclude(step: Call[Concluded]) -> bool:
-        # the outcome, the end of the lease's index entry and the task's ack: one round trip
-        def send() -> bool:
-            pipe = ctx.client.pipeline(transaction=False)
+        # the outcome (which also ends the lease's index entry) and the task's ack: one round
+        # trip
+        recorded = False
+
+        def build(pipe: Any) -> Callable[[list[Any]], bool]:
             done = step.on(pipe)
-            pipe.zrem(ctx.keys.leases, member)
             if settle is not None:
                 settle(pipe)
-            return done.get(pipe.execute()).recorded
+            return lambda replies: done.get(replies).recorded
+
+        def send() -> bool:
+            # an outcome recorded on a master that then failed to replicate it is sent again
+            # (to the new master, where the lease still holds); on the same master the second
+            # one finds the lease gone, which is no refusal of ours
+            nonlocal recorded
+            try:
+                return acked(ctx.client, where, build, replicas, wait_ms) or recorded
+            except NotReplicated as exc:
+                recorded = recorded or bool(exc.result)
+                raise
 
         return retry(send, budget)
 

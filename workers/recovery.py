@@ -1,28 +1,29 @@
 """The resolve worker's second loop: return the attempts whose lease expired, found through
-the lease index, and sweep every session once after Redis comes back without its data tail."""
+the partitions' lease indexes.
+
+The scripts that make, renew and end a lease write its index entry in the same atomic step,
+so a lease never exists without its entry, even on a Redis that lost the tail of its data or
+on a replica promoted by a failover (a script replicates as one transaction): no sweep of the
+sessions is ever needed."""
 
 from __future__ import annotations
 
 import logging
-import os
-import random
 import threading
-import time
 from typing import Any
 
 from pending_actions.broker import texts
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
-from pending_actions.broker.events import WorkerEvent
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Lease, Spec
-from pending_actions.broker.replies import Recovered, RecoverOutcome
+from pending_actions.broker.replies import RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
 
 log = logging.getLogger("pending_actions.resolver")
 
-SWEEP_LOCK_S = 600
+DUE_BATCH = 100  # entries looked at per partition per round
 
 
 class Recovery:
@@ -34,14 +35,9 @@ class Recovery:
     def run(self) -> None:
         retry = Backoff()
         interval = self.ctx.settings.recovery_interval_ms / 1000
-        every = self.ctx.settings.sweep_check_s
-        next_check = time.monotonic() + random.uniform(0, every)  # spread out
         while not self.stop.wait(interval):
             try:
                 self.recover_due()
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + every
-                    self.sweep_if_restarted()
                 retry.reset()
             except TRANSIENT as exc:
                 retry.wait(self.stop, exc, "Redis unavailable")
@@ -51,87 +47,42 @@ class Recovery:
         return int(sec) * 1000 + int(usec) // 1000
 
     def recover_due(self) -> int:
-        """Look at the leases whose index entry is due: recover the expired ones, move the
-        entry of a live one to its real deadline, drop the entry of one that is gone."""
+        """Look at the leases whose index entry is due (one pipelined read of every
+        partition's index): recover.lua returns the expired ones, and moves the entry of one
+        renewed meanwhile to its deadline or drops the entry of one that is gone."""
         ctx, now = self.ctx, self._now_ms()
-        due: Any = ctx.client.zrangebyscore(ctx.keys.leases, "-inf", now, start=0, num=100)
+        pipe = ctx.client.pipeline(transaction=False)
+        for p in range(ctx.keys.partitions):
+            pipe.zrangebyscore(ctx.keys.leases(p), "-inf", now, start=0, num=DUE_BATCH)
+        due = [Keys.parse_lease_member(m) for members in pipe.execute() for m in members]
         if not due:
             return 0
-        pairs = [Keys.parse_lease_member(m) for m in due]
         pipe = ctx.client.pipeline(transaction=False)
-        for session, token in pairs:
+        for session, token in due:
             pipe.hget(ctx.keys.inflight(session), token)
-        recovered = 0
         fix = ctx.client.pipeline(transaction=False)
-        for member, (session, token), raw in zip(due, pairs, pipe.execute(), strict=True):
+        queued = []
+        for (session, token), raw in zip(due, pipe.execute(), strict=True):
             lease = Lease.model_validate_json(raw) if raw else None
             if lease is not None and lease.deadline <= now:
-                got = ctx.scripts.recover(
-                    session, token, lease.req, self._recovery_replies(session, lease),
-                    (texts.worker_lost_error(lease.attempt),
-                     texts.never_started_error(lease.attempt))).run()
-                if got.outcome not in (RecoverOutcome.GONE, RecoverOutcome.LIVE):
-                    recovered += 1
-                    log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
-                                got.outcome.name.lower().replace("_", " "))
-            elif lease is not None:
-                got = Recovered(RecoverOutcome.LIVE, lease.deadline)
-            else:
-                got = Recovered(RecoverOutcome.GONE, 0)
-            if got.outcome is RecoverOutcome.LIVE:  # renewed since the entry was written
-                fix.zadd(ctx.keys.leases, {member: got.deadline}, xx=True)
-            else:
-                fix.zrem(ctx.keys.leases, member)
-        fix.execute()
+                replies = self._recovery_replies(session, lease)
+                errors = (texts.worker_lost_error(lease.attempt),
+                          texts.never_started_error(lease.attempt))
+            else:  # live or gone: recover.lua only puts the entry right
+                replies, errors = (b"", b"", b""), ("", "")
+            req = lease.req if lease is not None else "-"
+            queued.append((lease, ctx.scripts.recover(session, token, req, replies,
+                                                      errors).on(fix)))
+        replies_all = fix.execute()
+        recovered = 0
+        for lease, got_q in queued:
+            got = got_q.get(replies_all)
+            if lease is not None and got.outcome not in (RecoverOutcome.GONE,
+                                                         RecoverOutcome.LIVE):
+                recovered += 1
+                log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
+                            got.outcome.name.lower().replace("_", " "))
         return recovered
-
-    def sweep_if_restarted(self) -> int:
-        """Index entries are written in the same round trip as their leases, so only a Redis
-        that lost the tail of its data (a crash under appendfsync everysec, a failover) can
-        hold a lease without one. Both come back under a new run_id: the first resolve worker
-        to notice sweeps every session once for that server, under a lock."""
-        ctx = self.ctx
-        run_id = str(ctx.client.info("server")["run_id"])
-        swept: Any = ctx.client.get(ctx.keys.swept)
-        if swept is not None and swept.decode() == run_id:
-            return 0
-        if not ctx.client.set(ctx.keys.sweep_lock, self.name, nx=True, ex=SWEEP_LOCK_S):
-            return 0
-        try:
-            count = self.sweep()
-            pipe = ctx.client.pipeline(transaction=False)
-            pipe.set(ctx.keys.swept, run_id)
-            pipe.xadd(ctx.keys.workers, {"role": "resolver", "event": WorkerEvent.SWEPT,
-                                         "run_id": run_id, "indexed": count, "name": self.name,
-                                         "pid": os.getpid()},
-                      maxlen=1000, approximate=True)
-            pipe.execute()
-        finally:
-            ctx.client.delete(ctx.keys.sweep_lock)
-        if count:
-            log.warning("sweep of Redis run %s indexed %d leases it had lost", run_id, count)
-        return count
-
-    def sweep(self) -> int:
-        """Give every lease of every session an index entry if it has none (500 sessions per
-        round trip); recover_due then treats them as usual."""
-        ctx, count, cursor = self.ctx, 0, 0
-        while True:
-            scanned: Any = ctx.client.sscan(ctx.keys.sessions, cursor, count=500)
-            cursor, members = scanned
-            sessions = [m.decode() for m in members]
-            pipe = ctx.client.pipeline(transaction=False)
-            for session in sessions:
-                pipe.hgetall(ctx.keys.inflight(session))
-            add = ctx.client.pipeline(transaction=False)
-            for session, leases in zip(sessions, pipe.execute(), strict=True):
-                for token, raw in leases.items():
-                    entry = {ctx.keys.lease_member(session, token.decode()):
-                             Lease.model_validate_json(raw).deadline}
-                    add.zadd(ctx.keys.leases, entry, nx=True)
-            count += sum(add.execute()) if len(add) else 0
-            if not cursor:
-                return count
 
     def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
         raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)

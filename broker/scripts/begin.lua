@@ -1,7 +1,9 @@
 -- begin: a handler task claims its attempt. Fences duplicate and late deliveries: only the
--- first delivery of a live lease gets OK; it also extends the lease for the run.
+-- first delivery of a live lease gets OK; it also extends the lease for the run (and its
+-- index entry).
 -- KEYS[1] inflight (hash)  KEYS[2] actions (hash)  KEYS[3] state (hash)
--- ARGV[1] lease token      ARGV[2] lease ms
+-- KEYS[4] the partition's lease index (zset)
+-- ARGV[1] lease token      ARGV[2] lease ms      ARGV[3] index member "<session>/<token>"
 -- Returns: {BEGIN.OK, spec JSON, state JSON, lease JSON} | {BEGIN.STALE} (no such lease)
 --          | {BEGIN.RUNNING} (already claimed) | {BEGIN.GONE, lease JSON} (spec replaced)
 redis.replicate_commands()
@@ -21,5 +23,6 @@ lease.state = 'running'
 lease.deadline = now_ms() + tonumber(ARGV[2])
 raw = cjson.encode(lease)
 redis.call('HSET', KEYS[1], ARGV[1], raw)
+redis.call('ZADD', KEYS[4], lease.deadline, ARGV[3])
 local st = redis.call('HGET', KEYS[3], lease.id) or NEW_STATE
 return {BEGIN.OK, spec, st, raw}

@@ -1,9 +1,10 @@
 -- finalize: record a successful outcome (applied or discarded) and reply to the resolver.
 -- Fenced: a token whose lease is gone (recovered, or a duplicate) changes nothing.
 -- KEYS[1] inflight (hash)  KEYS[2] actions (hash)  KEYS[3] state (hash)  KEYS[4] history
--- KEYS[5] reply (list)
+-- KEYS[5] reply (list)    KEYS[6] the partition's lease index (zset)
 -- ARGV[1] lease token  ARGV[2] reply JSON  ARGV[3] reply ttl s  ARGV[4] history maxlen
 -- ARGV[5] event (EVENT.APPLIED | EVENT.DISCARDED)  ARGV[6] action id  ARGV[7] attempt
+-- ARGV[8] index member "<session>/<token>"
 -- Returns: 1 when recorded, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
@@ -13,6 +14,7 @@ if not raw then
 end
 local lease = cjson.decode(raw)
 redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[8])
 if lease.kind ~= 'standing' then
   redis.call('HDEL', KEYS[2], lease.id)
   redis.call('HDEL', KEYS[3], lease.id)

@@ -3,8 +3,10 @@
 -- no observer sees the action missing. Fenced by the lease token like finalize.
 -- KEYS[1] inflight (hash)  KEYS[2] stack (list)  KEYS[3] directive (string)
 -- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)  KEYS[7] reply (list)
+-- KEYS[8] the partition's lease index (zset)
 -- ARGV[1] lease token  ARGV[2] error text  ARGV[3] reply JSON  ARGV[4] reply ttl s
 -- ARGV[5] history maxlen  ARGV[6] action id  ARGV[7] attempt
+-- ARGV[8] index member "<session>/<token>"
 -- Returns: 1 when re-added, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
@@ -14,6 +16,7 @@ if not raw then
 end
 local lease = cjson.decode(raw)
 redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[8], ARGV[8])
 local kept = redis.call('HEXISTS', KEYS[4], lease.id) == 1
 if kept and lease.kind == 'action' then
   redis.call('LPUSH', KEYS[2], lease.id)

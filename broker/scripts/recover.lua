@@ -4,25 +4,29 @@
 -- The resolver waiting on it gets the matching error reply. No-op unless the lease is expired.
 -- KEYS[1] inflight (hash)  KEYS[2] stack (list)  KEYS[3] directive (string)
 -- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)
--- KEYS[7] dead (list)      KEYS[8] reply (list)
+-- KEYS[7] dead (list)      KEYS[8] reply (list)  KEYS[9] the partition's lease index (zset)
 -- ARGV[1] lease token  ARGV[2] max stalls  ARGV[3] reply ttl s  ARGV[4] history maxlen
 -- ARGV[5] reply JSON when returned after a stall  ARGV[6] reply JSON when dead-lettered
 -- ARGV[7] reply JSON when no worker started it
 -- ARGV[8] last_error when returned after a stall  ARGV[9] last_error when no worker started it
+-- ARGV[10] index member "<session>/<token>"
 -- Returns: {outcome, deadline ms}, outcome one of RECOVER: GONE (no such lease: finished or
 -- recovered already), RETURNED, DEAD_LETTERED, UNSTARTED, or LIVE (nothing done; the deadline
 -- says when to look again).
 redis.replicate_commands()
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
+  redis.call('ZREM', KEYS[9], ARGV[10])
   return {RECOVER.GONE, 0}
 end
 local lease = cjson.decode(raw)
 local now = now_ms()
 if lease.deadline > now then
+  redis.call('ZADD', KEYS[9], lease.deadline, ARGV[10])
   return {RECOVER.LIVE, lease.deadline}
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[9], ARGV[10])
 local spec = redis.call('HGET', KEYS[4], lease.id)
 local outcome = RECOVER.RETURNED
 if lease.state == 'dispatched' then

@@ -1,24 +1,60 @@
--- take: pick the resolve target atomically (directive, else stack head, else standing handler)
--- and lease it to one attempt. The target leaves the stack/slot but its spec stays in the
--- actions hash, so it is never missing: it is either stacked or in flight.
+-- take: pick the resolve target atomically (directive, else stack head, else standing handler),
+-- lease it to one attempt, index the lease and enqueue its task to a pool of workers that has
+-- the handler it needs. The target leaves the stack/slot but its spec stays in the actions
+-- hash, so it is never missing: it is either stacked or in flight.
 -- KEYS[1] directive (string)  KEYS[2] stack (list)  KEYS[3] standing (string)
 -- KEYS[4] actions (hash)      KEYS[5] state (hash)  KEYS[6] inflight (hash)
 -- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
--- KEYS[9] reply (list)
+-- KEYS[9] reply (list)        KEYS[10] the partition's lease index (zset)
+-- KEYS[11..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
+--            ARGV[14] is empty: the caller enqueues on a broker of its own)
 -- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
 -- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
 -- ARGV[5] marker ttl seconds  ARGV[6] history maxlen  ARGV[7] reason
 -- ARGV[8] extra as a JSON string (kept opaque: cjson would rewrite {} as [])
 -- ARGV[9] reply JSON for "nothing to target"  ARGV[10] reply ttl seconds
--- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token} | {TAKE.NONE} (replied here)
---          | {TAKE.DUP}
+-- ARGV[11] session (the lease index member is "<session>/<token>")
+-- ARGV[12] routes: JSON handler name -> list of pool numbers (1-based)
+-- ARGV[13] number of live pools
+-- ARGV[14] the task message (dramatiq, encoded; carries the token ARGV[3]) or ""
+-- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
+--          | {TAKE.NONE} (replied here) | {TAKE.DUP}
+--          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
+--            nothing changed)
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
 -- its earlier answer back while that is still actionable (the same lease if no worker has
--- started it, so it can be dispatched again; NONE again), else DUP.
+-- started it, whose task is enqueued again; NONE again), else DUP.
 redis.replicate_commands()
--- a slot or stack entry may outlive its spec: such an id is skipped
-local function held(id)
-  return id and redis.call('HEXISTS', KEYS[4], id) == 1
+local routes = cjson.decode(ARGV[12])
+local npools = tonumber(ARGV[13])
+
+-- the handler the target needs for this action, read from the spec's JSON text without
+-- decoding its payload: "apply" and "reject" come before any free-form field in a spec
+-- (broker/models.py Spec), and a quote inside a string value is always escaped
+local function needs(spec)
+  local field = ARGV[2] == 'apply' and 'apply' or 'reject'
+  return string.match(spec, '"' .. field .. '":"([^"]*)"')
+end
+
+-- the pool number for the target, or nil; spread by the token (random hex)
+local function route(spec)
+  local name = needs(spec)
+  local pools
+  if name then
+    pools = routes[name]
+  elseif npools > 0 then
+    return 1 + tonumber(string.sub(ARGV[3], 1, 6), 16) % npools, nil
+  end
+  if not pools or #pools == 0 then return nil, name or '' end
+  return pools[1 + tonumber(string.sub(ARGV[3], 1, 6), 16) % #pools], name
+end
+
+local function enqueue(pool, token)
+  if ARGV[14] ~= '' then
+    local message = ARGV[14]
+    if token ~= ARGV[3] then message = string.gsub(message, ARGV[3], token) end
+    redis.call('XADD', KEYS[10 + pool], '*', 'm', message)
+  end
 end
 
 local prev = redis.call('GET', KEYS[8])
@@ -28,36 +64,57 @@ elseif prev then
   local raw = redis.call('HGET', KEYS[6], prev)
   if raw then
     local lease = cjson.decode(raw)
-    if lease.state == 'dispatched' and held(lease.id) then
-      return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt), tostring(lease.deadline),
-              prev}
+    local spec = redis.call('HGET', KEYS[4], lease.id)
+    if lease.state == 'dispatched' and spec then
+      local pool = route(spec)
+      if pool then
+        enqueue(pool, prev)
+        return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt),
+                tostring(lease.deadline), prev, pool}
+      end
     end
   end
   return {TAKE.DUP}
 end
 
-local function pick()
+-- the target without taking it yet: a stale slot or stack entry (its spec gone) is dropped
+local function find()
   local id = redis.call('GET', KEYS[1])
   if id then
+    local spec = redis.call('HGET', KEYS[4], id)
+    if spec then return id, 'directive', spec end
     redis.call('DEL', KEYS[1])
-    if held(id) then return id, 'directive' end
   end
   while true do
-    id = redis.call('LPOP', KEYS[2])
+    id = redis.call('LINDEX', KEYS[2], 0)
     if not id then break end
-    if held(id) then return id, 'action' end
+    local spec = redis.call('HGET', KEYS[4], id)
+    if spec then return id, 'action', spec end
+    redis.call('LPOP', KEYS[2])
   end
   id = redis.call('GET', KEYS[3])
-  if held(id) then return id, 'standing' end
+  if id then
+    local spec = redis.call('HGET', KEYS[4], id)
+    if spec then return id, 'standing', spec end
+  end
   return nil
 end
 
-local id, kind = pick()
+local id, kind, spec = find()
 if not id then
   redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
   redis.call('RPUSH', KEYS[9], ARGV[9])
   redis.call('EXPIRE', KEYS[9], ARGV[10])
   return {TAKE.NONE}
+end
+local pool, name = route(spec)
+if not pool then
+  return {TAKE.NO_WORKER, id, name, spec}
+end
+if kind == 'directive' then
+  redis.call('DEL', KEYS[1])
+elseif kind == 'action' then
+  redis.call('LPOP', KEYS[2])
 end
 redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
 local st = counters(KEYS[5], id)
@@ -68,6 +125,8 @@ redis.call('HSET', KEYS[6], ARGV[3], cjson.encode({
   id = id, kind = kind, token = ARGV[3], attempt = st.attempts, req = ARGV[1],
   action = ARGV[2], deadline = deadline, state = 'dispatched', reason = ARGV[7],
   extra = ARGV[8]}))
+redis.call('ZADD', KEYS[10], deadline, ARGV[11] .. '/' .. ARGV[3])
 history(KEYS[7], ARGV[6], EVENT.TAKEN, 'id', id, 'kind', kind, 'action', ARGV[2],
   'attempt', st.attempts, 'request', ARGV[1])
-return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3]}
+enqueue(pool, ARGV[3])
+return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3], pool}

@@ -1,0 +1,96 @@
+"""Routing by handler. A dramatiq worker process serves one *pool*: the set of handler names
+it has, named by a short hash of that set, so workers with the same handlers share a pool and
+its task streams. Each process keeps its pool live with a heartbeat (an expiry in the
+``pool_live`` zset) and removes it at clean shutdown; a process that dies silently drops out
+when its expiry passes (``POOL_TTL_MS``).
+
+Producers refuse to stage a handler no live pool has; the resolve worker hands take.lua the
+table handler -> pools, so a task goes only to a pool that has its handler."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis
+
+from pending_actions.broker.keys import Keys
+
+
+def pool_id(names: list[str] | tuple[str, ...]) -> str:
+    return hashlib.sha1(",".join(sorted(names)).encode()).hexdigest()[:10]
+
+
+def _server_ms(client: redis.Redis) -> int:
+    # one clock for writers and readers on different hosts: the server's
+    sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def heartbeat(client: redis.Redis, keys: Keys, pool: str, names: list[str], instance: str,
+              ttl_ms: int) -> None:
+    now = _server_ms(client)
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(keys.pools, pool, orjson.dumps(sorted(names)))
+    pipe.zadd(keys.pool_live, {f"{pool}/{instance}": now + ttl_ms})
+    # members of processes that died long ago; their pool's names stay (tiny, and shared)
+    pipe.zremrangebyscore(keys.pool_live, "-inf", now - 10 * ttl_ms)
+    pipe.execute()
+
+
+def leave(client: redis.Redis, keys: Keys, pool: str, instance: str) -> None:
+    client.zrem(keys.pool_live, f"{pool}/{instance}")
+
+
+@dataclass(frozen=True)
+class Live:
+    """The live pools at one moment: ``pools`` sorted; ``routes`` handler name -> 1-based
+    indexes into ``pools`` (the form take.lua reads)."""
+
+    pools: tuple[str, ...] = ()
+    routes: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def routes_json(self) -> bytes:
+        # an empty Lua table would encode as [] and decode fine either way
+        return orjson.dumps(self.routes)
+
+    def has(self, name: str) -> bool:
+        return name in self.routes
+
+
+def read_live(client: redis.Redis, keys: Keys) -> Live:
+    now = _server_ms(client)
+    members: Any = client.zrangebyscore(keys.pool_live, now, "+inf")
+    pools = sorted({m.decode().partition("/")[0] for m in members})
+    if not pools:
+        return Live()
+    found: Any = client.hmget(keys.pools, pools)
+    routes: dict[str, list[int]] = {}
+    for index, raw in enumerate(found, start=1):
+        for name in orjson.loads(raw) if raw else ():
+            routes.setdefault(name, []).append(index)
+    return Live(tuple(pools), routes)
+
+
+class LiveView:
+    """``read_live`` cached for ``max_age_s``; thread-safe."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, max_age_s: float = 2.0) -> None:
+        self.client = client
+        self.keys = keys
+        self.max_age_s = max_age_s
+        self._live = Live()
+        self._at = -1e9
+        self._lock = threading.Lock()
+
+    def get(self, fresh: bool = False) -> Live:
+        with self._lock:
+            if fresh or time.monotonic() - self._at > self.max_age_s:
+                self._live = read_live(self.client, self.keys)
+                self._at = time.monotonic()
+            return self._live

@@ -1,0 +1,161 @@
+"""A real Redis Cluster for the tests: ``redis-server --cluster-enabled yes`` processes on free
+ports (AOF, fsync always), joined with ``redis-cli --cluster create``, or, where redis-cli is
+missing, with CLUSTER ADDSLOTSRANGE / MEET / REPLICATE sent from Python."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from pending_actions.broker.embedded import find_redis_server
+
+SLOTS = 16384
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too; Redis wants it <= 55535."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20_000, 45_000)
+        try:
+            for p in (port, port + 10_000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+
+
+@dataclass
+class Node:
+    port: int
+    directory: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=10)
+
+    def start(self, fsync: str) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(self.directory), "--cluster-enabled", "yes",
+             "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "3000",
+             # failovers are the test's to make (CLUSTER FAILOVER TAKEOVER), at a known moment
+             "--cluster-replica-no-failover", "yes",
+             "--appendonly", "yes", "--appendfsync", fsync, "--save", "",
+             "--logfile", str(self.directory / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client().ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"redis cluster node on {self.port} did not start") from None
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class Cluster:
+    directory: Path
+    masters: int = 3
+    replicas: int = 0
+    fsync: str = "always"
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/"
+
+    def start(self) -> Cluster:
+        count = self.masters * (1 + self.replicas)
+        self.nodes = [Node(cluster_port(), self.directory / f"node{i}") for i in range(count)]
+        for node in self.nodes:
+            node.start(self.fsync)
+        if shutil.which("redis-cli"):
+            subprocess.run(
+                ["redis-cli", "--cluster", "create",
+                 *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        else:
+            self._create_by_hand()
+        self.wait_ok()
+        return self
+
+    def _create_by_hand(self) -> None:
+        """What ``redis-cli --cluster create`` does: equal slot ranges to the masters, every
+        node meets the first, each replica follows its master."""
+        masters, rest = self.nodes[:self.masters], self.nodes[self.masters:]
+        for i, node in enumerate(masters):
+            low, high = i * SLOTS // self.masters, (i + 1) * SLOTS // self.masters - 1
+            node.client().execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+        for node in self.nodes[1:]:
+            node.client().execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
+        self._wait(lambda: all(len(n.client().execute_command("CLUSTER", "NODES")
+                                    .splitlines()) == len(self.nodes) for n in self.nodes))
+        for i, node in enumerate(rest):
+            master_id = masters[i % self.masters].client().execute_command("CLUSTER", "MYID")
+            node.client().execute_command("CLUSTER", "REPLICATE", master_id)
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        def ok() -> bool:
+            for node in self.live_nodes():
+                info = node.client().execute_command("CLUSTER", "INFO")
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                if "cluster_state:ok" not in text:
+                    return False
+            return True
+
+        self._wait(ok, timeout)
+
+    @staticmethod
+    def _wait(check: object, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():  # type: ignore[operator]
+            if time.monotonic() > deadline:
+                raise TimeoutError("the cluster did not settle")
+            time.sleep(0.1)
+
+    def live_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def roles(self) -> dict[int, tuple[str, int | None]]:
+        """port -> ("master", None) or ("slave", master port), as the live nodes see it."""
+        out: dict[int, tuple[str, int | None]] = {}
+        for node in self.live_nodes():
+            role = node.client().execute_command("ROLE")
+            kind = role[0].decode()
+            out[node.port] = (kind, int(role[2]) if kind == "slave" else None)
+        return out
+
+    def master_ports(self) -> list[int]:
+        return sorted(p for p, (kind, _m) in self.roles().items() if kind == "master")
+
+    def replica_of(self, port: int) -> Node:
+        for node in self.live_nodes():
+            kind, master = self.roles()[node.port]
+            if kind == "slave" and master == port:
+                return node
+        raise LookupError(f"no replica of {port}")
+
+    def node(self, port: int) -> Node:
+        return next(n for n in self.nodes if n.port == port)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()
