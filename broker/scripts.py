@@ -139,11 +139,12 @@ class Scripts:
         return Call(self._fn[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, action_id: str, spec: bytes) -> Call[Staged]:
+    def stage(self, session: str, action_id: str, spec: bytes, tenant: str) -> Call[Staged]:
         k = self._k
         return self._call(
-            "stage", [k.stack(session), k.actions(session), k.history(session)],
-            [action_id, spec, self._s.history_maxlen], Staged.decode,
+            "stage",
+            [k.stack(session), k.actions(session), k.history(session), k.tenant(session)],
+            [action_id, spec, self._s.history_maxlen, tenant], Staged.decode,
         )
 
     def _slot_keys(self, session: str, slot: Slot) -> list[str]:
@@ -181,7 +182,8 @@ class Scripts:
 
     # --- resolve worker --------------------------------------------------------------------
     def take(self, session: str, req: str, action: str, token: str, reason: str,
-             extra: bytes, marker_ttl_s: int, none_reply: bytes) -> Call[Taken]:
+             extra: bytes, marker_ttl_s: int, none_reply: bytes, expect_id: str = "",
+             by: str = "", conflict_reply: bytes = b"") -> Call[Taken]:
         k = self._k
         return self._call(
             "take",
@@ -189,7 +191,8 @@ class Scripts:
              k.state(session), k.inflight(session), k.history(session),
              k.request_marker(session, req), k.reply(session, req)],
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
-             self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s],
+             self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s,
+             expect_id, by, conflict_reply],
             Taken.decode,
         )
 

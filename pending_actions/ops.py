@@ -3,6 +3,7 @@ figures refreshed in place (Ctrl-C quits)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -70,7 +71,8 @@ def _recent(pa: PendingActions, count: int) -> list[str]:
     return lines
 
 
-def frame(pa: PendingActions, previous: tuple[float, int, int] | None) -> tuple[str, Any]:
+def frame(pa: PendingActions,
+          previous: tuple[float, int, int] | None) -> tuple[str, Any, Figures]:
     """One screen of ``top`` and what the next frame needs to compute rates."""
     f = figures(pa)
     outcomes: Any = pa.client.xlen(pa.ctx.keys.events)
@@ -83,7 +85,7 @@ def frame(pa: PendingActions, previous: tuple[float, int, int] | None) -> tuple[
     text = "\n\n".join([f"pending-actions top  {head}  (Ctrl-C quits)",
                         stats_text(f, rates), "recent events (newest first)",
                         "\n".join(_recent(pa, 10)) or "(none)"])
-    return text, (f.at, f.staged_total, int(outcomes))
+    return text, (f.at, f.staged_total, int(outcomes)), f
 
 
 @click.command()
@@ -97,13 +99,15 @@ def top(obj: Any, interval: float, iterations: int | None) -> None:
     pa = obj.client()
     previous = None
     n = 0
+    # on a terminal each frame redraws the screen (cursor home + clear); piped, frames follow
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
     try:
         while iterations is None or n < iterations:
-            text, previous = frame(pa, previous)
+            text, previous, data = frame(pa, previous)
             if obj.as_json:
-                click.echo(orjson.dumps(figures(pa).as_dict()).decode())
+                click.echo(orjson.dumps(data.as_dict()).decode())
             else:
-                click.echo("\x1b[H\x1b[2J" + text, nl=True)  # home + clear: redraw in place
+                click.echo(clear + text, color=True)
             n += 1
             if iterations is None or n < iterations:
                 time.sleep(interval)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -15,8 +16,16 @@ from pending_actions.broker import texts
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT
 from pending_actions.broker.context import Context
-from pending_actions.broker.errors import InvalidInput, RedisUnavailable, UnknownHandler
+from pending_actions.broker.errors import (
+    Forbidden,
+    InvalidInput,
+    RedisUnavailable,
+    UnknownHandler,
+)
+from pending_actions.broker.events import Event
+from pending_actions.broker.feed import publish
 from pending_actions.broker.models import (
+    DEFAULT_TENANT,
     TOOL_RE,
     ActionState,
     PendingAction,
@@ -26,11 +35,18 @@ from pending_actions.broker.models import (
     Spec,
     check_handler_name,
     check_session,
+    check_tenant,
 )
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.broker.scripts import Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.tool import soft_requirement
+
+BY_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+
+
+def _foreign(session: str) -> Forbidden:
+    return Forbidden(f"session {session!r} belongs to another tenant")
 
 
 @contextmanager
@@ -65,16 +81,18 @@ class PendingActions:
         fields = self._validate(session, kind, tool, label, apply, reject, payload)
         self._check_handlers([fields])
         seq = self.client.incr(self.ctx.keys.seq)
-        return self._encode(fields, f"{prefix}:{tool}:{seq}")
+        spec = self._encode(fields, f"{prefix}:{tool}:{seq}")
+        return spec.id, orjson.dumps(spec.model_dump())
 
-    def _encode(self, fields: dict[str, Any], action_id: str) -> tuple[str, bytes]:
-        spec = Spec(id=action_id, created_at=time.time(), **fields)
-        return action_id, orjson.dumps(spec.model_dump())
+    def _encode(self, fields: dict[str, Any], action_id: str) -> Spec:
+        return Spec(id=action_id, created_at=time.time(), **fields)
 
     def _validate(self, session: object, kind: str, tool: object, label: object,
-                  apply: object, reject: object, payload: object) -> dict[str, Any]:
+                  apply: object, reject: object, payload: object,
+                  tenant: object = DEFAULT_TENANT) -> dict[str, Any]:
         """Every check that needs no Redis; returns the spec's fields."""
         check_session(session)
+        check_tenant(tenant)
         if not isinstance(tool, str) or not TOOL_RE.match(tool):
             raise InvalidInput("tool", f"must be 1-64 of A-Z a-z 0-9 . _ - (got {tool!r})")
         if not isinstance(label, str) or not label.strip():
@@ -96,24 +114,34 @@ class PendingActions:
             raise InvalidInput("payload", f"{size} bytes; the limit is "
                                f"{self.settings.max_payload_bytes}")
         return {"session": session, "kind": kind, "tool": tool, "label": label,
-                "apply": apply, "reject": reject, "payload": payload}
+                "apply": apply, "reject": reject, "payload": payload, "tenant": tenant}
 
     def _check_handlers(self, checked: list[dict[str, Any]]) -> None:
-        """One look-up for every handler name the validated specs use."""
+        """One round trip: every handler name the validated specs use exists, and no session
+        belongs to another tenant (stage.lua checks that again, atomically)."""
         wanted = {(field, f[field]) for f in checked for field in ("apply", "reject")
                   if f[field] is not None}
         pairs = sorted(wanted)
-        found = self.client.hmget(self.ctx.keys.handlers, [name for _f, name in pairs])
+        owners = sorted({(f["session"], f["tenant"]) for f in checked})
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.ctx.keys.handlers, [name for _f, name in pairs])
+        for session, _t in owners:
+            pipe.get(self.ctx.keys.tenant(session))
+        found, *tenants = pipe.execute()
         for (field, name), value in zip(pairs, found, strict=True):
             if value is None:
                 raise UnknownHandler(field, name)
+        for (session, tenant), owner in zip(owners, tenants, strict=True):
+            if owner is not None and owner.decode() != tenant:
+                raise _foreign(session)
 
     def stage_many(self, actions: Iterable[dict[str, Any]]) -> list[str]:
         """Stage many actions in a few round trips: each dict has the keyword arguments of
         ``stage``. Every action is checked before anything is staged; in each session they go
         on the stack in the order given (so the last one given is the head)."""
         checked = [self._validate(a.get("session"), "action", a.get("tool"), a.get("label"),
-                                  a.get("apply"), a.get("reject"), a.get("payload"))
+                                  a.get("apply"), a.get("reject"), a.get("payload"),
+                                  a.get("tenant", DEFAULT_TENANT))
                    for a in actions]
         if not checked:
             return []
@@ -121,21 +149,32 @@ class PendingActions:
             self._check_handlers(checked)
             last = int(self.client.incrby(self.ctx.keys.seq, len(checked)))
             pipe = self.client.pipeline(transaction=False)
-            ids = []
+            staged = []
             for seq, fields in enumerate(checked, start=last - len(checked) + 1):
-                action_id, spec = self._encode(fields, f"pending-action:{fields['tool']}:{seq}")
-                # its reply needs no look: an id staged already was staged by a retry of this
-                self.ctx.scripts.stage(fields["session"], action_id, spec).on(pipe)
-                ids.append(action_id)
+                spec = self._encode(fields, f"pending-action:{fields['tool']}:{seq}")
+                # depth 0 needs no look: an id staged already was staged by a retry of this
+                staged.append((spec, self.ctx.scripts.stage(
+                    spec.session, spec.id, orjson.dumps(spec.model_dump()),
+                    spec.tenant).on(pipe)))
+                publish(pipe, self.ctx.keys, Event.STAGED, spec)
             pipe.sadd(self.ctx.keys.sessions, *{f["session"] for f in checked})
-            pipe.execute()
-        return ids
+            for tenant in {f["tenant"] for f in checked}:
+                pipe.sadd(self.ctx.keys.tenant_sessions(tenant),
+                          *{f["session"] for f in checked if f["tenant"] == tenant})
+            replies = pipe.execute()
+        for spec, queued in staged:
+            if queued.get(replies).depth < 0:  # another tenant took the session meanwhile
+                raise _foreign(spec.session)
+        return [spec.id for spec, _q in staged]
 
     def stage(self, *, session: str, tool: str, label: str, apply: str,
-              reject: str | None = None, payload: dict[str, Any] | None = None) -> str:
-        """Stage a pending action on top of the session's stack. Returns its id."""
+              reject: str | None = None, payload: dict[str, Any] | None = None,
+              tenant: str = DEFAULT_TENANT) -> str:
+        """Stage a pending action on top of the session's stack. Returns its id. A session
+        belongs to the tenant of its first stage; staging for another raises Forbidden."""
         return self.stage_many([{"session": session, "tool": tool, "label": label,
-                                 "apply": apply, "reject": reject, "payload": payload}])[0]
+                                 "apply": apply, "reject": reject, "payload": payload,
+                                 "tenant": tenant}])[0]
 
     def set_directive(self, session: str, *, tool: str, label: str, apply: str,
                       reject: str | None = None) -> str:
@@ -167,17 +206,28 @@ class PendingActions:
 
     # --- resolving -------------------------------------------------------------------------
     def resolve(self, *, session: str, action: str, reason: str,
-                extra: dict[str, Any] | None = None, timeout: float | None = None) -> Result:
-        """Apply or discard the session's current target and wait for the outcome."""
+                extra: dict[str, Any] | None = None, timeout: float | None = None,
+                expect_id: str | None = None, by: str | None = None) -> Result:
+        """Apply or discard the session's current target and wait for the outcome.
+
+        ``expect_id``: go through only if that id is the target, else an error result naming
+        ``expect_id`` and nothing changes (a person approves exactly what they saw). ``by``:
+        who resolves, recorded in the session's history."""
         check_session(session)
         given = ResolveInput.parse(action, reason, extra)
+        if expect_id is not None and (not isinstance(expect_id, str) or not expect_id
+                                      or len(expect_id) > 300):
+            raise InvalidInput("expect_id", "must be an action id")
+        if by is not None and (not isinstance(by, str) or not BY_RE.match(by)):
+            raise InvalidInput("by", "must be 1-128 characters of A-Z a-z 0-9 . _ : @ -")
         if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
             raise InvalidInput("timeout", "must be a positive number of seconds")
         wait = float(timeout or self.settings.resolve_timeout_s)
         req = uuid.uuid4().hex
         request = ResolveRequest(req=req, session=session, action=given.action,
                                  reason=given.reason, extra=given.extra,
-                                 deadline_ms=int((time.time() + wait) * 1000))
+                                 deadline_ms=int((time.time() + wait) * 1000),
+                                 expect_id=expect_id, by=by)
         with _redis_errors():
             self.client.xadd(self.ctx.keys.requests, request.to_fields())
         got = self._wait_reply(self.ctx.keys.reply(session, req), wait)

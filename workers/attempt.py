@@ -15,6 +15,7 @@ from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ToolError
 from pending_actions.broker.events import Event
+from pending_actions.broker.feed import publish
 from pending_actions.broker.models import PendingAction, Result, Spec
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
@@ -98,12 +99,16 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                   xx=True, lt=True)
         return begun.get(pipe.execute())
 
-    def conclude(step: Call[Concluded]) -> bool:
-        # the outcome, the end of the lease's index entry and the task's ack: one round trip
+    def conclude(step: Call[Concluded], event: Event | None = None,
+                 spec: Spec | None = None, by: str = "") -> bool:
+        # the outcome, the end of the lease's index entry, the task's ack and the feed entry:
+        # one round trip
         def send() -> bool:
             pipe = ctx.client.pipeline(transaction=False)
             done = step.on(pipe)
             pipe.zrem(ctx.keys.leases, member)
+            if event is not None:
+                publish(pipe, ctx.keys, event, spec, by=by)
             if settle is not None:
                 settle(pipe)
             return done.get(pipe.execute()).recorded
@@ -134,15 +139,18 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         result = _call(view, spec, task, idempotency_key(spec, req))
     finally:
         renewer.discard(token)
+    by = begun.lease.by
     if result.is_error:
-        done = conclude(ctx.scripts.readd(session, token, req, result.text, result.to_json(),
-                                          spec.id, view.attempts))
         outcome = Event.FAILED
+        done = conclude(ctx.scripts.readd(session, token, req, result.text, result.to_json(),
+                                          spec.id, view.attempts), outcome, spec, by)
     else:
         outcome = Event.APPLIED if action == "apply" else Event.DISCARDED
         done = conclude(ctx.scripts.finalize(session, token, req, result.to_json(), outcome,
-                                             spec.id, view.attempts))
+                                             spec.id, view.attempts), outcome, spec, by)
     if not done:
+        retry(lambda: publish(ctx.client, ctx.keys, Event.LATE_REFUSED, spec,
+                              outcome=outcome.value), budget)
         log.warning("late outcome of %s (attempt %s) refused: its lease had expired",
                     spec.id, view.attempts)
         return "stale"

@@ -10,8 +10,11 @@
 -- ARGV[5] marker ttl seconds  ARGV[6] history maxlen  ARGV[7] reason
 -- ARGV[8] extra as a JSON string (kept opaque: cjson would rewrite {} as [])
 -- ARGV[9] reply JSON for "nothing to target"  ARGV[10] reply ttl seconds
+-- ARGV[11] expect_id ("" for none): take only if this id is the target, else change nothing
+-- ARGV[12] by: who resolves ("" for unsaid), kept in the lease and the history
+-- ARGV[13] reply JSON for "expect_id is not the target"
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token} | {TAKE.NONE} (replied here)
---          | {TAKE.DUP}
+--          | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
 -- its earlier answer back while that is still actionable (the same lease if no worker has
 -- started it, so it can be dispatched again; NONE again), else DUP.
@@ -24,6 +27,8 @@ end
 local prev = redis.call('GET', KEYS[8])
 if prev == 'none' then
   return {TAKE.NONE}
+elseif prev == 'conflict' then
+  return {TAKE.CONFLICT}
 elseif prev then
   local raw = redis.call('HGET', KEYS[6], prev)
   if raw then
@@ -52,6 +57,29 @@ local function pick()
   return nil
 end
 
+-- the target pick() would take, without taking it
+local function target()
+  local id = redis.call('GET', KEYS[1])
+  if held(id) then return id end
+  local i = 0
+  while true do
+    id = redis.call('LINDEX', KEYS[2], i)
+    if not id then break end
+    if held(id) then return id end
+    i = i + 1
+  end
+  id = redis.call('GET', KEYS[3])
+  if held(id) then return id end
+  return nil
+end
+
+if ARGV[11] ~= '' and target() ~= ARGV[11] then
+  redis.call('SET', KEYS[8], 'conflict', 'EX', ARGV[5])
+  redis.call('RPUSH', KEYS[9], ARGV[13])
+  redis.call('EXPIRE', KEYS[9], ARGV[10])
+  return {TAKE.CONFLICT}
+end
+
 local id, kind = pick()
 if not id then
   redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
@@ -67,7 +95,7 @@ local deadline = now_ms() + tonumber(ARGV[4])
 redis.call('HSET', KEYS[6], ARGV[3], cjson.encode({
   id = id, kind = kind, token = ARGV[3], attempt = st.attempts, req = ARGV[1],
   action = ARGV[2], deadline = deadline, state = 'dispatched', reason = ARGV[7],
-  extra = ARGV[8]}))
+  extra = ARGV[8], by = ARGV[12]}))
 history(KEYS[7], ARGV[6], EVENT.TAKEN, 'id', id, 'kind', kind, 'action', ARGV[2],
-  'attempt', st.attempts, 'request', ARGV[1])
+  'attempt', st.attempts, 'request', ARGV[1], by_of({by = ARGV[12]}))
 return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3]}

@@ -24,7 +24,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pending_actions.broker.errors import InvalidInput, PendingActionsError, RedisUnavailable
+from pending_actions.broker.errors import (
+    Forbidden,
+    InvalidInput,
+    PendingActionsError,
+    RedisUnavailable,
+)
 from pending_actions.broker.models import NAME_RE, Result
 from pending_actions.producers import PendingActions
 from pending_actions.serve import metrics
@@ -222,6 +227,8 @@ def _errors(fn: Handler) -> Handler:
             return _json({"error": str(exc)}, exc.status, headers)
         except InvalidInput as exc:
             return _json({"error": str(exc), "field": exc.field}, 400)
+        except Forbidden:  # another tenant's session: the same answer as none at all
+            return _json({"error": "no such session"}, 404)
         except RedisUnavailable as exc:
             return _json({"error": str(exc)}, 503)
         except PendingActionsError as exc:

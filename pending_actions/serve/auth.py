@@ -19,20 +19,12 @@ import redis
 
 from pending_actions.broker.errors import InvalidInput
 from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import check_tenant
 
 Role = Literal["producer", "approver", "admin"]
 ROLES: tuple[Role, ...] = ("producer", "approver", "admin")
-TENANT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 TOKEN_PREFIX = "pat_"
-DEFAULT_TENANT = "default"
-
-
-def check_tenant(tenant: object) -> str:
-    if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
-        raise InvalidInput("tenant", f"must be 1-64 characters of A-Z a-z 0-9 . _ - "
-                                     f"(got {tenant!r})")
-    return tenant
 
 
 def digest(token: str) -> str:

@@ -29,7 +29,8 @@ from pending_actions.views import figures
 
 log = logging.getLogger("pending_actions.serve.metrics")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-OUTCOMES = ("applied", "discarded", "failed", "expired", "stale", "dead-lettered")
+OUTCOMES = ("applied", "discarded", "failed", "expired", "stale", "dead-lettered",
+            "late-refused")  # late-refused: an outcome published, then refused as late
 DECISIONS = ("applied", "discarded", "expired", "stale", "dead-lettered")
 # from a click in the inbox (seconds) to an agent left waiting for a day
 DECISION_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
@@ -142,6 +143,7 @@ class Metrics:
             self.outcomes.labels(kind, "default")
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
+        self._tenants: dict[str, str] = {}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -152,10 +154,11 @@ class Metrics:
         self.resolve_latency.labels(action, kind).observe(seconds)
 
     def observe_event(self, fields: dict[str, str]) -> None:
-        event, tenant = fields.get("event", ""), fields.get("tenant") or "-"
+        event = fields.get("event", "")
+        tenant = fields.get("tenant") or self._tenant(fields.get("session", ""))
         if event == "staged":
             self.staged.labels(tenant).inc()
-        elif event == "returned":
+        elif event == "recovered":
             self.stalls.labels(tenant).inc()
         elif event in OUTCOMES:
             self.outcomes.labels(event, tenant).inc()
@@ -163,6 +166,15 @@ class Metrics:
             if event in DECISIONS and created and at:
                 self.decision.labels(tenant, event).observe(
                     max(0.0, float(at) - float(created)))
+
+    def _tenant(self, session: str) -> str:
+        """Recovery's entries name no tenant (it has no spec at hand): look it up, once."""
+        if session not in self._tenants:
+            raw: Any = self.pa.client.get(self.pa.ctx.keys.tenant(session)) if session else None
+            if len(self._tenants) > 10_000:
+                self._tenants.clear()
+            self._tenants[session] = raw.decode() if raw else "-"
+        return self._tenants[session]
 
     # --- the event feed -------------------------------------------------------------------
     def start(self) -> None:

@@ -225,19 +225,13 @@ def test_inbox_newest_first_with_the_target_marked(server: Server, pa: PendingAc
     s1, s2 = new_session(), new_session()
     a = stage(pa, s1, t, label="a")
     b = stage(pa, s2, t, label="b", payload={"diff": "--- a\n+++ b\n@@ -1 +1 @@\n-x\n+y\n"})
-    c = stage(pa, s1, t, label="c", ttl=600) if _has_ttl(pa) else stage(pa, s1, t, label="c")
+    c = stage(pa, s1, t, label="c")
     body = server.http.get("/v1/inbox", headers=server.as_(token)).json()
     assert body["tenant"] == t
     got = [(x["id"], x["session"], x["target"]) for x in body["actions"]]
     assert got == [(c, s1, True), (b, s2, True), (a, s1, False)]
     assert all(x["age_s"] >= 0 for x in body["actions"])
     assert body["actions"][1]["payload"]["diff"].startswith("--- a")
-
-
-def _has_ttl(pa: PendingActions) -> bool:
-    import inspect
-
-    return "ttl" in inspect.signature(pa.stage).parameters
 
 
 def test_metrics(server: Server, pa: PendingActions, tokens: Tokens) -> None:

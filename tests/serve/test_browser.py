@@ -81,6 +81,8 @@ def test_approve_and_discard_from_the_page(server: Server, pa: PendingActions, t
     wait.until(ec.visibility_of_element_located((By.ID, "token"))).send_keys(token)
     driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, card(mail))))
+    assert not driver.find_element(By.ID, "login").is_displayed()
+    assert not driver.find_element(By.ID, "empty").is_displayed()
     # newest first, grouped by session; only each session's head can be acted on
     sessions = [e.get_attribute("data-session")
                 for e in driver.find_elements(By.CSS_SELECTOR, "section.session")]

@@ -56,7 +56,7 @@ def test_stats_table_and_top(pa: PendingActions, redis_server: EmbeddedRedis) ->
     assert row.split()[:4] == [tenant, "1", "0", "0"]
     assert any(line.split() == [tenant, "deploy", "1"] for line in table.splitlines())
     top = cli(redis_server.url, "top", "--iterations", "2", "--interval", "0.2").stdout
-    frames = top.split("\x1b[H\x1b[2J")[1:]
+    frames = top.split("pending-actions top")[1:]
     assert len(frames) == 2
     assert "staged/s" in frames[1] and "recent events" in frames[1]
     assert tenant in frames[1]

@@ -1,28 +1,19 @@
-"""Webhooks: every stage and every outcome POSTed to the configured URLs, signed.
-
-The event feed (``Keys.events``) is read through a consumer group by a thread in each dramatiq
-worker process that imports this module (``worker`` and ``up`` do when
+"""Webhook delivery: the event feed (``Keys.events``) is read through a consumer group by a
+thread in each dramatiq worker process that imports this module (``worker`` and ``up`` do when
 ``PENDING_ACTIONS_WEBHOOK_URLS`` is set); each event becomes one dramatiq task per URL, retried
 with exponential backoff. A delivery that runs out of retries is recorded in
-``Keys.webhooks_dead`` with its last error (and dramatiq parks the message as usual).
-
-Signature: ``X-Pending-Actions-Signature: sha256=<hex>`` where hex is HMAC-SHA256 with the
-shared secret of ``<timestamp>.<body>``, and ``X-Pending-Actions-Timestamp`` is that Unix time
-in seconds. A receiver recomputes it (``verify``) and refuses stale timestamps, so a captured
-request cannot be replayed later.
+``Keys.webhooks_dead`` with its last error (and dramatiq parks the message as usual). Signing is
+in ``pending_actions.webhooks``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import os
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from typing import Any
 
 import dramatiq
@@ -31,33 +22,11 @@ import redis
 
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.settings import Settings
+from pending_actions.webhooks import DELIVERY, SIGNATURE, TIMESTAMP, sign
 from pending_actions.workers.actors import broker, ctx
 
 log = logging.getLogger("pending_actions.webhooks")
-SIGNATURE = "X-Pending-Actions-Signature"
-TIMESTAMP = "X-Pending-Actions-Timestamp"
-DELIVERY = "X-Pending-Actions-Delivery"
 GROUP = "webhooks"
-TOLERANCE_S = 300
-
-
-def sign(secret: str, timestamp: int, body: bytes) -> str:
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return "sha256=" + mac.hexdigest()
-
-
-def verify(secret: str, headers: Mapping[str, str], body: bytes, *,
-           tolerance_s: float = TOLERANCE_S, now: float | None = None) -> bool:
-    """What a receiver runs: the signature matches and the timestamp is recent."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    try:
-        timestamp = int(lowered.get(TIMESTAMP.lower(), ""))
-    except ValueError:
-        return False
-    if abs((time.time() if now is None else now) - timestamp) > tolerance_s:
-        return False
-    expected = sign(secret, timestamp, body)
-    return hmac.compare_digest(expected, lowered.get(SIGNATURE.lower(), ""))
 
 
 def urls(settings: Settings) -> list[str]:
