@@ -8,6 +8,7 @@ in ``pending_actions.webhooks``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -88,19 +89,12 @@ class Dispatcher(dramatiq.Middleware):
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self.stop.set()
 
-    def _group(self) -> None:
-        try:  # "$": a new deployment notifies from now on, not the whole capped feed
-            ctx.client.xgroup_create(ctx.keys.events, GROUP, id="$", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-
     def _run(self) -> None:
         consumer = f"{os.getpid()}-{threading.get_ident()}"
         next_claim, delay = 0.0, 0.05
         while not self.stop.is_set():
             try:
-                self._group()
+                _group()
                 entries: list[Any] = []
                 if time.monotonic() >= next_claim:
                     next_claim = time.monotonic() + self.CLAIM_IDLE_MS / 2000
@@ -127,8 +121,20 @@ class Dispatcher(dramatiq.Middleware):
             for n, url in enumerate(targets):
                 # at least once: a crash before the ack re-sends; the delivery id lets the
                 # receiver drop duplicates
-                deliver.send(url, event, f"{entry_id.decode()}/{n}")
+                deliver.send(url=url, event=event, delivery=f"{entry_id.decode()}/{n}")
         ctx.client.xack(ctx.keys.events, GROUP, *[e for e, _r in entries])
 
 
+def _group() -> None:
+    try:  # "$": a new deployment notifies from now on, not the whole capped feed
+        ctx.client.xgroup_create(ctx.keys.events, GROUP, id="$", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+# at import, before this process says it is ready: every event staged after a worker is ready
+# is delivered (the dispatcher thread retries this while Redis is away)
+with contextlib.suppress(*TRANSIENT):
+    _group()
 broker.add_middleware(Dispatcher())
