@@ -17,6 +17,17 @@ TOOL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 Kind = Literal["action", "directive", "standing"]
 ResolveAction = Literal["apply", "discard"]
 
+TENANT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+DEFAULT_TENANT = "default"
+
+
+def check_tenant(tenant: object) -> str:
+    if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
+        raise InvalidInput("tenant", f"must be 1-64 characters of A-Z a-z 0-9 . _ - "
+                                     f"(got {tenant!r})")
+    return tenant
+
+
 def check_session(session: object) -> str:
     if not isinstance(session, str) or not NAME_RE.match(session):
         raise InvalidInput(
@@ -54,6 +65,7 @@ class Spec(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     created_at: float
     expires_at: float | None = None
+    tenant: str = "default"  # older specs have none: they were all the default tenant's
 
 
 class ActionState(BaseModel):
@@ -81,6 +93,7 @@ class PendingAction(BaseModel):
     expires_at: float | None
     attempts: int
     last_error: str | None
+    tenant: str = "default"
     state: Literal["pending", "in_flight"] = "pending"
 
     @classmethod
@@ -121,6 +134,8 @@ class ResolveRequest(BaseModel):
     reason: str
     extra: dict[str, Any] | None = None
     deadline_ms: int
+    expect_id: str | None = Field(default=None, max_length=300)
+    by: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@-]{1,128}$")
 
     @field_validator("session")
     @classmethod
@@ -149,6 +164,7 @@ class Lease(BaseModel):
     state: Literal["dispatched", "running"]
     reason: str = ""
     extra: str = "null"
+    by: str = ""  # who resolved (a serve token's name), "" when not said
 
     @property
     def extra_value(self) -> dict[str, Any] | None:

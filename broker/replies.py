@@ -19,7 +19,8 @@ def _text(raw: Any) -> str:
 
 class Staged(NamedTuple):
     """stage.lua: the stack depth after the push, 0 when the id was staged already (a retried
-    call whose first try went through; the id is ours alone)."""
+    call whose first try went through; the id is ours alone), -1 when the session belongs to
+    another tenant (nothing staged)."""
 
     depth: int
 
@@ -69,6 +70,7 @@ class Peeked(NamedTuple):
 class TakeStatus(StrEnum):
     OK = "ok"  # a new lease, or the earlier one of a redelivered request no worker started
     NONE = "none"  # nothing to target: take.lua pushed the reply itself
+    CONFLICT = "conflict"  # expect_id is not the target: nothing taken, take.lua replied
     DUP = "dup"  # the request was taken before and its lease is started or gone
     NO_WORKER = "no-worker"  # no live worker has the handler the target needs; nothing taken
 

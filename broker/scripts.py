@@ -127,7 +127,8 @@ class Call(Generic[R]):
         index = len(pipe)
         # execute_command, not eval(): redis-py's cluster pipeline refuses eval() itself but
         # routes an EVAL by its keys like any command
-        pipe.execute_command("EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
         return Queued(index, self.decode)
 
 
@@ -142,12 +143,13 @@ class Scripts:
         return Call(self._fn[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, action_id: str, spec: bytes) -> Call[Staged]:
+    def stage(self, session: str, action_id: str, spec: bytes, tenant: str) -> Call[Staged]:
         k = self._k
         return self._call(
-            "stage", [k.stack(session), k.actions(session), k.history(session),
-                      k.sessions(k.partition(session))],
-            [action_id, spec, self._s.history_maxlen, session], Staged.decode,
+            "stage",
+            [k.stack(session), k.actions(session), k.history(session), k.tenant(session),
+             k.sessions(k.partition(session))],
+            [action_id, spec, self._s.history_maxlen, tenant, session], Staged.decode,
         )
 
     def _leases(self, session: str, token: str) -> tuple[str, str]:
@@ -191,7 +193,8 @@ class Scripts:
     # --- resolve worker --------------------------------------------------------------------
     def take(self, session: str, req: str, action: str, token: str, reason: str,
              extra: bytes, marker_ttl_s: int, none_reply: bytes, live: Live,
-             message: bytes | None) -> Call[Taken]:
+             message: bytes | None, expect_id: str = "", by: str = "",
+             conflict_reply: bytes = b"") -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself."""
         k = self._k
@@ -205,7 +208,7 @@ class Scripts:
              k.request_marker(session, req), k.reply(session, req), index, *streams],
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
              self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s, session,
-             live.routes_json, len(live.pools), message or b""],
+             live.routes_json, len(live.pools), message or b"", expect_id, by, conflict_reply],
             Taken.decode,
         )
 

@@ -31,6 +31,7 @@ import dramatiq
 import orjson
 import redis
 from dramatiq.broker import Consumer, MessageProxy
+from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
 
@@ -69,6 +70,7 @@ class StreamsBroker(dramatiq.Broker):
         claim_idle_ms: int = 60_000,
     ) -> None:
         self.serving: dict[str, list[str]] = {}  # queue -> its streams, once serve() is called
+        self.hidden: set[str] = set()
         super().__init__(middleware=middleware)
         self.client = client
         self.keys = keys
@@ -80,9 +82,14 @@ class StreamsBroker(dramatiq.Broker):
         return self.serving.get(queue_name) or [self.keys.plain_queue(queue_name)]
 
     def serve(self, queue_name: str, streams: list[str]) -> None:
-        """Consume ``queue_name`` from ``streams`` (instead of the queues actors declared)."""
+        """Consume ``queue_name`` from ``streams``."""
         self.serving[queue_name] = streams
         self.declare_queue(queue_name)
+
+    def hide(self, queue_name: str) -> None:
+        """Do not consume ``queue_name`` (the handler actor's own queue: its tasks come through
+        the pool's queues instead)."""
+        self.hidden.add(queue_name)
 
     def ensure_group(self, stream: str) -> None:
         if stream in self._groups:
@@ -95,16 +102,20 @@ class StreamsBroker(dramatiq.Broker):
         self._groups.add(stream)
 
     def declare_queue(self, queue_name: str) -> None:
-        # no delay queue: handler tasks are never retried or delayed by dramatiq
         if queue_name in self.queues:
             return
         self.emit_before("declare_queue", queue_name)
         self.queues.add(queue_name)
         self.emit_after("declare_queue", queue_name)
+        if queue_name not in self.serving:  # pool queues: handler tasks are never delayed
+            delayed = dq_name(queue_name)
+            self.delay_queues.add(delayed)
+            self.emit_after("declare_delay_queue", delayed)
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-        if delay is not None:
-            raise ValueError("this broker does not delay messages")
+        if delay is not None:  # dramatiq's own retries (of other actors than handler runs)
+            message = message.copy(queue_name=dq_name(message.queue_name),
+                                   options={"eta": current_millis() + delay})
         self.emit_before("enqueue", message, delay)
         try:
             self.client.xadd(self.streams(message.queue_name)[0], {FIELD: message.encode()})
@@ -128,12 +139,11 @@ class StreamsBroker(dramatiq.Broker):
         return StreamConsumer(self, queue_name, prefetch, timeout)
 
     def get_declared_queues(self) -> set[str]:
-        if self.serving:
-            return set(self.serving)
-        return set(self.queues) if isinstance(self.queues, set) else set()
+        queues = set(self.queues) if isinstance(self.queues, set) else set()
+        return queues - self.hidden
 
     def get_declared_delay_queues(self) -> set[str]:
-        return set()
+        return self.delay_queues - {dq_name(q) for q in self.hidden}
 
     def flush(self, queue_name: str) -> None:
         for stream in self.streams(queue_name):

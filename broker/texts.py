@@ -52,6 +52,12 @@ def no_worker(action: str, action_id: str, name: str | None) -> str:
             "stays pending; start a worker that has it, or discard the action.")
 
 
+def not_the_target(expect_id: str) -> str:
+    """resolve(expect_id=...) when that id is not what a resolve would take now."""
+    return (f"expect_id: {expect_id} is not the current target (it was resolved, or something "
+            "newer is on top); nothing was changed.")
+
+
 def timed_out(wait: float) -> str:
     return (f"Timed out after {wait:g}s waiting for the resolve to finish. The action is still "
             "applied, discarded or pending, never lost: check `pending-actions ls`.")

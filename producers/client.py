@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -17,8 +18,16 @@ from pending_actions.broker import texts
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
-from pending_actions.broker.errors import InvalidInput, RedisUnavailable, UnknownHandler
+from pending_actions.broker.errors import (
+    Forbidden,
+    InvalidInput,
+    RedisUnavailable,
+    UnknownHandler,
+)
+from pending_actions.broker.events import Event
+from pending_actions.broker.feed import publish
 from pending_actions.broker.models import (
+    DEFAULT_TENANT,
     TOOL_RE,
     ActionState,
     PendingAction,
@@ -28,12 +37,20 @@ from pending_actions.broker.models import (
     Spec,
     check_handler_name,
     check_session,
+    check_tenant,
 )
 from pending_actions.broker.pools import LiveView
+from pending_actions.broker.replies import Staged
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.broker.scripts import Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.tool import soft_requirement
+
+BY_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+
+
+def _foreign(session: str) -> Forbidden:
+    return Forbidden(f"session {session!r} belongs to another tenant")
 
 
 @contextmanager
@@ -75,7 +92,8 @@ class PendingActions:
         fields = self._validate(session, kind, tool, label, apply, reject, payload)
         self._check_handlers([fields])
         [seq] = self._seqs([session])
-        return self._encode(fields, f"{prefix}:{tool}:{seq}")
+        spec = self._encode(fields, f"{prefix}:{tool}:{seq}")
+        return spec.id, orjson.dumps(spec.model_dump())
 
     def _left(self, partition: int) -> int:
         nxt, end = self._ids.get(partition, (0, 0))
@@ -102,14 +120,15 @@ class PendingActions:
                 out.append(nxt * k.partitions + p)
             return out
 
-    def _encode(self, fields: dict[str, Any], action_id: str) -> tuple[str, bytes]:
-        spec = Spec(id=action_id, created_at=time.time(), **fields)
-        return action_id, orjson.dumps(spec.model_dump())
+    def _encode(self, fields: dict[str, Any], action_id: str) -> Spec:
+        return Spec(id=action_id, created_at=time.time(), **fields)
 
     def _validate(self, session: object, kind: str, tool: object, label: object,
-                  apply: object, reject: object, payload: object) -> dict[str, Any]:
+                  apply: object, reject: object, payload: object,
+                  tenant: object = DEFAULT_TENANT) -> dict[str, Any]:
         """Every check that needs no Redis; returns the spec's fields."""
         check_session(session)
+        check_tenant(tenant)
         if not isinstance(tool, str) or not TOOL_RE.match(tool):
             raise InvalidInput("tool", f"must be 1-64 of A-Z a-z 0-9 . _ - (got {tool!r})")
         if not isinstance(label, str) or not label.strip():
@@ -131,11 +150,12 @@ class PendingActions:
             raise InvalidInput("payload", f"{size} bytes; the limit is "
                                f"{self.settings.max_payload_bytes}")
         return {"session": session, "kind": kind, "tool": tool, "label": label,
-                "apply": apply, "reject": reject, "payload": payload}
+                "apply": apply, "reject": reject, "payload": payload, "tenant": tenant}
 
     def _check_handlers(self, checked: list[dict[str, Any]]) -> None:
         """Every handler name the validated specs use must be live in some worker (the view
-        of live workers is a few seconds old at most, and read again on a miss)."""
+        of live workers is a few seconds old at most, and read again on a miss), and no
+        session belongs to another tenant (stage.lua checks that again, atomically)."""
         wanted = sorted({(field, f[field]) for f in checked for field in ("apply", "reject")
                          if f[field] is not None})
         live = self.live.get()
@@ -144,57 +164,76 @@ class PendingActions:
         for field, name in wanted:
             if not live.has(name):
                 raise UnknownHandler(field, name)
+        owners = sorted({(f["session"], f["tenant"]) for f in checked})
+        pipe = self.client.pipeline(transaction=False)
+        for session, _t in owners:
+            pipe.get(self.ctx.keys.tenant(session))
+        for (session, tenant), owner in zip(owners, pipe.execute(), strict=True):
+            if owner is not None and owner.decode() != tenant:
+                raise _foreign(session)
 
     def stage_many(self, actions: Iterable[dict[str, Any]]) -> list[str]:
         """Stage many actions in a few round trips: each dict has the keyword arguments of
         ``stage``. Every action is checked before anything is staged; in each session they go
         on the stack in the order given (so the last one given is the head)."""
         checked = [self._validate(a.get("session"), "action", a.get("tool"), a.get("label"),
-                                  a.get("apply"), a.get("reject"), a.get("payload"))
+                                  a.get("apply"), a.get("reject"), a.get("payload"),
+                                  a.get("tenant", DEFAULT_TENANT))
                    for a in actions]
         if not checked:
             return []
         with _redis_errors():
             self._check_handlers(checked)
             seqs = self._seqs([f["session"] for f in checked])
-            first = checked[0]["session"]
-            ids = []
-
-            def build(pipe: Any) -> Callable[[list[Any]], None]:
-                for seq, fields in zip(seqs, checked, strict=True):
-                    action_id, spec = self._encode(fields,
-                                                   f"pending-action:{fields['tool']}:{seq}")
-                    # its reply needs no look: an id staged already was staged by a retry of
-                    # this
-                    self.ctx.scripts.stage(fields["session"], action_id, spec).on(pipe)
-                    ids.append(action_id)
-                return lambda _replies: None
-
-            if self.settings.replica_wait and is_cluster(self.client):
-                # WAIT covers one connection, so one master: a batch goes slot by slot
-                for seq, fields in zip(seqs, checked, strict=True):
-                    ids.extend(self._stage_one(fields, seq))
+            specs = [self._encode(fields, f"pending-action:{fields['tool']}:{seq}")
+                     for seq, fields in zip(seqs, checked, strict=True)]
+            # WAIT covers one connection, so one master: on a cluster with REPLICA_WAIT a
+            # batch goes one stage at a time, and the feed (another slot) after
+            direct = bool(self.settings.replica_wait) and is_cluster(self.client)
+            if direct:
+                staged = [got for spec in specs for got in self._stage_on(spec.session, [spec],
+                                                                           feed=False)]
+                feed = self.client.pipeline(transaction=False)
+                self._feed(feed, specs)
+                feed.execute()
             else:
-                acked(self.client, self.ctx.keys.stack(first), build,
-                      self.settings.replica_wait, self.settings.replica_wait_timeout_ms)
-        return ids
+                staged = self._stage_on(specs[0].session, specs, feed=True)
+        for spec, got in zip(specs, staged, strict=True):
+            if got.depth < 0:  # another tenant took the session meanwhile
+                raise _foreign(spec.session)
+        return [spec.id for spec in specs]
 
-    def _stage_one(self, fields: dict[str, Any], seq: int) -> list[str]:
-        action_id, spec = self._encode(fields, f"pending-action:{fields['tool']}:{seq}")
+    def _feed(self, pipe: Any, specs: list[Spec]) -> None:
+        for spec in specs:
+            publish(pipe, self.ctx.keys, Event.STAGED, spec)
+        for tenant in {s.tenant for s in specs}:
+            pipe.sadd(self.ctx.keys.tenant_sessions(tenant),
+                      *{s.session for s in specs if s.tenant == tenant})
 
-        def build(pipe: Any) -> Callable[[list[Any]], None]:
-            self.ctx.scripts.stage(fields["session"], action_id, spec).on(pipe)
-            return lambda _replies: None
+    def _stage_on(self, session: str, specs: list[Spec], feed: bool) -> list[Staged]:
+        """Stage ``specs`` in one round trip, acknowledged by REPLICA_WAIT replicas when set
+        (``session`` names the master to wait on)."""
 
-        acked(self.client, self.ctx.keys.stack(fields["session"]), build,
-              self.settings.replica_wait, self.settings.replica_wait_timeout_ms)
-        return [action_id]
+        def build(pipe: Any) -> Callable[[list[Any]], list[Staged]]:
+            # depth 0 needs no look: an id staged already was staged by a retry of this
+            queued = [self.ctx.scripts.stage(spec.session, spec.id,
+                                             orjson.dumps(spec.model_dump()),
+                                             spec.tenant).on(pipe) for spec in specs]
+            if feed:
+                self._feed(pipe, specs)
+            return lambda replies: [q.get(replies) for q in queued]
+
+        return acked(self.client, self.ctx.keys.stack(session), build,
+                     self.settings.replica_wait, self.settings.replica_wait_timeout_ms)
 
     def stage(self, *, session: str, tool: str, label: str, apply: str,
-              reject: str | None = None, payload: dict[str, Any] | None = None) -> str:
-        """Stage a pending action on top of the session's stack. Returns its id."""
+              reject: str | None = None, payload: dict[str, Any] | None = None,
+              tenant: str = DEFAULT_TENANT) -> str:
+        """Stage a pending action on top of the session's stack. Returns its id. A session
+        belongs to the tenant of its first stage; staging for another raises Forbidden."""
         return self.stage_many([{"session": session, "tool": tool, "label": label,
-                                 "apply": apply, "reject": reject, "payload": payload}])[0]
+                                 "apply": apply, "reject": reject, "payload": payload,
+                                 "tenant": tenant}])[0]
 
     def set_directive(self, session: str, *, tool: str, label: str, apply: str,
                       reject: str | None = None) -> str:
@@ -227,17 +266,28 @@ class PendingActions:
 
     # --- resolving -------------------------------------------------------------------------
     def resolve(self, *, session: str, action: str, reason: str,
-                extra: dict[str, Any] | None = None, timeout: float | None = None) -> Result:
-        """Apply or discard the session's current target and wait for the outcome."""
+                extra: dict[str, Any] | None = None, timeout: float | None = None,
+                expect_id: str | None = None, by: str | None = None) -> Result:
+        """Apply or discard the session's current target and wait for the outcome.
+
+        ``expect_id``: go through only if that id is the target, else an error result naming
+        ``expect_id`` and nothing changes (a person approves exactly what they saw). ``by``:
+        who resolves, recorded in the session's history."""
         check_session(session)
         given = ResolveInput.parse(action, reason, extra)
+        if expect_id is not None and (not isinstance(expect_id, str) or not expect_id
+                                      or len(expect_id) > 300):
+            raise InvalidInput("expect_id", "must be an action id")
+        if by is not None and (not isinstance(by, str) or not BY_RE.match(by)):
+            raise InvalidInput("by", "must be 1-128 characters of A-Z a-z 0-9 . _ : @ -")
         if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
             raise InvalidInput("timeout", "must be a positive number of seconds")
         wait = float(timeout or self.settings.resolve_timeout_s)
         req = uuid.uuid4().hex
         request = ResolveRequest(req=req, session=session, action=given.action,
                                  reason=given.reason, extra=given.extra,
-                                 deadline_ms=int((time.time() + wait) * 1000))
+                                 deadline_ms=int((time.time() + wait) * 1000),
+                                 expect_id=expect_id, by=by)
         with _redis_errors():
             keys = self.ctx.keys
             self.client.xadd(keys.requests(keys.partition(session)), request.to_fields())

@@ -90,9 +90,11 @@ def serve_pool(broker: Any, pool: str) -> None:
         groups = [[p] for p in every] if is_cluster(ctx.client) else [every]
         for n, group in enumerate(groups):
             broker.serve(f"{pool}@{n}", [ctx.keys.task_queue(p, pool) for p in group])
+        broker.hide(base)
     elif isinstance(broker, StreamsBroker):
         name = pool_queue(base, pool)
         broker.serve(name, [ctx.keys.plain_queue(name)])
+        broker.hide(base)
     else:
         broker.declare_queue(pool_queue(base, pool))
 

@@ -10,10 +10,11 @@ from typing import Any
 
 from pending_actions.broker import failpoints, texts
 from pending_actions.broker.backoff import retry
-from pending_actions.broker.connection import TRANSIENT, NotReplicated, acked
+from pending_actions.broker.connection import TRANSIENT, NotReplicated, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ToolError
 from pending_actions.broker.events import Event
+from pending_actions.broker.feed import publish
 from pending_actions.broker.models import PendingAction, Result, Spec
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
@@ -107,13 +108,20 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
             claimed: Begun = exc.result
             return claimed
 
-    def conclude(step: Call[Concluded]) -> bool:
-        # the outcome (which also ends the lease's index entry) and the task's ack: one round
-        # trip
+    # the feed is on another slot: on a cluster, a pipeline that WAITs on the session's master
+    # cannot carry it, so it follows in a round trip of its own there
+    direct = bool(replicas) and is_cluster(ctx.client)
+
+    def conclude(step: Call[Concluded], event: Event | None = None,
+                 spec: Spec | None = None, by: str = "") -> bool:
+        # the outcome (which also ends the lease's index entry), the task's ack and the feed
+        # entry: one round trip
         recorded = False
 
         def build(pipe: Any) -> Callable[[list[Any]], bool]:
             done = step.on(pipe)
+            if event is not None and not direct:
+                publish(pipe, ctx.keys, event, spec, by=by)
             if settle is not None:
                 settle(pipe)
             return lambda replies: done.get(replies).recorded
@@ -129,7 +137,10 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                 recorded = recorded or bool(exc.result)
                 raise
 
-        return retry(send, budget)
+        done = retry(send, budget)
+        if event is not None and direct:
+            retry(lambda: publish(ctx.client, ctx.keys, event, spec, by=by), budget)
+        return done
 
     failpoints.hit("before-begin", ctx.client, ctx.keys)
     begun = retry(claim, budget)
@@ -155,15 +166,18 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         result = _call(view, spec, task, idempotency_key(spec, req))
     finally:
         renewer.discard(token)
+    by = begun.lease.by
     if result.is_error:
-        done = conclude(ctx.scripts.readd(session, token, req, result.text, result.to_json(),
-                                          spec.id, view.attempts))
         outcome = Event.FAILED
+        done = conclude(ctx.scripts.readd(session, token, req, result.text, result.to_json(),
+                                          spec.id, view.attempts), outcome, spec, by)
     else:
         outcome = Event.APPLIED if action == "apply" else Event.DISCARDED
         done = conclude(ctx.scripts.finalize(session, token, req, result.to_json(), outcome,
-                                             spec.id, view.attempts))
+                                             spec.id, view.attempts), outcome, spec, by)
     if not done:
+        retry(lambda: publish(ctx.client, ctx.keys, Event.LATE_REFUSED, spec,
+                              outcome=outcome.value), budget)
         log.warning("late outcome of %s (attempt %s) refused: its lease had expired",
                     spec.id, view.attempts)
         return "stale"

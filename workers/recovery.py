@@ -16,6 +16,8 @@ from pending_actions.broker import texts
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
+from pending_actions.broker.events import Event
+from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Lease, Spec
 from pending_actions.broker.replies import RecoverOutcome
@@ -24,6 +26,8 @@ from pending_actions.broker.results import base_details, text_result
 log = logging.getLogger("pending_actions.resolver")
 
 DUE_BATCH = 100  # entries looked at per partition per round
+_FEED = {RecoverOutcome.RETURNED: Event.RECOVERED,
+         RecoverOutcome.DEAD_LETTERED: Event.DEAD_LETTERED}
 
 
 class Recovery:
@@ -75,13 +79,19 @@ class Recovery:
                                                       errors).on(fix)))
         replies_all = fix.execute()
         recovered = 0
-        for lease, got_q in queued:
+        feed = ctx.client.pipeline(transaction=False)
+        for (session, _t), (lease, got_q) in zip(due, queued, strict=True):
             got = got_q.get(replies_all)
-            if lease is not None and got.outcome not in (RecoverOutcome.GONE,
-                                                         RecoverOutcome.LIVE):
-                recovered += 1
-                log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
-                            got.outcome.name.lower().replace("_", " "))
+            if lease is None or got.outcome in (RecoverOutcome.GONE, RecoverOutcome.LIVE):
+                continue
+            recovered += 1
+            log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
+                        got.outcome.name.lower().replace("_", " "))
+            if got.outcome in _FEED:  # a stall, or the last one: on the feed
+                publish(feed, ctx.keys, _FEED[got.outcome], session=session, id=lease.id,
+                        attempt=lease.attempt, by=lease.by)
+        if len(feed):
+            feed.execute()
         return recovered
 
     def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:

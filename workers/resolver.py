@@ -26,7 +26,12 @@ from pending_actions.broker.keys import RESOLVER_GROUP
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.pools import Live, LiveView
 from pending_actions.broker.replies import Taken, TakeStatus
-from pending_actions.broker.results import base_details, nothing_to_target, text_result
+from pending_actions.broker.results import (
+    base_details,
+    not_the_target,
+    nothing_to_target,
+    text_result,
+)
 from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import TaskMessage, pool_queue
 from pending_actions.workers.recovery import Recovery
@@ -212,9 +217,14 @@ class ResolveWorker:
             none = nothing_to_target(request.action, request.reason, request.extra).to_json()
             message = (TaskMessage.for_lease(request, token).to_message(ctx.settings.queue)
                        .encode() if self.inline else None)
+            conflict = b""
+            if request.expect_id is not None:
+                conflict = not_the_target(request.action, request.reason, request.extra,
+                                          request.expect_id).to_json()
             queued.append(ctx.scripts.take(
                 request.session, request.req, request.action, token, request.reason,
-                orjson.dumps(request.extra), marker_ttl, none, view, message).on(pipe))
+                orjson.dumps(request.extra), marker_ttl, none, view, message,
+                request.expect_id or "", request.by or "", conflict).on(pipe))
         if self.inline:
             self._queue_ack(pipe, acks)
         if not len(pipe):

@@ -22,5 +22,5 @@ end
 redis.call('RPUSH', KEYS[5], ARGV[2])
 redis.call('EXPIRE', KEYS[5], ARGV[3])
 history(KEYS[4], ARGV[4], ARGV[5], 'id', lease.id, 'attempt', lease.attempt,
-  'request', lease.req)
+  'request', lease.req, by_of(lease))
 return 1

@@ -20,6 +20,12 @@ local function counters(state_key, id)
   return cjson.decode(redis.call('HGET', state_key, id) or NEW_STATE)
 end
 
+-- the ('by', name) pair of a lease resolved by someone who said who (serve's token name), for
+-- the end of a history entry; nothing otherwise
+local function by_of(lease)
+  if lease.by and lease.by ~= '' then return 'by', lease.by end
+end
+
 -- append an event to a session's history, trimmed to about maxlen entries
 local function history(key, maxlen, event, ...)
   redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'event', event, ...)

@@ -17,8 +17,11 @@
 -- ARGV[12] routes: JSON handler name -> list of pool numbers (1-based)
 -- ARGV[13] number of live pools
 -- ARGV[14] the task message (dramatiq, encoded; carries the token ARGV[3]) or ""
+-- ARGV[15] expect_id ("" for none): take only if this id is the target, else change nothing
+-- ARGV[16] by: who resolves ("" for unsaid), kept in the lease and the history
+-- ARGV[17] reply JSON for "expect_id is not the target"
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
---          | {TAKE.NONE} (replied here) | {TAKE.DUP}
+--          | {TAKE.NONE} (replied here) | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 --          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
 --            nothing changed)
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
@@ -60,6 +63,8 @@ end
 local prev = redis.call('GET', KEYS[8])
 if prev == 'none' then
   return {TAKE.NONE}
+elseif prev == 'conflict' then
+  return {TAKE.CONFLICT}
 elseif prev then
   local raw = redis.call('HGET', KEYS[6], prev)
   if raw then
@@ -101,6 +106,12 @@ local function find()
 end
 
 local id, kind, spec = find()
+if ARGV[15] ~= '' and id ~= ARGV[15] then
+  redis.call('SET', KEYS[8], 'conflict', 'EX', ARGV[5])
+  redis.call('RPUSH', KEYS[9], ARGV[17])
+  redis.call('EXPIRE', KEYS[9], ARGV[10])
+  return {TAKE.CONFLICT}
+end
 if not id then
   redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
   redis.call('RPUSH', KEYS[9], ARGV[9])
@@ -124,9 +135,9 @@ local deadline = now_ms() + tonumber(ARGV[4])
 redis.call('HSET', KEYS[6], ARGV[3], cjson.encode({
   id = id, kind = kind, token = ARGV[3], attempt = st.attempts, req = ARGV[1],
   action = ARGV[2], deadline = deadline, state = 'dispatched', reason = ARGV[7],
-  extra = ARGV[8]}))
+  extra = ARGV[8], by = ARGV[16]}))
 redis.call('ZADD', KEYS[10], deadline, ARGV[11] .. '/' .. ARGV[3])
 history(KEYS[7], ARGV[6], EVENT.TAKEN, 'id', id, 'kind', kind, 'action', ARGV[2],
-  'attempt', st.attempts, 'request', ARGV[1])
+  'attempt', st.attempts, 'request', ARGV[1], by_of({by = ARGV[16]}))
 enqueue(pool, ARGV[3])
 return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3], pool}
