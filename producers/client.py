@@ -15,7 +15,7 @@ import orjson
 import redis
 
 from pending_actions.broker import texts
-from pending_actions.broker.backoff import Backoff
+from pending_actions.broker.backoff import Backoff, retry
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import (
@@ -46,6 +46,7 @@ from pending_actions.broker.scripts import Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.tool import soft_requirement
 
+FAILOVER_WAIT_S = 10.0
 BY_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 
 
@@ -223,8 +224,15 @@ class PendingActions:
                 self._feed(pipe, specs)
             return lambda replies: [q.get(replies) for q in queued]
 
-        return acked(self.client, self.ctx.keys.stack(session), build,
-                     self.settings.replica_wait, self.settings.replica_wait_timeout_ms)
+        def send() -> list[Staged]:
+            return acked(self.client, self.ctx.keys.stack(session), build,
+                         self.settings.replica_wait, self.settings.replica_wait_timeout_ms)
+
+        if not self.settings.replica_wait:
+            return send()
+        # sent again (same ids: stage.lua's HSETNX makes it a no-op where it went through)
+        # until a replica has it, through a failover of up to FAILOVER_WAIT_S
+        return retry(send, FAILOVER_WAIT_S)
 
     def stage(self, *, session: str, tool: str, label: str, apply: str,
               reject: str | None = None, payload: dict[str, Any] | None = None,

@@ -63,6 +63,12 @@ class Node:
                     raise RuntimeError(f"redis cluster node on {self.port} did not start") from None
                 time.sleep(0.05)
 
+    def restart(self, fsync: str) -> None:
+        """Start again on the same port and data (nodes.conf): a master that was failed over
+        comes back as a replica of the node that took its slots."""
+        self.kill()
+        self.start(fsync)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
@@ -95,7 +101,22 @@ class Cluster:
         else:
             self._create_by_hand()
         self.wait_ok()
+        self.wait_replicas()
         return self
+
+    def wait_replicas(self, timeout: float = 30.0) -> None:
+        """Until every master has its replicas online (synced): a WAIT counts only those."""
+        def synced() -> bool:
+            for port in self.master_ports():
+                info = self.node(port).client().info("replication")
+                online = sum(1 for k, v in info.items()
+                             if k.startswith("slave") and isinstance(v, dict)
+                             and v.get("state") == "online")
+                if online < self.replicas:
+                    return False
+            return True
+
+        self._wait(synced, timeout)
 
     def _create_by_hand(self) -> None:
         """What ``redis-cli --cluster create`` does: equal slot ranges to the masters, every

@@ -73,6 +73,7 @@ def idempotency_key(spec: Spec, req: str) -> str:
     return f"{spec.id}:{req}" if spec.kind == "standing" else spec.id
 
 
+FAILOVER_WAIT_S = 10.0
 Settle = Callable[[Any], None]  # queues the task message's own ack on the outcome's pipeline
 
 
@@ -81,6 +82,8 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
     """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate.
     ``settle``, when given, rides on the outcome's round trip (the task's ack)."""
     budget = ctx.settings.lease_ms / 1000
+    if ctx.settings.replica_wait:  # a step sent again through a failover, which takes seconds
+        budget = max(budget, FAILOVER_WAIT_S)
     session, token, req, action = task.session, task.token, task.req, task.action
     # with REPLICA_WAIT, the claim is on a replica before the handler runs (so a failover
     # cannot forget the take and run the action again), and so is the outcome before this
@@ -161,20 +164,24 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
     assert begun.spec is not None and begun.counters is not None
     spec = begun.spec
     view = PendingAction.build(spec, begun.counters, "in_flight")
+    # renewed until the outcome is recorded, not only while the handler runs: an outcome sent
+    # again through a failover must find its lease still held
     renewer.add(session, token)
     try:
         result = _call(view, spec, task, idempotency_key(spec, req))
+        by = begun.lease.by
+        if result.is_error:
+            outcome = Event.FAILED
+            done = conclude(ctx.scripts.readd(session, token, req, result.text,
+                                              result.to_json(), spec.id, view.attempts),
+                            outcome, spec, by)
+        else:
+            outcome = Event.APPLIED if action == "apply" else Event.DISCARDED
+            done = conclude(ctx.scripts.finalize(session, token, req, result.to_json(),
+                                                 outcome, spec.id, view.attempts),
+                            outcome, spec, by)
     finally:
         renewer.discard(token)
-    by = begun.lease.by
-    if result.is_error:
-        outcome = Event.FAILED
-        done = conclude(ctx.scripts.readd(session, token, req, result.text, result.to_json(),
-                                          spec.id, view.attempts), outcome, spec, by)
-    else:
-        outcome = Event.APPLIED if action == "apply" else Event.DISCARDED
-        done = conclude(ctx.scripts.finalize(session, token, req, result.to_json(), outcome,
-                                             spec.id, view.attempts), outcome, spec, by)
     if not done:
         retry(lambda: publish(ctx.client, ctx.keys, Event.LATE_REFUSED, spec,
                               outcome=outcome.value), budget)

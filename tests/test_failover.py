@@ -1,0 +1,132 @@
+"""A master failover under load on a real Redis Cluster (3 masters, 3 replicas, AOF always):
+count the actions lost (staged and acknowledged, then neither applied nor pending) and applied
+twice, with REPLICA_WAIT off and on.
+
+Replication is asynchronous: what a master acknowledged but had not yet sent to its replica is
+gone when the replica takes over. To give that window a realistic size, the replica loses its
+link to the master under load (CLIENT KILL TYPE master) and is stopped (SIGSTOP) before it can
+reconnect; 1.5 s later its master is SIGKILLed and the replica, resumed, is promoted with
+CLUSTER FAILOVER TAKEOVER. (A SIGSTOP alone would not do: the kernel's socket buffers would
+still hand the replica everything the master sent.) The dead master is then restarted
+and rejoins as the new master's replica (with REPLICA_WAIT its slots wait for that).
+
+Actions are counted per (session, id): without the wait an id counter can roll back with a
+failover, and an id handed out again in the same session is refused by stage.lua as staged
+already, which is a lost stage too."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis
+
+from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.broker.errors import PendingActionsError
+from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.producers import PendingActions
+from tests.failover_handlers import RUNS
+from tests.procs import Worker
+from tests.rediscluster import Cluster
+
+SESSIONS = 60
+FIGURES: dict[int, dict[str, int]] = {}
+
+
+def _load(pa: PendingActions, stop: threading.Event, acked: list[str], seed: int) -> None:
+    rng = random.Random(seed)
+    while not stop.is_set():
+        session = f"fo-{rng.randrange(SESSIONS)}"
+        try:
+            action_id = pa.stage(session=session, tool="t", label="l", apply="fo.apply")
+            acked.append(f"{session}/{action_id}")
+            pa.resolve(session=session, action="apply", reason="r", timeout=5)
+        except PendingActionsError:
+            time.sleep(0.05)  # the cluster is failing over: not acknowledged, try on
+
+
+def _drain(pa: PendingActions, deadline_s: float = 90) -> list[str]:
+    """Resolve every session until nothing is pending (recovery returns what was in flight
+    when its master died). Returns the sessions still not empty at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    left = [f"fo-{i}" for i in range(SESSIONS)]
+    while left and time.monotonic() < deadline:
+        still = []
+        for s in left:
+            try:
+                if not pa.pending(s):
+                    continue
+                res = pa.resolve(session=s, action="apply", reason="drain", timeout=10)
+                if res.text != NOTHING_TO_APPLY:
+                    still.append(s)
+            except PendingActionsError:
+                still.append(s)
+        left = still
+        if left:
+            time.sleep(0.2)
+    return left
+
+
+@pytest.mark.parametrize("replica_wait", [0, 1])
+def test_master_failover_under_load(tmp_path: Path, replica_wait: int) -> None:
+    cluster = Cluster(tmp_path / "cluster", masters=3, replicas=1).start()
+    record = EmbeddedRedis(directory=tmp_path / "record").start()
+    overrides = {"replica_wait": str(replica_wait), "lease_ms": "2000",
+                 "dispatch_timeout_ms": "4000", "recovery_interval_ms": "200",
+                 "claim_idle_ms": "2000", "max_stalls": "20", "restart_backoff_max_s": "0.2"}
+    worker = Worker(cluster.url, handlers="tests.failover_handlers", overrides=overrides)
+    worker.extra_env = {**worker.extra_env, "TEST_RECORD_URL": record.url}
+    pa = PendingActions.from_url(cluster.url, replica_wait=replica_wait, resolve_timeout_s=10)
+    try:
+        worker.start()
+        stop = threading.Event()
+        acked: list[str] = []
+        threads = [threading.Thread(target=_load, args=(pa, stop, acked, i), daemon=True)
+                   for i in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(3)
+        victim = cluster.master_ports()[0]
+        replica = cluster.replica_of(victim)
+        assert replica.proc is not None
+        replica.client().execute_command("CLIENT", "KILL", "TYPE", "master")
+        os.kill(replica.proc.pid, signal.SIGSTOP)  # the replica falls behind ...
+        time.sleep(1.5)
+        cluster.node(victim).kill()  # ... when its master dies
+        os.kill(replica.proc.pid, signal.SIGCONT)
+        replica.client().execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+        cluster.wait_ok()
+        time.sleep(2)
+        cluster.node(victim).restart(cluster.fsync)
+        cluster.wait_ok()
+        cluster.wait_replicas()
+        time.sleep(2)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        left = _drain(pa)
+        runs = Counter(x.decode() for x in redis.Redis.from_url(record.url).lrange(RUNS, 0, -1))
+        pending = Counter(f"fo-{i}/{a.id}" for i in range(SESSIONS)
+                          for a in pa.pending(f"fo-{i}"))
+        staged = Counter(acked)
+        lost = {k: n - runs[k] - pending[k] for k, n in staged.items()
+                if n > runs[k] + pending[k]}
+        twice = {k: n for k, n in runs.items() if n > staged[k]}
+        FIGURES[replica_wait] = {"acknowledged": len(acked), "applied": sum(runs.values()),
+                                 "lost": sum(lost.values()), "twice": len(twice),
+                                 "left_pending": sum(pending.values()), "undrained": len(left)}
+        print(f"\nfailover, REPLICA_WAIT={replica_wait}: {FIGURES[replica_wait]}")
+        assert left == [], "sessions still pending after the drain"
+        if replica_wait:
+            assert not lost and not twice, FIGURES[replica_wait]
+    finally:
+        pa.close()
+        worker.kill()
+        cluster.stop()
+        record.stop()
