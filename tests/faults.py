@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -13,6 +14,7 @@ from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.keys import Keys
 from pending_actions.producers import PendingActions
 from tests.procs import Worker
+from tests.rediscluster import Cluster
 
 K = Keys()
 # Short leases so that recovery happens within a test's patience.
@@ -22,9 +24,12 @@ FAST = {"lease_ms": "1000", "dispatch_timeout_ms": "20000", "recovery_interval_m
 
 
 @contextmanager
-def cluster(tmp: Path, workers: int = 1, fsync: str = "always",
-            **overrides: str) -> Iterator[tuple[EmbeddedRedis, list[Worker], PendingActions]]:
-    server = EmbeddedRedis(directory=tmp / "redis", fsync=fsync).start()
+def cluster(tmp: Path, workers: int = 1, fsync: str = "always", on_cluster: bool = False,
+            **overrides: str) -> Iterator[tuple[Any, list[Worker], PendingActions]]:
+    """Redis (a single server, or with ``on_cluster`` a 3-master Redis Cluster), workers and
+    a client."""
+    server: Any = (Cluster(tmp / "cluster", fsync=fsync).start() if on_cluster
+                   else EmbeddedRedis(directory=tmp / "redis", fsync=fsync).start())
     started: list[Worker] = []
     pa = PendingActions.from_url(server.url, resolve_timeout_s=30)
     try:
@@ -35,7 +40,10 @@ def cluster(tmp: Path, workers: int = 1, fsync: str = "always",
         pa.close()
         for w in started:
             w.kill()
-        server.kill()
+        if on_cluster:
+            server.stop()
+        else:
+            server.kill()
 
 
 def tail_id(rc: redis.Redis, stream: str) -> bytes:

@@ -9,9 +9,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import redis
 
-from pending_actions.broker.pools import Live, read_live
+from pending_actions.broker.connection import producer_client
+from pending_actions.broker.pools import Live, heartbeat, read_live
 from pending_actions.broker.results import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
 from tests.conftest import runs
@@ -74,6 +76,7 @@ def test_a_lease_is_indexed_by_its_own_script_and_recovered_after_redis_restarts
     then a Redis restart; the lease is recovered as usual."""
     with cluster(tmp_path, workers=0) as (server, workers, pa):
         rc = redis.Redis.from_url(server.url)
+        heartbeat(rc, K, "p", ["t.ok"], "by-hand", 60_000)  # t.ok live, with no worker yet
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
         short = PendingActions.from_url(server.url, dispatch_timeout_ms=300)
         token = uuid.uuid4().hex
@@ -94,9 +97,10 @@ def test_a_lease_is_indexed_by_its_own_script_and_recovered_after_redis_restarts
         assert (back.id, back.state, back.attempts) == (action_id, "pending", 1)
 
 
-def test_dramatiq_worker_killed_mid_handler(tmp_path: Path) -> None:
-    with cluster(tmp_path) as (server, _workers, pa):
-        rc = redis.Redis.from_url(server.url)
+@pytest.mark.parametrize("on_cluster", [False, True], ids=["single", "cluster"])
+def test_dramatiq_worker_killed_mid_handler(tmp_path: Path, on_cluster: bool) -> None:
+    with cluster(tmp_path, on_cluster=on_cluster) as (server, _workers, pa):
+        rc = producer_client(server.url)
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.gate",
                              payload={"gate": "gate:s"})
         waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
@@ -116,10 +120,11 @@ def test_dramatiq_worker_killed_mid_handler(tmp_path: Path) -> None:
         assert events(rc, "s").count("applied") == 1
 
 
+@pytest.mark.parametrize("on_cluster", [False, True], ids=["single", "cluster"])
 def test_lease_expiring_under_a_running_handler_refuses_its_late_outcome(
-        tmp_path: Path) -> None:
-    with cluster(tmp_path) as (server, _workers, pa):
-        rc = redis.Redis.from_url(server.url)
+        tmp_path: Path, on_cluster: bool) -> None:
+    with cluster(tmp_path, on_cluster=on_cluster) as (server, _workers, pa):
+        rc = producer_client(server.url)
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.gate",
                              payload={"gate": "gate:s"})
         waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")

@@ -26,6 +26,12 @@ local function by_of(lease)
   if lease.by and lease.by ~= '' then return 'by', lease.by end
 end
 
+-- add a handler task (an encoded dramatiq message) to a task stream, under the field the
+-- streams broker reads (FIELD in broker/taskbroker.py)
+local function add_task(key, message)
+  redis.call('XADD', key, '*', 'm', message)
+end
+
 -- append an event to a session's history, trimmed to about maxlen entries
 local function history(key, maxlen, event, ...)
   redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'event', event, ...)

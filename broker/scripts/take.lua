@@ -56,7 +56,7 @@ local function enqueue(pool, token)
   if ARGV[14] ~= '' then
     local message = ARGV[14]
     if token ~= ARGV[3] then message = string.gsub(message, ARGV[3], token) end
-    redis.call('XADD', KEYS[10 + pool], '*', 'm', message)
+    add_task(KEYS[10 + pool], message)
   end
 end
 
