@@ -15,9 +15,9 @@ import redis
 
 from pending_actions.broker.connection import producer_client
 from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.embedded_cluster import Cluster
 from pending_actions.producers import PendingActions
 from tests.procs import Worker, runs_key
-from tests.rediscluster import Cluster
 
 
 @dataclass

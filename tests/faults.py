@@ -12,9 +12,9 @@ import redis
 
 from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.keys import Keys
+from pending_actions.embedded_cluster import Cluster
 from pending_actions.producers import PendingActions
 from tests.procs import Worker
-from tests.rediscluster import Cluster
 
 K = Keys()
 # Short leases so that recovery happens within a test's patience.

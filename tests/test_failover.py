@@ -30,10 +30,10 @@ import redis
 from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.errors import PendingActionsError
 from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.embedded_cluster import Cluster
 from pending_actions.producers import PendingActions
 from tests.failover_handlers import RUNS
 from tests.procs import Worker
-from tests.rediscluster import Cluster
 
 SESSIONS = 60
 FIGURES: dict[int, dict[str, int]] = {}

@@ -29,8 +29,10 @@ import click
               show_default=True,
               help="appendfsync of the private redis-server (always: as docker-compose.yml).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-cluster", is_flag=True,
+              help="Skip the figures on a private 3-master Redis Cluster.")
 def bench(quick: bool, out: Path, skip_rabbitmq: bool, rabbitmq_url: str, processes: int,
-          threads: int, fsync: str, no_progress: bool) -> None:
+          threads: int, fsync: str, no_progress: bool, no_cluster: bool) -> None:
     """Measure resolve latency and throughput, staging, memory, scaling and idle cost, each
     beside baselines measured in the same run (raw Redis, stock dramatiq on RedisBroker and,
     when reachable, RabbitMQ). Starts its own redis-server and worker processes."""
@@ -39,7 +41,7 @@ def bench(quick: bool, out: Path, skip_rabbitmq: bool, rabbitmq_url: str, proces
     out.mkdir(parents=True, exist_ok=True)
     options = runner.Options(out=out, quick=quick, skip_rabbitmq=skip_rabbitmq,
                              rabbitmq_url=rabbitmq_url, processes=processes, threads=threads,
-                             fsync=fsync, progress=not no_progress)
+                             fsync=fsync, progress=not no_progress, cluster=not no_cluster)
     run = runner.run(options)
     rows = report.rows(run)
     png = out / "latency.png"

@@ -154,6 +154,11 @@ def _command_calls(client: redis.Redis) -> tuple[int, dict[str, int]]:
     return int(stats["total_commands_processed"]), calls
 
 
+def total_commands(client: redis.Redis) -> int:
+    """Commands the server has run (total_commands_processed; a script's own count too)."""
+    return int(client.info("stats")["total_commands_processed"])
+
+
 def idle_commands(client: redis.Redis, window_s: float, processes: int,
                   tick: Tick) -> dict[str, Any]:
     """Redis commands per second sent by workers that have nothing to do, from the server's

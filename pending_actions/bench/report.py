@@ -86,6 +86,32 @@ def rows(r: Run) -> list[Row]:
                        "ms", f"{stock} loaded {q}", _p(r, "stock.redis.loaded", q)))
 
     f = r.facts
+    per_resolve = f.get("commands_per_resolve.ours")
+    out.append(Row("commands.per_resolve", "Redis commands per resolve (loaded, one Redis)",
+                   per_resolve, "cmd", "-", None))
+    spread = f.get("cluster.spread", {})
+    cluster_skip = r.skipped.get("cluster", "")
+    out.append(Row("cluster.commands.per_resolve",
+                   "Redis commands per resolve (loaded, 3-master cluster)",
+                   spread.get("commands_per_resolve"), "cmd", "same on one Redis", per_resolve,
+                   note=cluster_skip))
+    row = Row("cluster.spread", f"commands on the busiest master / mean, "
+              f"{spread.get('sessions', 1000):,} sessions, 3 masters",
+              spread.get("max_over_mean"), "x", "-", None, target="<= 1.5x",
+              note=cluster_skip)
+    row.met = None if row.value is None else row.value <= 1.5
+    out.append(row)
+    out.append(Row("cluster.idle.p50", "resolve idle p50, 3-master cluster",
+                   _p(r, "cluster.idle", "p50"), "ms", "same on one Redis", idle50,
+                   note=cluster_skip))
+    out.append(Row("cluster.loaded.throughput",
+                   f"resolve loaded throughput, 3-master cluster ({c} callers)",
+                   _p(r, "cluster.loaded", "tput"), "/s", "same on one Redis", tput,
+                   better="higher", note=cluster_skip))
+    out.append(Row("cluster.loaded.p50", "resolve loaded p50, 3-master cluster",
+                   _p(r, "cluster.loaded", "p50"), "ms", "same on one Redis",
+                   _p(r, "ours.loaded", "p50"), note=cluster_skip))
+
     row = Row("stage.pipelined", "stage, one producer pipelined", f.get("stage_pipelined_per_s"),
               "/s", "Redis EVALSHA pipelined (1-key write)", f.get("raw_pipelined_evalsha_per_s"),
               better="higher", target=">= 20,000/s")

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from pending_actions.bench import fill, measure, scaling
+from pending_actions.bench import cluster, fill, measure, scaling
 from pending_actions.bench.handlers import NOOP
 from pending_actions.bench.procs import ROOT, start_ours, start_stock
 from pending_actions.bench.progress import Progress
@@ -80,6 +80,7 @@ class Options:
     threads: int = 8
     fsync: str = "always"
     progress: bool = True
+    cluster: bool = True
 
 
 @dataclass
@@ -94,7 +95,7 @@ class Run:
 def _phases(s: Sizes, rabbit: bool) -> int:
     stock = 4 + (3 if rabbit else 0)
     ours = 11 + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
-    return 3 + stock + ours
+    return 3 + stock + ours + 3
 
 
 def run(options: Options) -> Run:
@@ -132,6 +133,12 @@ def run(options: Options) -> Run:
             _ours(r, f"{base}/0", f"{base}/2", logs, progress)
         finally:
             server.stop()
+    if options.cluster:
+        try:
+            cluster.run(r, logs, progress)
+        except Exception as exc:  # the cluster rows are extra: say why, keep the run
+            r.skipped["cluster"] = f"failed: {exc!r}"[:300]
+            progress.say(f"cluster figures failed: {exc!r}")
     r.facts["meta"]["loadavg_before_after"] = [load, os.getloadavg()[0]]
     return r
 
@@ -300,7 +307,11 @@ def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
                         tick)
         calls = [measure.resolver(pa, n) for n in names]
         measure.loaded("warm-up", calls, 2, tick)
+        before = measure.total_commands(pa.client)
         r.dists["ours.loaded"] = measure.loaded("ours loaded", calls, s.per_caller, tick)
+        # every command Redis ran (scripts' own commands included) over the loaded run
+        r.facts["commands_per_resolve.ours"] = (
+            (measure.total_commands(pa.client) - before) / (s.callers * s.per_caller))
     fill.drop_sessions(pa.ctx, names)
 
 

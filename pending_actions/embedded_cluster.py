@@ -1,6 +1,7 @@
-"""A real Redis Cluster for the tests: ``redis-server --cluster-enabled yes`` processes on free
-ports (AOF, fsync always), joined with ``redis-cli --cluster create``, or, where redis-cli is
-missing, with CLUSTER ADDSLOTSRANGE / MEET / REPLICATE sent from Python."""
+"""A private Redis Cluster, for the tests and the benchmark: ``redis-server --cluster-enabled
+yes`` processes on free ports (AOF, fsync always), joined with ``redis-cli --cluster create``,
+or, where redis-cli is missing, with CLUSTER ADDSLOTSRANGE / MEET / REPLICATE sent from
+Python."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from pending_actions.broker.embedded import find_redis_server
 
 SLOTS = 16384
+
+
+def _cmd(client: redis.Redis, *args: Any) -> Any:
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
 def cluster_port() -> int:
@@ -124,19 +130,19 @@ class Cluster:
         masters, rest = self.nodes[:self.masters], self.nodes[self.masters:]
         for i, node in enumerate(masters):
             low, high = i * SLOTS // self.masters, (i + 1) * SLOTS // self.masters - 1
-            node.client().execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+            _cmd(node.client(), "CLUSTER", "ADDSLOTSRANGE", low, high)
         for node in self.nodes[1:]:
-            node.client().execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
-        self._wait(lambda: all(len(n.client().execute_command("CLUSTER", "NODES")
+            _cmd(node.client(), "CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
+        self._wait(lambda: all(len(_cmd(n.client(), "CLUSTER", "NODES")
                                     .splitlines()) == len(self.nodes) for n in self.nodes))
         for i, node in enumerate(rest):
-            master_id = masters[i % self.masters].client().execute_command("CLUSTER", "MYID")
-            node.client().execute_command("CLUSTER", "REPLICATE", master_id)
+            master_id = _cmd(masters[i % self.masters].client(), "CLUSTER", "MYID")
+            _cmd(node.client(), "CLUSTER", "REPLICATE", master_id)
 
     def wait_ok(self, timeout: float = 30.0) -> None:
         def ok() -> bool:
             for node in self.live_nodes():
-                info = node.client().execute_command("CLUSTER", "INFO")
+                info = _cmd(node.client(), "CLUSTER", "INFO")
                 text = info.decode() if isinstance(info, bytes) else str(info)
                 if "cluster_state:ok" not in text:
                     return False
@@ -159,7 +165,7 @@ class Cluster:
         """port -> ("master", None) or ("slave", master port), as the live nodes see it."""
         out: dict[int, tuple[str, int | None]] = {}
         for node in self.live_nodes():
-            role = node.client().execute_command("ROLE")
+            role = _cmd(node.client(), "ROLE")
             kind = role[0].decode()
             out[node.port] = (kind, int(role[2]) if kind == "slave" else None)
         return out
