@@ -1,5 +1,6 @@
 """An example producer: a few agent sessions that stage edits and resolve them, forever.
-Run with ``python -m pending_actions.producers.example`` (docker-compose runs it beside a worker)."""
+Run with ``python -m pending_actions.producers.example`` (docker-compose runs it beside a
+worker)."""
 
 from __future__ import annotations
 
