@@ -12,6 +12,7 @@ import os
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,8 +31,11 @@ pytestmark = pytest.mark.slow
 K = Keys()
 TRANSIENT = (PendingActionsError, redis.ConnectionError, redis.TimeoutError,
              redis.BusyLoadingError)
-# the compose workers keep 1000 history entries a session; a handful per action stays below
-MAX_ACTIONS = 60
+# the compose workers keep 1000 history entries a session, and an action writes up to 6
+MAX_ACTIONS = 120
+# each session stages at most 4 actions a second, so the load lasts through every stop (at full
+# speed the sessions would stage their MAX_ACTIONS before the first stop ended)
+PACE_S = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +81,11 @@ class Load:
     def __init__(self, pa: PendingActions, sessions: list[str]) -> None:
         self.pa, self.sessions = pa, sessions
         self.stop = threading.Event()
-        self.progress = threading.Semaphore(0)
+        self.done = 0  # resolves that applied or discarded
+        self.changed = threading.Condition()
         self.acknowledged: set[str] = set()
         self.errors: list[BaseException] = []
+        self.failures = Counter[str]()  # what the resolves that did not end an action said
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._guarded, args=(s,)) for s in sessions]
 
@@ -113,16 +119,24 @@ class Load:
                 res = self.pa.resolve(session=session, action=rng.choice(["apply", "discard"]),
                                       reason="load", timeout=10)
                 if not res.is_error:
-                    self.progress.release()
-            except TRANSIENT:
-                self.stop.wait(0.2)  # Redis is down; nothing to wait on but time
+                    with self.changed:
+                        self.done += 1
+                        self.changed.notify_all()
+                else:
+                    with self.lock:
+                        self.failures[res.text[:80]] += 1
+            except TRANSIENT as exc:
+                with self.lock:
+                    self.failures[type(exc).__name__] += 1
+            self.stop.wait(PACE_S)
 
     def wait(self, n: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        for _ in range(n):
-            left = deadline - time.monotonic()
-            assert self.progress.acquire(timeout=max(left, 0)), "no progress"
+        """Wait for n more resolves from now, with every session still producing."""
+        with self.changed:
+            goal = self.done + n
+            assert self.changed.wait_for(lambda: self.done >= goal, timeout), self.failures
         assert not self.errors, self.errors
+        assert all(t.is_alive() for t in self.threads), "a session ran out of actions"
 
 
 def drain(pa: PendingActions, rc: Any, session: str, timeout: float = 120) -> None:
@@ -196,14 +210,16 @@ def test_compose_stack_scales_and_survives_stops(stack: Compose) -> None:
               if f.get(b"role") == b"resolver" and f.get(b"event") == b"ready"}
     assert len(joined) == 2, joined
 
-    sessions = [f"compose-{i}" for i in range(6)]
+    sessions = [f"compose-{i}" for i in range(8)]
     with Load(pa, sessions) as load:
-        load.wait(20)
+        load.wait(40)
         # one worker stopped under load: it lets its running handlers finish and exits 0
         victim = next(w for w in workers if w != worker_c)
+        started = time.monotonic()
         stack.docker("stop", "-t", "40", victim, timeout=60)
+        print(f"one worker stopped in {time.monotonic() - started:.1f}s, {load.done} resolves")
         assert stack.state(victim, "ExitCode") == "0"
-        load.wait(20)
+        load.wait(40)
 
         # the whole stack stopped under load; a container killed after the grace period
         # (the producer as PID 1 ignoring SIGTERM, say) would exit 137
@@ -222,7 +238,7 @@ def test_compose_stack_scales_and_survives_stops(stack: Compose) -> None:
         assert len(workers) == 3
         stack.wait_healthy([*stack.running("redis"), *workers])
         assert stack.running("producer")
-        load.wait(20)
+        load.wait(40)
     assert not load.errors, load.errors
 
     # the example producer's sessions are counted too, once it has stopped
@@ -233,7 +249,7 @@ def test_compose_stack_scales_and_survives_stops(stack: Compose) -> None:
     for s in [*sessions, *example]:
         drain(pa, rc, s)
     counts = tally(rc, [*sessions, *example], load.acknowledged)
-    print(counts)
+    print(counts, "\nresolves that ended nothing:", dict(load.failures))
     assert counts["acknowledged"] >= 60
     assert counts["lost"] == 0 and counts["ended_twice"] == 0, counts
     assert counts["acknowledged_not_staged"] == 0, counts
