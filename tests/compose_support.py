@@ -157,8 +157,11 @@ class Compose:
         return done.stdout
 
     def docker(self, *args: str, timeout: float = 120) -> str:
-        return subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=True).stdout
+        done = subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if done.returncode:
+            raise RuntimeError(f"docker {' '.join(args)} exited {done.returncode}: {done.stderr}")
+        return done.stdout
 
     def containers(self, service: str) -> list[str]:
         """Ids of the service's containers, running or not."""
@@ -171,7 +174,9 @@ class Compose:
         return self.docker("inspect", "-f", f"{{{{.State.{field}}}}}", container).strip()
 
     def health(self, container: str) -> str:
-        return self.state(container, "Health.Status")
+        """healthy, unhealthy, starting, or none (no healthcheck)"""
+        return self.docker("inspect", "-f", "{{if .State.Health}}{{.State.Health.Status}}"
+                           "{{else}}none{{end}}", container).strip()
 
     def wait_healthy(self, containers: list[str], timeout: float = 120) -> None:
         """Wait for Docker's health_status events until every container is healthy."""
