@@ -111,6 +111,10 @@ class Dockerd:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            # dockerd leaves its handle on the host's network namespace mounted
+            netns = self.state / "exec" / "netns" / "default"
+            if os.path.ismount(netns):
+                subprocess.run(["umount", str(netns)], check=False)
         self.proc = None
         if self._lock is not None:
             self._lock.close()

@@ -124,7 +124,7 @@ class Load:
                         self.changed.notify_all()
                 else:
                     with self.lock:
-                        self.failures[res.text[:80]] += 1
+                        self.failures[res.text.split(": ", 1)[-1][:60]] += 1  # no label
             except TRANSIENT as exc:
                 with self.lock:
                     self.failures[type(exc).__name__] += 1
