@@ -71,6 +71,7 @@ def stack(daemon: Dockerd) -> Iterator[Compose]:
         if not ok:
             print(compose.logs())
         compose.run("down", "-v", "--remove-orphans")
+        compose.docker("image", "prune", "-f")  # images of earlier sources, left untagged
         print(f"docker data root: {daemon.disk_usage() / 2**20:.0f} MiB")
 
 
