@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from pending_actions.broker import texts
@@ -35,13 +36,26 @@ class Recovery:
         self.ctx = ctx
         self.name = name
         self.stop = stop
+        self.recovered = 0  # by the last read, for tests and logs
 
     def run(self) -> None:
+        """Every ``recovery_interval_ms``, but reading the indexes only when a lease may be due:
+        at the earliest deadline the last read saw, and at the latest a shortest lease after
+        it (a lease made since then cannot end sooner). An idle deployment reads them once a
+        LEASE_MS, not once an interval."""
         retry = Backoff()
-        interval = self.ctx.settings.recovery_interval_ms / 1000
+        s = self.ctx.settings
+        interval, shortest = s.recovery_interval_ms / 1000, min(s.lease_ms,
+                                                                 s.dispatch_timeout_ms) / 1000
+        next_read = 0.0
         while not self.stop.wait(interval):
+            if time.monotonic() < next_read:
+                continue
             try:
-                self.recover_due()
+                earliest = self.recover_due()
+                # the server's clock said when; the wait is on ours, a little early is fine
+                wait = shortest if earliest is None else min(shortest, earliest / 1000)
+                next_read = time.monotonic() + wait
                 retry.reset()
             except TRANSIENT as exc:
                 retry.wait(self.stop, exc, "Redis unavailable")
@@ -50,17 +64,27 @@ class Recovery:
         sec, usec = self.ctx.client.time()
         return int(sec) * 1000 + int(usec) // 1000
 
-    def recover_due(self) -> int:
-        """Look at the leases whose index entry is due (one pipelined read of every
-        partition's index): recover.lua returns the expired ones, and moves the entry of one
-        renewed meanwhile to its deadline or drops the entry of one that is gone."""
+    def recover_due(self) -> float | None:
+        """Look at the leases whose index entry is due (one pipelined read of the first
+        entries of every partition's index): recover.lua returns the expired ones, and moves
+        the entry of one renewed meanwhile to its deadline or drops the entry of one that is
+        gone. Returns in how many ms the earliest entry not yet due will be (0 when a
+        partition had more due than one read takes), None when no index has any."""
         ctx, now = self.ctx, self._now_ms()
         pipe = ctx.client.pipeline(transaction=False)
         for p in range(ctx.keys.partitions):
-            pipe.zrangebyscore(ctx.keys.leases(p), "-inf", now, start=0, num=DUE_BATCH)
-        due = [Keys.parse_lease_member(m) for members in pipe.execute() for m in members]
-        if not due:
-            return 0
+            pipe.zrange(ctx.keys.leases(p), 0, DUE_BATCH - 1, withscores=True)
+        due, later = [], []
+        for entries in pipe.execute():
+            due += [Keys.parse_lease_member(m) for m, score in entries if score <= now]
+            later += [score - now for _m, score in entries if score > now]
+            if len(entries) == DUE_BATCH and entries[-1][1] <= now:
+                later.append(0)  # more due than one read: look again at once
+        self.recovered = self._recover(due, now) if due else 0
+        return min(later) if later else None
+
+    def _recover(self, due: list[tuple[str, str]], now: int) -> int:
+        ctx = self.ctx
         pipe = ctx.client.pipeline(transaction=False)
         for session, token in due:
             pipe.hget(ctx.keys.inflight(session), token)

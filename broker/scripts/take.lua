@@ -82,7 +82,8 @@ elseif prev then
   return {TAKE.DUP}
 end
 
--- the target without taking it yet: a stale slot or stack entry (its spec gone) is dropped
+-- the target (a stack head comes off the stack here, see untake); a stale slot or stack entry
+-- (its spec gone) is dropped
 local function find()
   local id = redis.call('GET', KEYS[1])
   if id then
@@ -91,11 +92,11 @@ local function find()
     redis.call('DEL', KEYS[1])
   end
   while true do
-    id = redis.call('LINDEX', KEYS[2], 0)
+    -- popped here (one command less than a look first); put back below if not taken
+    id = redis.call('LPOP', KEYS[2])
     if not id then break end
     local spec = redis.call('HGET', KEYS[4], id)
     if spec then return id, 'action', spec end
-    redis.call('LPOP', KEYS[2])
   end
   id = redis.call('GET', KEYS[3])
   if id then
@@ -105,8 +106,15 @@ local function find()
   return nil
 end
 
+-- the target goes back where it was: not taken after all (in the same atomic step, so no one
+-- ever sees it missing)
+local function untake(id, kind)
+  if kind == 'action' then redis.call('LPUSH', KEYS[2], id) end
+end
+
 local id, kind, spec = find()
 if ARGV[15] ~= '' and id ~= ARGV[15] then
+  untake(id, kind)
   redis.call('SET', KEYS[8], 'conflict', 'EX', ARGV[5])
   redis.call('RPUSH', KEYS[9], ARGV[17])
   redis.call('EXPIRE', KEYS[9], ARGV[10])
@@ -120,12 +128,11 @@ if not id then
 end
 local pool, name = route(spec)
 if not pool then
+  untake(id, kind)
   return {TAKE.NO_WORKER, id, name, spec}
 end
 if kind == 'directive' then
   redis.call('DEL', KEYS[1])
-elseif kind == 'action' then
-  redis.call('LPOP', KEYS[2])
 end
 redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
 local st = counters(KEYS[5], id)
