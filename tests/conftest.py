@@ -13,7 +13,7 @@ import redis
 
 from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
-from tests.procs import Worker, runs_key
+from tests.support.procs import Worker, runs_key
 
 
 @pytest.fixture(scope="session")

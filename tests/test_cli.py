@@ -15,7 +15,7 @@ import redis
 
 from pending_actions.broker.embedded import EmbeddedRedis, free_port
 from pending_actions.producers import PendingActions
-from tests.procs import ROOT, Worker, worker_env
+from tests.support.procs import ROOT, Worker, worker_env
 
 
 def cli(url: str | None, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -102,7 +102,7 @@ def test_up_runs_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     env.pop("PENDING_ACTIONS_REDIS_URL")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pending_actions", "up",
-         "--handlers", "pending_actions.workers.examples", "tests.handlers",
+         "--handlers", "pending_actions.workers.examples", "tests.support.handlers",
          "--port", str(port), "--data-dir", str(tmp_path / "data")],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         start_new_session=True,  # a process group of its own, like a shell's foreground job

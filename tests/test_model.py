@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 from pending_actions.producers import PendingActions
-from tests.faults import cluster
-from tests.model import APPLY, REJECT, Entry, Model
+from tests.support.faults import cluster
+from tests.support.model import APPLY, REJECT, Entry, Model
 
 MAX_STALLS = 2
 EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "200"))

@@ -13,7 +13,7 @@ TEST_ENV = {"PYTHONPATH": str(ROOT), "PENDING_ACTIONS_WORKER_THREADS": "8",
 
 
 def runs_key(session: str) -> str:
-    """Where tests.handlers records every handler run of a session."""
+    """Where tests.support.handlers records every handler run of a session."""
     return f"test:runs:{session}"
 
 
@@ -23,6 +23,6 @@ def worker_env(url: str, **overrides: str) -> dict[str, str]:
 
 
 class Worker(WorkerProcess):
-    def __init__(self, url: str, handlers: str = "tests.handlers",
+    def __init__(self, url: str, handlers: str = "tests.support.handlers",
                  overrides: dict[str, str] | None = None) -> None:
         super().__init__(url, handlers, overrides, env=TEST_ENV)

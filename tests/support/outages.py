@@ -12,8 +12,8 @@ import redis
 from pending_actions.broker.errors import RedisUnavailable
 from pending_actions.broker.results import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
-from tests.faults import K
-from tests.procs import runs_key
+from tests.support.faults import K
+from tests.support.procs import runs_key
 
 TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 

@@ -12,7 +12,7 @@ import redis
 from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.keys import Keys
 from pending_actions.producers import PendingActions
-from tests.procs import Worker
+from tests.support.procs import Worker
 
 K = Keys()
 # Short leases so that recovery happens within a test's patience.
@@ -72,7 +72,7 @@ def started_pid(rc: redis.Redis, session: str, timeout: float = 20) -> int:
     """Wait until a t.gate handler of the session has started; return its process id."""
     import orjson
 
-    from tests.procs import runs_key
+    from tests.support.procs import runs_key
 
     got = rc.blpop([f"test:started:{session}"], timeout=timeout)
     assert got is not None, "the handler never started"

@@ -13,7 +13,7 @@ import redis
 from pending_actions.broker.errors import ToolError
 from pending_actions.broker.models import PendingAction
 from pending_actions.workers import handler
-from tests.procs import runs_key
+from tests.support.procs import runs_key
 
 # no socket timeout: t.gate blocks for up to a minute on purpose
 _client = redis.Redis.from_url(os.environ["PENDING_ACTIONS_REDIS_URL"], socket_timeout=None)
