@@ -11,7 +11,7 @@ import orjson
 import pytest
 import redis
 
-from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from tests.support.procs import Worker, runs_key
 

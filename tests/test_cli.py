@@ -13,9 +13,10 @@ import orjson
 import pytest
 import redis
 
-from pending_actions.broker.embedded import EmbeddedRedis, free_port
+from pending_actions.embedded import EmbeddedRedis, free_port
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
-from tests.support.procs import ROOT, Worker, worker_env
+from tests.support.procs import Worker, worker_env
 
 
 def cli(url: str | None, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import redis
 
-from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.keys import Keys
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from tests.support.procs import Worker
 

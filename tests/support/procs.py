@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pending_actions.supervise import ROOT, WorkerProcess
+from pending_actions.supervise import WorkerProcess
 
-__all__ = ["ROOT", "Worker", "runs_key", "worker_env"]
+__all__ = ["Worker", "runs_key", "worker_env"]
 
-TEST_ENV = {"PYTHONPATH": str(ROOT), "PENDING_ACTIONS_WORKER_THREADS": "8",
-            "PENDING_ACTIONS_BLOCK_MS": "1000",
+TEST_ENV = {"PENDING_ACTIONS_WORKER_THREADS": "8", "PENDING_ACTIONS_BLOCK_MS": "1000",
             # short dramatiq idle/restart delays so that stops and reconnects are quick
             "dramatiq_worker_timeout": "200", "dramatiq_restart_delay": "100"}
 
