@@ -227,27 +227,36 @@ class StreamWatch:
         self.client.close()
 
 
-def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
-    """Wait until none of ``pids`` (not necessarily our children) is running; return those still
-    running at the deadline. Exits are awaited through pidfds, not polled."""
-    fds: dict[int, int] = {}
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            fds[os.pidfd_open(pid)] = pid
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    left_fds = set(fds)
-    deadline = time.monotonic() + timeout
-    try:
-        while left_fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+class ExitWatch:
+    """Awaits the exits of processes that need not be our children (pidfds: no polling, and no
+    confusion with a later process that reuses a pid, since each is opened up front)."""
+
+    def __init__(self, pids: Iterable[int]) -> None:
+        self.fds: dict[int, int] = {}
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # already gone
+                self.fds[os.pidfd_open(pid)] = pid
+
+    def wait(self, timeout: float) -> list[int]:
+        """Wait until all have exited; the pids still running at the deadline."""
+        poller = select.poll()
+        for fd in self.fds:
+            poller.register(fd, select.POLLIN)
+        running = set(self.fds)
+        deadline = time.monotonic() + timeout
+        while running and (left := deadline - time.monotonic()) > 0:
             for fd, _event in poller.poll(left * 1000):
                 poller.unregister(fd)
-                left_fds.discard(fd)
-    finally:
-        for fd in fds:
+                running.discard(fd)
+        return sorted(self.fds[fd] for fd in running)
+
+    def close(self) -> None:
+        for fd in self.fds:
             os.close(fd)
-    return sorted(fds[fd] for fd in left_fds)
+        self.fds = {}
+
+    def __enter__(self) -> ExitWatch:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
