@@ -13,18 +13,18 @@ import redis
 
 from pending_actions.broker.results import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
-from tests.conftest import runs
 from tests.support.faults import (
     FAST,
     K,
     cluster,
     events,
     started_pid,
-    tail_id,
     wait_for,
     wait_history,
 )
 from tests.support.procs import Worker
+from tests.support.replies import tail_id
+from tests.support.runs import runs
 
 pool = ThreadPoolExecutor(max_workers=4)
 

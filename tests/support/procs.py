@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from pending_actions.supervise import WorkerProcess
 
-__all__ = ["Worker", "runs_key", "worker_env"]
-
 TEST_ENV = {"PENDING_ACTIONS_WORKER_THREADS": "8", "PENDING_ACTIONS_BLOCK_MS": "1000",
             # short dramatiq idle/restart delays so that stops and reconnects are quick
             "dramatiq_worker_timeout": "200", "dramatiq_restart_delay": "100"}
-
-
-def runs_key(session: str) -> str:
-    """Where tests.support.handlers records every handler run of a session."""
-    return f"test:runs:{session}"
 
 
 def worker_env(url: str, **overrides: str) -> dict[str, str]:
