@@ -4,7 +4,10 @@ here is also an assertion on the reply."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import redis
+from redis.typing import EncodableT, FieldT
 
 Fields = dict[bytes, bytes]
 Entry = tuple[bytes, Fields]
@@ -50,3 +53,11 @@ def read(rc: redis.Redis, stream: str, since: bytes, block_ms: int) -> list[Entr
     for _name, got in reply:
         out.extend(entries(got))
     return out
+
+
+def xadd(rc: redis.Redis, stream: str, raw: Mapping[bytes, bytes]) -> bytes:
+    """Write an entry as a test forges it (any bytes); its id."""
+    entry: dict[FieldT, EncodableT] = dict(raw.items())
+    entry_id = rc.xadd(stream, entry)
+    assert isinstance(entry_id, bytes), entry_id
+    return entry_id
