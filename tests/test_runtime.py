@@ -7,7 +7,7 @@ import redis
 from pending_actions.broker import REMINDER
 from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 from pending_actions.producers import PendingActions, intent, render, tool_definition
-from tests.conftest import runs
+from tests.support.runs import runs
 
 
 def test_reminder_is_exact() -> None:
