@@ -7,7 +7,9 @@ from typing import Any
 
 from pending_actions.broker import texts
 from pending_actions.broker.models import Result, Spec
-from pending_actions.broker.texts import NOTHING_TO_APPLY, NOTHING_TO_DISCARD, done
+from pending_actions.broker.texts import NOTHING_TO_APPLY as NOTHING_TO_APPLY
+from pending_actions.broker.texts import NOTHING_TO_DISCARD as NOTHING_TO_DISCARD
+from pending_actions.broker.texts import done
 
 
 def base_details(

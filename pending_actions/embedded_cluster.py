@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker.embedded import find_redis_server
+from pending_actions.embedded import find_redis_server
 
 SLOTS = 16384
 

@@ -9,15 +9,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
 import pytest
 import redis
 
 from pending_actions.broker.connection import producer_client
-from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.embedded_cluster import Cluster
 from pending_actions.producers import PendingActions
-from tests.procs import Worker, runs_key
+from tests.support.procs import Worker
 
 
 @dataclass
@@ -98,6 +97,3 @@ def rc(deployment: Deployment) -> redis.Redis:
 def session() -> str:
     return f"s-{uuid.uuid4().hex[:12]}"
 
-
-def runs(rc: redis.Redis, session: str) -> list[dict[str, object]]:
-    return [orjson.loads(x) for x in rc.lrange(runs_key(session), 0, -1)]

@@ -23,17 +23,20 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.errors import PendingActionsError
 from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.embedded_cluster import Cluster
 from pending_actions.producers import PendingActions
-from tests.failover_handlers import RUNS
-from tests.procs import Worker
+from pending_actions.supervise import WorkerProcess
+from tests.support.failover_handlers import RUNS
+from tests.support.procs import TEST_ENV
+from tests.support.replies import byte_list
 
 SESSIONS = 60
 FIGURES: dict[int, dict[str, int]] = {}
@@ -80,8 +83,8 @@ def test_master_failover_under_load(tmp_path: Path, replica_wait: int) -> None:
     overrides = {"replica_wait": str(replica_wait), "lease_ms": "2000",
                  "dispatch_timeout_ms": "4000", "recovery_interval_ms": "200",
                  "claim_idle_ms": "2000", "max_stalls": "20", "restart_backoff_max_s": "0.2"}
-    worker = Worker(cluster.url, handlers="tests.failover_handlers", overrides=overrides)
-    worker.extra_env = {**worker.extra_env, "TEST_RECORD_URL": record.url}
+    worker = WorkerProcess(cluster.url, "tests.support.failover_handlers", overrides,
+                           env={**TEST_ENV, "TEST_RECORD_URL": record.url})
     pa = PendingActions.from_url(cluster.url, replica_wait=replica_wait, resolve_timeout_s=10)
     try:
         worker.start()
@@ -95,12 +98,13 @@ def test_master_failover_under_load(tmp_path: Path, replica_wait: int) -> None:
         victim = cluster.master_ports()[0]
         replica = cluster.replica_of(victim)
         assert replica.proc is not None
-        replica.client().execute_command("CLIENT", "KILL", "TYPE", "master")
+        replica_client: Any = replica.client()
+        replica_client.execute_command("CLIENT", "KILL", "TYPE", "master")
         os.kill(replica.proc.pid, signal.SIGSTOP)  # the replica falls behind ...
         time.sleep(1.5)
         cluster.node(victim).kill()  # ... when its master dies
         os.kill(replica.proc.pid, signal.SIGCONT)
-        replica.client().execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+        replica_client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
         cluster.wait_ok()
         time.sleep(2)
         cluster.node(victim).restart(cluster.fsync)
@@ -111,7 +115,8 @@ def test_master_failover_under_load(tmp_path: Path, replica_wait: int) -> None:
         for t in threads:
             t.join(30)
         left = _drain(pa)
-        runs = Counter(x.decode() for x in redis.Redis.from_url(record.url).lrange(RUNS, 0, -1))
+        runs = Counter(x.decode() for x in byte_list(redis.Redis.from_url(record.url)
+                                                     .lrange(RUNS, 0, -1)))
         pending = Counter(f"fo-{i}/{a.id}" for i in range(SESSIONS)
                           for a in pa.pending(f"fo-{i}"))
         staged = Counter(acked)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pending_actions.broker.results import NOTHING_TO_APPLY
-from tests.faults import cluster
+from tests.support.faults import cluster
 
 RABBIT = "amqp://guest:guest@127.0.0.1:5672/"
 

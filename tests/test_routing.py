@@ -12,14 +12,15 @@ import pytest
 
 from pending_actions.broker.errors import UnknownHandler
 from pending_actions.broker.pools import read_live
-from tests.faults import K, cluster, events
-from tests.procs import Worker
+from tests.support.faults import K, cluster, events
+from tests.support.procs import Worker
+from tests.support.replies import byte_list
 
 
 def test_two_fleets_with_disjoint_handlers_and_one_that_goes_away(tmp_path: Path) -> None:
     with cluster(tmp_path, workers=0) as (server, workers, pa):
-        a = Worker(server.url, handlers="tests.mix_a").start()
-        b = Worker(server.url, handlers="tests.mix_b").start()
+        a = Worker(server.url, handlers="tests.support.mix_a").start()
+        b = Worker(server.url, handlers="tests.support.mix_b").start()
         workers += [a, b]
         rc = pa.client
         assert len(read_live(rc, K).pools) == 2
@@ -33,7 +34,8 @@ def test_two_fleets_with_disjoint_handlers_and_one_that_goes_away(tmp_path: Path
                 lambda s: pa.resolve(session=s, action="apply", reason="r"), sessions))
         failed = [r.text for r in results if r.is_error]
         assert failed == []
-        ran = {s: [x.decode() for x in rc.lrange(f"test:mix:{s}", 0, -1)] for s in sessions}
+        ran = {s: [x.decode() for x in byte_list(rc.lrange(f"test:mix:{s}", 0, -1))]
+               for s in sessions}
         misrouted = [s for s in sessions if ran[s] != [f"{wanted[s][0]}:{wanted[s][1]}"]]
         assert misrouted == []
 
@@ -65,7 +67,7 @@ def test_two_fleets_with_disjoint_handlers_and_one_that_goes_away(tmp_path: Path
 
 def test_a_clean_stop_removes_the_workers_handlers_at_once(tmp_path: Path) -> None:
     with cluster(tmp_path, workers=0) as (server, workers, pa):
-        b = Worker(server.url, handlers="tests.mix_b").start()
+        b = Worker(server.url, handlers="tests.support.mix_b").start()
         workers.append(b)
         pa.stage(session="s", tool="t", label="l", apply="mix.b")
         assert b.stop() == 0

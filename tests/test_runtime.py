@@ -8,7 +8,8 @@ import redis
 from pending_actions.broker import REMINDER
 from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 from pending_actions.producers import PendingActions, intent, render, tool_definition
-from tests.conftest import Deployment, both, runs
+from tests.conftest import Deployment, both
+from tests.support.runs import runs
 
 
 @pytest.fixture(params=["single", "cluster"])

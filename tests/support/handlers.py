@@ -3,6 +3,7 @@ Redis (``test:runs:<session>``) so tests can count runs across processes."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from typing import Any
@@ -14,20 +15,25 @@ from pending_actions.broker.connection import cluster_client, is_cluster_url
 from pending_actions.broker.errors import ToolError
 from pending_actions.broker.models import PendingAction
 from pending_actions.workers import handler
-from tests.procs import runs_key
+from tests.support.runs import Run, runs_key
 
-# no socket timeout: t.gate blocks for up to a minute on purpose
-_url = os.environ["PENDING_ACTIONS_REDIS_URL"]
-_client = (cluster_client(_url, socket_timeout=None) if is_cluster_url(_url)
-           else redis.Redis.from_url(_url, socket_timeout=None))
+
+@functools.cache
+def client() -> redis.Redis:
+    """The worker's Redis (one server or a cluster), opened on first use: importing this module
+    needs no environment."""
+    # no socket timeout: t.gate blocks for up to a minute on purpose
+    url = os.environ["PENDING_ACTIONS_REDIS_URL"]
+    if is_cluster_url(url):
+        return cluster_client(url, socket_timeout=None)
+    return redis.Redis.from_url(url, socket_timeout=None)
 
 
 def record(name: str, action: PendingAction, reason: str, extra: dict[str, Any] | None,
            key: str) -> None:
-    _client.rpush(runs_key(action.session), orjson.dumps({
-        "handler": name, "id": action.id, "attempt": action.attempts, "key": key,
-        "reason": reason, "extra": extra, "payload": action.payload, "pid": os.getpid(),
-    }))
+    run: Run = {"handler": name, "id": action.id, "attempt": action.attempts, "key": key,
+                "reason": reason, "extra": extra, "payload": action.payload, "pid": os.getpid()}
+    client().rpush(runs_key(action.session), orjson.dumps(run))
 
 
 @handler("t.ok")
@@ -94,8 +100,8 @@ def gate(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
          idempotency_key: str) -> str:
     """Says it started, then waits until the test opens its gate (payload["gate"])."""
     record("t.gate:start", action, reason, extra, idempotency_key)
-    _client.rpush(f"test:started:{action.session}", action.id)
-    opened = _client.blpop([action.payload["gate"]], timeout=60)
+    client().rpush(f"test:started:{action.session}", action.id)
+    opened = client().blpop([action.payload["gate"]], timeout=60)
     if opened is None:
         raise ToolError("gate never opened")
     record("t.gate", action, reason, extra, idempotency_key)
@@ -118,7 +124,7 @@ def idem(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
     ``test:effects:<session>`` gets each action id once however often it is attempted."""
     record("t.idem", action, reason, extra, idempotency_key)
     # one atomic step, so a retried call after a lost reply cannot lose or double the effect
-    _client.eval(
+    client().eval(
         "if redis.call('SET', KEYS[1], ARGV[1], 'NX') then redis.call('RPUSH', KEYS[2], ARGV[1])"
         " end return 1", 2, f"test:effect:{{{action.session}}}:{idempotency_key}",
         f"test:effects:{{{action.session}}}",
