@@ -24,7 +24,9 @@ QUICK_ROWS = [
     "memory.1_per_session", "memory.10_per_session", "memory.one_session",
     "depth.1.p50", "depth.1000.p50", "depth.1000.p99",
     "sessions.1.p50", "sessions.1000.p50", "sessions.1000.p99",
-    "idle.commands",
+    "idle.commands", "commands.per_resolve",
+    "cluster.commands.per_resolve", "cluster.spread", "cluster.idle.p50",
+    "cluster.loaded.throughput", "cluster.loaded.p50",
 ]
 
 
@@ -33,7 +35,7 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pending_actions.bench", "--quick", "--no-progress",
          "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=360, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
 

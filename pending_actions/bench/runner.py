@@ -226,8 +226,14 @@ def _stock_figures(r: Run, name: str, client: StockClient, results_url: str, pro
                             total) as tick:
             calls: list[measure.Call] = [client.roundtrip] * s.callers
             measure.loaded("warm-up", calls, 2, lambda _n: None)
+            conn = redis.Redis.from_url(results_url)
+            before = measure.total_commands(conn)
             r.dists[f"stock.{name}.loaded"] = measure.loaded(
                 f"stock dramatiq {name} loaded", calls, s.per_caller, tick)
+            if name == "redis":  # broker and results on this Redis: every command it ran
+                r.facts["commands_per_message.stock.redis"] = (
+                    (measure.total_commands(conn) - before) / (s.callers * s.per_caller))
+            conn.close()
     finally:
         client.close()
 
