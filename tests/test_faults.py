@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.broker.texts import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
 from tests.support.faults import (
     FAST,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import dramatiq
 import orjson
@@ -204,8 +205,9 @@ def test_fuzzed_stage_and_slots(pa: PendingActions, rc: redis.Redis, session: ob
 
 def task_entry(kwargs: dict[str, object]) -> bytes:
     """A well-formed dramatiq message for our actor around ``kwargs``."""
-    message = dramatiq.Message(queue_name=Settings().queue, actor_name=ACTOR_NAME, args=(),
-                               kwargs=kwargs, options={})
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name=Settings().queue, actor_name=ACTOR_NAME, args=(),
+        kwargs=kwargs, options={})
     return orjson.dumps(message.asdict())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from pending_actions.broker import REMINDER
-from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
+from pending_actions.broker.texts import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 from pending_actions.producers import PendingActions, intent, render, tool_definition
 from tests.support.runs import runs
 
