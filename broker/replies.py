@@ -69,6 +69,7 @@ class Peeked(NamedTuple):
 class TakeStatus(StrEnum):
     OK = "ok"  # a new lease, or the earlier one of a redelivered request no worker started
     NONE = "none"  # nothing to target: take.lua pushed the reply itself
+    CONFLICT = "conflict"  # expect_id is not the target: nothing taken, take.lua replied
     DUP = "dup"  # the request was taken before and its lease is started or gone
 
 
@@ -158,3 +159,21 @@ class Recovered(NamedTuple):
     @classmethod
     def decode(cls, raw: Any) -> Recovered:
         return cls(RecoverOutcome(int(raw[0])), int(raw[1]))
+
+
+class ExpireOutcome(IntEnum):
+    ENDED = 0  # past its ttl and stacked: ended as expired
+    GONE = 1  # resolved or ended already: nothing to do
+    IN_FLIGHT = 2  # taken before its ttl passed: its attempt decides; look again later
+    LATER = 3  # not due yet (the index entry was early): look again at the time given
+
+
+class Expiry(NamedTuple):
+    """expire.lua: what became of the action, and when to look again (LATER)."""
+
+    outcome: ExpireOutcome
+    at: int
+
+    @classmethod
+    def decode(cls, raw: Any) -> Expiry:
+        return cls(ExpireOutcome(int(raw[0])), int(raw[1]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pending_actions.broker import texts
 from pending_actions.broker.models import Result, Spec
 from pending_actions.broker.texts import NOTHING_TO_APPLY, NOTHING_TO_DISCARD, done
 
@@ -30,6 +31,17 @@ def nothing_to_target(action: str, reason: str, extra: dict[str, Any] | None) ->
     if action == "apply":
         return text_result(NOTHING_TO_APPLY, details, is_error=True)
     return text_result(NOTHING_TO_DISCARD, details)
+
+
+def not_the_target(action: str, reason: str, extra: dict[str, Any] | None,
+                   expect_id: str) -> Result:
+    details = {**base_details(action, reason, extra), "expect_id": expect_id}
+    return text_result(texts.not_the_target(expect_id), details, is_error=True)
+
+
+def expired(action: str, reason: str, extra: dict[str, Any] | None, expect_id: str) -> Result:
+    details = {**base_details(action, reason, extra), "expect_id": expect_id}
+    return text_result(texts.expired(expect_id), details, is_error=True)
 
 
 def from_handler(value: object, action: str, spec: Spec, reason: str,
