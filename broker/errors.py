@@ -41,3 +41,7 @@ class ConfigError(PendingActionsError):
 class RedisUnavailable(PendingActionsError):
     """Redis could not be reached; nothing was changed by this call."""
 
+
+
+class Forbidden(PendingActionsError):
+    """Refused by authorization: e.g. staging into a session that belongs to another tenant."""

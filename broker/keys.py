@@ -140,5 +140,35 @@ class Keys:
         """STREAM of dramatiq messages that were nacked."""
         return f"{self.prefix}:dq:{queue}:dead"
 
+    # --- people and operators: tenants, tokens, events (used by ``serve``) ------------------
+    def tenant(self, session: str) -> str:
+        """STRING: the tenant the session belongs to; set by its first stage, never changed."""
+        return self._s(session, "tenant")
+
+    def tenant_sessions(self, tenant: str) -> str:
+        """SET of the sessions of one tenant (what the inbox scans)."""
+        return f"{self.prefix}:tenant:{tenant}:sessions"
+
+    @property
+    def tokens(self) -> str:
+        """HASH sha256(token) -> JSON {name, tenant, role, created_at}: never the token itself."""
+        return f"{self.prefix}:{{tokens}}:by-hash"
+
+    @property
+    def token_names(self) -> str:
+        """HASH token name -> sha256(token), for revocation by name."""
+        return f"{self.prefix}:{{tokens}}:by-name"
+
+    @property
+    def events(self) -> str:
+        """STREAM of every stage and outcome across sessions, capped: what webhooks and metrics
+        read. A session's own history stays the record; this is a feed."""
+        return f"{self.prefix}:events"
+
+    @property
+    def webhooks_dead(self) -> str:
+        """STREAM of webhook deliveries given up after their retries, with the last error."""
+        return f"{self.prefix}:webhooks:dead"
+
     RESOLVER_GROUP = "resolvers"
     TASK_GROUP = "workers"

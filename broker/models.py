@@ -17,6 +17,17 @@ TOOL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 Kind = Literal["action", "directive", "standing"]
 ResolveAction = Literal["apply", "discard"]
 
+TENANT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+DEFAULT_TENANT = "default"
+
+
+def check_tenant(tenant: object) -> str:
+    if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
+        raise InvalidInput("tenant", f"must be 1-64 characters of A-Z a-z 0-9 . _ - "
+                                     f"(got {tenant!r})")
+    return tenant
+
+
 def check_session(session: object) -> str:
     if not isinstance(session, str) or not NAME_RE.match(session):
         raise InvalidInput(
@@ -69,6 +80,7 @@ class Spec(BaseModel):
     fingerprint: str | None = None
     # JSON Schema of the payload, checked against every edit (``resolve(edit=)``)
     payload_schema: dict[str, Any] | None = None
+    tenant: str = "default"  # older specs have none: they were all the default tenant's
 
 
 class ActionState(BaseModel):
@@ -96,6 +108,7 @@ class PendingAction(BaseModel):
     expires_at: float | None
     attempts: int
     last_error: str | None
+    tenant: str = "default"
     state: Literal["pending", "in_flight"] = "pending"
     fingerprint: str | None = None
     payload_schema: dict[str, Any] | None = None

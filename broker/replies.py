@@ -19,7 +19,8 @@ def _text(raw: Any) -> str:
 
 class Staged(NamedTuple):
     """stage.lua: the stack depth after the push, 0 when the id was staged already (a retried
-    call whose first try went through; the id is ours alone)."""
+    call whose first try went through; the id is ours alone), -1 when the session belongs to
+    another tenant (nothing staged)."""
 
     depth: int
 

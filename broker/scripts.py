@@ -148,13 +148,14 @@ class Scripts:
         return Call(self._fn[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, action_id: str, spec: bytes,
+    def stage(self, session: str, action_id: str, spec: bytes, tenant: str,
               ttl_ms: int | None = None) -> Call[Staged]:
         k = self._k
         return self._call(
             "stage",
-            [k.stack(session), k.actions(session), k.history(session), k.expiry(session)],
-            [action_id, spec, self._s.history_maxlen,
+            [k.stack(session), k.actions(session), k.history(session), k.tenant(session),
+             k.expiry(session)],
+            [action_id, spec, self._s.history_maxlen, tenant,
              "" if ttl_ms is None else ttl_ms],
             Staged.decode,
         )

@@ -50,6 +50,15 @@ class Settings(BaseSettings):
     block_ms: int = Field(default=5_000, ge=10, le=10_000,
                           description="idle XREADGROUP block time (below the socket timeout)")
 
+    webhook_urls: str | None = Field(
+        default=None, description="comma-separated URLs POSTed every stage and outcome")
+    webhook_secret: str | None = Field(
+        default=None, description="shared secret of the webhooks' HMAC-SHA256 signature")
+    webhook_retries: int = Field(default=8, ge=0, description="retries of a failed delivery")
+    webhook_min_backoff_ms: int = Field(default=1_000, ge=10,
+                                        description="first retry delay; doubles each retry")
+    webhook_timeout_s: float = Field(default=5.0, gt=0, description="one delivery's timeout")
+
     def require_url(self) -> str:
         from pending_actions.broker.errors import ConfigError
 

@@ -190,17 +190,38 @@ def _line(a: PendingAction) -> str:
     return f"{a.id}  {a.state}  attempts={a.attempts}  {a.label}{err}"
 
 
+ANY_SESSION = click.option("--session", metavar="SESSION", help="One session (or --all).")
+ALL = click.option("--all", "all_", is_flag=True, help="Every session (SSCAN, never KEYS).")
+TENANT = click.option("--tenant", help="With --all: only this tenant's sessions.")
+
+
+def _one_or_all(session: str | None, all_: bool) -> None:
+    if bool(session) == all_:
+        raise click.UsageError("give either --session SESSION or --all")
+
+
 @cli.command(name="ls")
-@SESSION
+@ANY_SESSION
+@ALL
+@TENANT
 @click.pass_obj
-def ls_(obj: Obj, session: str) -> None:
-    """List SESSION's pending actions: in-flight first, then the stack, head first."""
+def ls_(obj: Obj, session: str | None, all_: bool, tenant: str | None) -> None:
+    """List pending actions of SESSION (in-flight first, then the stack, head first), or with
+    --all of every session, newest first."""
+    from pending_actions.views import all_sessions
+
+    _one_or_all(session, all_)
     try:
-        items = obj.client().pending(session)
+        pa = obj.client()
+        sessions = [session] if session else all_sessions(pa, tenant)
+        items = [a for s in sessions for a in pa.pending(s)]
     except PendingActionsError as exc:
         _fail(exc)
+    if all_:
+        items.sort(key=lambda a: a.created_at, reverse=True)
     obj.out([a.model_dump() for a in items],
-            "\n".join(_line(a) for a in items) or "(nothing pending)")
+            "\n".join((f"{a.session}  " if all_ else "") + _line(a) for a in items)
+            or "(nothing pending)")
 
 
 @cli.command()
@@ -236,35 +257,49 @@ def history(obj: Obj, session: str, count: int) -> None:
 
 
 @cli.command()
-@SESSION
+@ANY_SESSION
+@ALL
+@TENANT
 @click.pass_obj
-def dead(obj: Obj, session: str) -> None:
-    """List SESSION's dead-lettered actions with the reason."""
+def dead(obj: Obj, session: str | None, all_: bool, tenant: str | None) -> None:
+    """List dead-lettered actions with the reason, of SESSION or with --all of every session."""
+    from pending_actions.views import dead_all
+
+    _one_or_all(session, all_)
     try:
-        items = obj.client().dead_letters(session)
+        pa = obj.client()
+        items = ([{"session": session, **d} for d in pa.dead_letters(session)] if session
+                 else dead_all(pa, tenant))
     except PendingActionsError as exc:
         _fail(exc)
-    obj.out(items, "\n".join(f"{d['id']}  {d['reason']}" for d in items) or "(none)")
+    obj.out(items, "\n".join(f"{d['session']}  {d['id']}  {d['reason']}" for d in items)
+            or "(none)")
 
 
 @cli.command()
 @click.pass_obj
 def stats(obj: Obj) -> None:
-    """Deployment-wide counters: sessions seen, resolve requests and handler tasks waiting,
-    sessions holding leases, registered handler names, malformed requests parked."""
+    """Deployment-wide figures as a table: sessions, pending / in flight / dead (by tenant and
+    tool), the oldest pending age, requests and tasks waiting, leases (and overdue ones),
+    registered handlers."""
+    from pending_actions.ops import stats_text
+    from pending_actions.views import figures
+
     try:
-        data = obj.client().stats()
+        data = figures(obj.client())
     except PendingActionsError as exc:
         _fail(exc)
-    obj.out(data, "\n".join(f"{k}: {v}" for k, v in data.items()))
+    obj.out(data.as_dict(), stats_text(data))
 
 
 def _register_extras() -> None:
     from pending_actions.bench.__main__ import bench
+    from pending_actions.ops import top
+    from pending_actions.serve.cli import serve, token
     from pending_actions.soak import soak
 
-    cli.add_command(soak)
-    cli.add_command(bench)
+    for command in (soak, bench, serve, token, top):
+        cli.add_command(command)
 
 
 _register_extras()

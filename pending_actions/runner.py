@@ -27,7 +27,8 @@ log = logging.getLogger("pending_actions")
 
 def dramatiq_command(modules: list[str], settings: Settings, shutdown_ms: int) -> list[str]:
     return [
-        sys.executable, "-m", "dramatiq", "pending_actions.workers.actors", *modules,
+        sys.executable, "-m", "dramatiq", "pending_actions.workers.actors",
+        *(["pending_actions.webhooks.delivery"] if settings.webhook_urls else []), *modules,
         "--processes", str(settings.worker_processes),
         "--threads", str(settings.worker_threads),
         "--worker-shutdown-timeout", str(shutdown_ms),

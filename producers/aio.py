@@ -15,7 +15,7 @@ from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, async_producer_client
 from pending_actions.broker.errors import RedisUnavailable
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.models import PendingAction, Result
+from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.client import WAIT_RETRIES, redis_errors
@@ -87,10 +87,11 @@ class AsyncPendingActions:
     async def stage(self, *, session: str, tool: str, label: str, apply: str,
                     reject: str | None = None, payload: dict[str, Any] | None = None,
                     ttl: float | None = None, fingerprint: str | None = None,
-                    schema: dict[str, Any] | None = None) -> str:
+                    schema: dict[str, Any] | None = None, tenant: str = DEFAULT_TENANT) -> str:
         return (await self.stage_many([{
             "session": session, "tool": tool, "label": label, "apply": apply, "reject": reject,
-            "payload": payload, "ttl": ttl, "fingerprint": fingerprint, "schema": schema}]))[0]
+            "payload": payload, "ttl": ttl, "fingerprint": fingerprint, "schema": schema,
+            "tenant": tenant}]))[0]
 
     async def set_directive(self, session: str, *, tool: str, label: str, apply: str,
                             reject: str | None = None) -> str:
@@ -111,9 +112,9 @@ class AsyncPendingActions:
     async def resolve(self, *, session: str, action: str, reason: str,
                       extra: dict[str, Any] | None = None, timeout: float | None = None,
                       edit: dict[str, Any] | None = None,
-                      expect_id: str | None = None) -> Result:
+                      expect_id: str | None = None, by: str | None = None) -> Result:
         return await self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                                 expect_id))
+                                                 expect_id, by))
 
     async def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:
         return await self._run(self.core.pending(session, limit))

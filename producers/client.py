@@ -15,7 +15,7 @@ from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisUnavailable
-from pending_actions.broker.models import PendingAction, Result
+from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.core import Batch, Core, Plan, Wait
 
@@ -94,15 +94,18 @@ class PendingActions:
     def stage(self, *, session: str, tool: str, label: str, apply: str,
               reject: str | None = None, payload: dict[str, Any] | None = None,
               ttl: float | None = None, fingerprint: str | None = None,
-              schema: dict[str, Any] | None = None) -> str:
+              schema: dict[str, Any] | None = None, tenant: str = DEFAULT_TENANT) -> str:
         """Stage a pending action on top of the session's stack. Returns its id.
 
         ``ttl``: seconds after which it ends as ``expired``. ``fingerprint``: what the preview
         was computed from, for the handler to compare (``action.fingerprint``). ``schema``: the
-        JSON Schema of the payload, which the payload and every ``resolve(edit=)`` must meet."""
+        JSON Schema of the payload, which the payload and every ``resolve(edit=)`` must meet.
+        A session belongs to the tenant of its first stage; staging for another raises
+        Forbidden."""
         return self.stage_many([{"session": session, "tool": tool, "label": label,
                                  "apply": apply, "reject": reject, "payload": payload,
-                                 "ttl": ttl, "fingerprint": fingerprint, "schema": schema}])[0]
+                                 "ttl": ttl, "fingerprint": fingerprint, "schema": schema,
+                                 "tenant": tenant}])[0]
 
     def set_directive(self, session: str, *, tool: str, label: str, apply: str,
                       reject: str | None = None) -> str:
@@ -124,14 +127,16 @@ class PendingActions:
     # --- resolving -------------------------------------------------------------------------
     def resolve(self, *, session: str, action: str, reason: str,
                 extra: dict[str, Any] | None = None, timeout: float | None = None,
-                edit: dict[str, Any] | None = None, expect_id: str | None = None) -> Result:
+                edit: dict[str, Any] | None = None, expect_id: str | None = None,
+                by: str | None = None) -> Result:
         """Apply or discard the session's current target and wait for the outcome.
 
         ``edit``: a JSON Merge Patch for the payload, applied before the handler runs (apply
         only; checked against the action's schema). ``expect_id``: go through only if that id
-        is the target, else an error naming ``expect_id`` and nothing changes."""
+        is the target, else an error naming ``expect_id`` and nothing changes. ``by``: who
+        resolves, recorded in the session's history."""
         return self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                           expect_id))
+                                           expect_id, by))
 
     # --- reading ---------------------------------------------------------------------------
     def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:

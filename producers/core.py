@@ -8,6 +8,7 @@ result building exist once, here."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterable
@@ -17,9 +18,12 @@ from typing import Any, TypeVar
 import orjson
 
 from pending_actions.broker import texts
-from pending_actions.broker.errors import InvalidInput, UnknownHandler
+from pending_actions.broker.errors import Forbidden, InvalidInput, UnknownHandler
+from pending_actions.broker.events import Event
+from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import (
+    DEFAULT_TENANT,
     TOOL_RE,
     ActionState,
     PendingAction,
@@ -29,6 +33,7 @@ from pending_actions.broker.models import (
     Spec,
     check_handler_name,
     check_session,
+    check_tenant,
     merge_patch,
 )
 from pending_actions.broker.payloads import check_payload, check_schema
@@ -40,6 +45,11 @@ from pending_actions.producers.tool import soft_requirement
 
 T = TypeVar("T")
 MAX_FINGERPRINT_CHARS = 1_000
+BY_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+
+
+def _foreign(session: str) -> Forbidden:
+    return Forbidden(f"session {session!r} belongs to another tenant")
 
 
 @dataclass(frozen=True)
@@ -72,9 +82,10 @@ class Core:
     # --- staging ---------------------------------------------------------------------------
     def validate(self, session: object, kind: str, tool: object, label: object, apply: object,
                  reject: object, payload: object, ttl: object = None, fingerprint: object = None,
-                 schema: object = None) -> dict[str, Any]:
+                 schema: object = None, tenant: object = DEFAULT_TENANT) -> dict[str, Any]:
         """Every check that needs no Redis; returns the spec's fields (and ``ttl``)."""
         check_session(session)
+        check_tenant(tenant)
         if not isinstance(tool, str) or not TOOL_RE.match(tool):
             raise InvalidInput("tool", f"must be 1-64 of A-Z a-z 0-9 . _ - (got {tool!r})")
         if not isinstance(label, str) or not label.strip():
@@ -106,16 +117,27 @@ class Core:
         check_payload(payload, checked_schema, "payload")
         return {"session": session, "kind": kind, "tool": tool, "label": label,
                 "apply": apply, "reject": reject, "payload": payload, "ttl": ttl,
-                "fingerprint": fingerprint, "payload_schema": checked_schema}
+                "fingerprint": fingerprint, "payload_schema": checked_schema, "tenant": tenant}
 
     def _handler_check(self, checked: list[dict[str, Any]]) -> Plan[None]:
-        """One look-up for every handler name the validated specs use."""
+        """One round trip: every handler name the validated specs use exists, and no session
+        belongs to another tenant (stage.lua checks that again, atomically)."""
         pairs = sorted({(field, f[field]) for f in checked for field in ("apply", "reject")
                         if f[field] is not None})
-        found, = yield Batch(lambda p: p.hmget(self.keys.handlers, [n for _f, n in pairs]))
+        owners = sorted({(f["session"], f["tenant"]) for f in checked})
+
+        def queue(pipe: Any) -> None:
+            pipe.hmget(self.keys.handlers, [n for _f, n in pairs])
+            for session, _t in owners:
+                pipe.get(self.keys.tenant(session))
+
+        found, *tenants = yield Batch(queue)
         for (field, name), value in zip(pairs, found, strict=True):
             if value is None:
                 raise UnknownHandler(field, name)
+        for (session, tenant), owner in zip(owners, tenants, strict=True):
+            if owner is not None and owner.decode() != tenant:
+                raise _foreign(session)
 
     @staticmethod
     def _spec(fields: dict[str, Any], action_id: str) -> Spec:
@@ -128,7 +150,8 @@ class Core:
     def stage_many(self, actions: Iterable[dict[str, Any]]) -> Plan[list[str]]:
         checked = [self.validate(a.get("session"), "action", a.get("tool"), a.get("label"),
                                  a.get("apply"), a.get("reject"), a.get("payload"),
-                                 a.get("ttl"), a.get("fingerprint"), a.get("schema"))
+                                 a.get("ttl"), a.get("fingerprint"), a.get("schema"),
+                                 a.get("tenant", DEFAULT_TENANT))
                    for a in actions]
         if not checked:
             return []
@@ -137,19 +160,29 @@ class Core:
         specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}")
                  for seq, f in enumerate(checked, start=int(last) - len(checked) + 1)]
 
+        queued = []
+
         def queue(pipe: Any) -> None:
             for spec, fields in zip(specs, checked, strict=True):
                 ttl = fields["ttl"]
-                # its reply needs no look: an id staged already was staged by a retry of this
-                self.scripts.stage(spec.session, spec.id, orjson.dumps(spec.model_dump()),
-                                   None if ttl is None else int(ttl * 1000)).on(pipe)
+                # depth 0 needs no look: an id staged already was staged by a retry of this
+                queued.append(self.scripts.stage(
+                    spec.session, spec.id, orjson.dumps(spec.model_dump()), spec.tenant,
+                    None if ttl is None else int(ttl * 1000)).on(pipe))
                 if spec.expires_at is not None:
                     # the sweep's index, on the same pipeline as the stage (like a lease's)
                     pipe.zadd(self.keys.expiries, {Keys.lease_member(spec.session, spec.id):
                                                    int(spec.expires_at * 1000)})
+                publish(pipe, self.keys, Event.STAGED, spec)
             pipe.sadd(self.keys.sessions, *{s.session for s in specs})
+            for tenant in {s.tenant for s in specs}:
+                pipe.sadd(self.keys.tenant_sessions(tenant),
+                          *{s.session for s in specs if s.tenant == tenant})
 
-        yield Batch(queue)
+        replies = yield Batch(queue)
+        for spec, one in zip(specs, queued, strict=True):
+            if one.get(replies).depth < 0:  # another tenant took the session meanwhile
+                raise _foreign(spec.session)
         return [s.id for s in specs]
 
     def set_slot(self, session: str, slot: Slot, tool: object, label: object, apply: object,
@@ -174,7 +207,8 @@ class Core:
 
     # --- resolving -------------------------------------------------------------------------
     def resolve(self, session: str, action: object, reason: object, extra: object,
-                timeout: object, edit: object = None, expect_id: object = None) -> Plan[Result]:
+                timeout: object, edit: object = None, expect_id: object = None,
+                by: object = None) -> Plan[Result]:
         check_session(session)
         given = ResolveInput.parse(action, reason, extra)
         if timeout is not None and (isinstance(timeout, bool)
@@ -183,6 +217,8 @@ class Core:
         if expect_id is not None and (not isinstance(expect_id, str) or not expect_id
                                       or len(expect_id) > 300):
             raise InvalidInput("expect_id", "must be an action id")
+        if by is not None and (not isinstance(by, str) or not BY_RE.match(by)):
+            raise InvalidInput("by", "must be 1-128 characters of A-Z a-z 0-9 . _ : @ -")
         if edit is not None:
             if not isinstance(edit, dict):
                 raise InvalidInput("edit", "must be a JSON Merge Patch object")
@@ -194,7 +230,7 @@ class Core:
         request = ResolveRequest(req=req, session=session, action=given.action,
                                  reason=given.reason, extra=given.extra,
                                  deadline_ms=int((time.time() + wait) * 1000),
-                                 expect_id=expect_id, edit=edit)
+                                 expect_id=expect_id, by=by, edit=edit)
         yield Batch(lambda p: p.xadd(self.keys.requests, request.to_fields()))
         got = yield Wait(self.keys.reply(session, req), wait)
         if got is None:

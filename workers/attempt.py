@@ -18,6 +18,7 @@ from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import Stale, ToolError
 from pending_actions.broker.events import Event
+from pending_actions.broker.feed import publish
 from pending_actions.broker.models import PendingAction, Result, Spec
 from pending_actions.broker.payloads import check_payload
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
@@ -102,12 +103,16 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                   xx=True, lt=True)
         return begun.get(pipe.execute())
 
-    def conclude(step: Call[Concluded]) -> bool:
-        # the outcome, the end of the lease's index entry and the task's ack: one round trip
+    def conclude(step: Call[Concluded], event: Event | None = None,
+                 spec: Spec | None = None, by: str = "") -> bool:
+        # the outcome, the end of the lease's index entry, the task's ack and the feed entry:
+        # one round trip
         def send() -> bool:
             pipe = ctx.client.pipeline(transaction=False)
             done = step.on(pipe)
             pipe.zrem(ctx.keys.leases, member)
+            if event is not None:
+                publish(pipe, ctx.keys, event, spec, by=by)
             if settle is not None:
                 settle(pipe)
             return done.get(pipe.execute()).recorded
@@ -139,13 +144,16 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
     finally:
         renewer.discard(token)
     result, outcome, noted = ran.result, _event(ran, action, spec), _noted(ran, spec, task)
+    by = begun.lease.by
     if outcome is Event.FAILED and spec.kind != "directive":
         done = conclude(ctx.scripts.readd(session, token, req, result.text, result.to_json(),
-                                          spec.id, view.attempts))
+                                          spec.id, view.attempts), outcome, spec, by)
     else:  # an outcome that consumes: returned (error results too), stale, a failed directive
         done = conclude(ctx.scripts.finalize(session, token, req, result.to_json(), outcome,
-                                             spec.id, view.attempts, noted))
+                                             spec.id, view.attempts, noted), outcome, spec, by)
     if not done:
+        retry(lambda: publish(ctx.client, ctx.keys, Event.LATE_REFUSED, spec,
+                              outcome=outcome.value), budget)
         log.warning("late outcome of %s (attempt %s) refused: its lease had expired",
                     spec.id, view.attempts)
         return "stale"

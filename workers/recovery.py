@@ -15,7 +15,8 @@ from pending_actions.broker import texts
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
-from pending_actions.broker.events import WorkerEvent
+from pending_actions.broker.events import Event, WorkerEvent
+from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Lease, Spec
 from pending_actions.broker.replies import ExpireOutcome, Recovered, RecoverOutcome
@@ -25,6 +26,9 @@ log = logging.getLogger("pending_actions.resolver")
 
 SWEEP_LOCK_S = 600
 
+
+_FEED = {RecoverOutcome.RETURNED: Event.RECOVERED,
+         RecoverOutcome.DEAD_LETTERED: Event.DEAD_LETTERED}
 
 class Recovery:
     def __init__(self, ctx: Context, name: str, stop: threading.Event) -> None:
@@ -72,6 +76,9 @@ class Recovery:
                     session, token, lease.req, self._recovery_replies(session, lease),
                     (texts.worker_lost_error(lease.attempt),
                      texts.never_started_error(lease.attempt))).run()
+                if got.outcome in _FEED:  # a stall, or the last one: on the feed
+                    publish(fix, ctx.keys, _FEED[got.outcome], session=session, id=lease.id,
+                            attempt=lease.attempt, by=lease.by)
                 if got.outcome not in (RecoverOutcome.GONE, RecoverOutcome.LIVE):
                     recovered += 1
                     log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,

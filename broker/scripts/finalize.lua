@@ -25,5 +25,9 @@ local fields = {'id', lease.id, 'attempt', lease.attempt, 'request', lease.req}
 for i = 8, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
+if lease.by and lease.by ~= '' then
+  fields[#fields + 1] = 'by'
+  fields[#fields + 1] = lease.by
+end
 history(KEYS[4], ARGV[4], ARGV[5], unpack(fields))
 return 1

@@ -33,5 +33,5 @@ end
 redis.call('RPUSH', KEYS[7], ARGV[3])
 redis.call('EXPIRE', KEYS[7], ARGV[4])
 history(KEYS[6], ARGV[5], EVENT.FAILED, 'id', lease.id, 'attempt', lease.attempt,
-  'request', lease.req, 'error', ARGV[2])
+  'request', lease.req, 'error', ARGV[2], by_of(lease))
 return 1

@@ -1,0 +1,81 @@
+"""``serve`` and ``token``: the commands of the people-facing layer. The web stack is imported
+only by ``serve`` itself, so the rest of the CLI works without the ``serve`` extra."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+
+import click
+
+from pending_actions.broker.errors import PendingActionsError
+from pending_actions.cli import Obj, _fail
+from pending_actions.serve.auth import ROLES, Tokens
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option("--resolve-timeout", type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS", help="Longest wait of one resolve [default: settings, 60].")
+@click.pass_obj
+def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None) -> None:
+    """Run the HTTP API and the approval inbox page (needs `pip install 'pending-actions[serve]'`).
+
+    Every /v1 route and /metrics need `Authorization: Bearer <token>` (see `token create`);
+    /healthz does not. Open http://HOST:PORT/ in a browser for the inbox."""
+    try:
+        import uvicorn
+
+        from pending_actions.serve.app import create_app
+    except ImportError as exc:
+        raise click.UsageError(f"serve needs the 'serve' extra ({exc.name} is missing): "
+                               "pip install 'pending-actions[serve]'") from None
+    app = create_app(obj.client(), resolve_timeout)
+    click.echo(f"serving on http://{host}:{port}/", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+@click.group()
+def token() -> None:
+    """Bearer tokens for `serve`: each bound to a tenant and a role."""
+
+
+@token.command()
+@click.option("--tenant", required=True, help="The tenant whose sessions the token sees.")
+@click.option("--role", required=True, type=click.Choice(ROLES),
+              help="producer: stage; approver: read and resolve; admin: both, and /metrics.")
+@click.option("--name", help="A name to revoke it by and to record as `by` [default: generated].")
+@click.pass_obj
+def create(obj: Obj, tenant: str, role: str, name: str | None) -> None:
+    """Create a token and print it. It is shown this once: Redis keeps only its hash."""
+    pa = obj.client()
+    try:
+        secret, who = Tokens(pa.client, pa.ctx.keys).create(tenant, role, name)
+    except PendingActionsError as exc:
+        _fail(exc)
+    obj.out({"token": secret, **asdict(who)}, secret)
+    if not obj.as_json:
+        click.echo(f"name={who.name} tenant={who.tenant} role={who.role} "
+                   "(shown once; store it now)", err=True)
+
+
+@token.command()
+@click.argument("name")
+@click.pass_obj
+def revoke(obj: Obj, name: str) -> None:
+    """Revoke the token called NAME: its next request is refused (401). Exits 1 if unknown."""
+    pa = obj.client()
+    done = Tokens(pa.client, pa.ctx.keys).revoke(name)
+    obj.out({"revoked": done, "name": name}, f"revoked {name}" if done else f"no token {name}")
+    sys.exit(0 if done else 1)
+
+
+@token.command(name="ls")
+@click.pass_obj
+def list_(obj: Obj) -> None:
+    """List tokens: name, tenant, role (never the token)."""
+    pa = obj.client()
+    items = Tokens(pa.client, pa.ctx.keys).all()
+    obj.out([asdict(p) for p in items],
+            "\n".join(f"{p.name}  tenant={p.tenant}  role={p.role}" for p in items) or "(none)")

@@ -1,0 +1,199 @@
+"""Prometheus metrics of ``serve``, with the official client.
+
+Two sources. Gauges are read from Redis at each scrape (``views.figures``): what is pending, in
+flight, dead, how old the oldest is, and whether the loops of the workers are reading. Counters
+and histograms of what happened (outcomes, time to decision, lease stalls) come from the
+deployment's event feed, which this process tails from the moment it starts: like any
+Prometheus counter they start at zero with the process, and ``rate()`` takes care of restarts.
+Resolve latency is measured here, around each resolve made through the API.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import Result
+from pending_actions.producers import PendingActions
+from pending_actions.views import figures
+
+log = logging.getLogger("pending_actions.serve.metrics")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+OUTCOMES = ("applied", "discarded", "failed", "expired", "stale", "dead-lettered",
+            "late-refused")  # late-refused: an outcome published, then refused as late
+DECISIONS = ("applied", "discarded", "expired", "stale", "dead-lettered")
+# from a click in the inbox (seconds) to an agent left waiting for a day
+DECISION_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
+
+
+class RedisFigures(Collector):
+    """Gauges read at scrape time."""
+
+    def __init__(self, pa: PendingActions) -> None:
+        self.pa = pa
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            f = figures(self.pa)
+            loops = self._loops()
+        except TRANSIENT as exc:
+            log.warning("metrics: Redis unavailable (%s)", exc)
+            up = GaugeMetricFamily("pending_actions_redis_up", "Redis answered this scrape")
+            up.add_metric([], 0)
+            yield up
+            return
+        up = GaugeMetricFamily("pending_actions_redis_up", "Redis answered this scrape")
+        up.add_metric([], 1)
+        yield up
+        pending = GaugeMetricFamily("pending_actions_pending", "Pending actions (stacked, not "
+                                    "in flight)", labels=["tenant", "tool"])
+        for (tenant, tool), n in sorted(f.pending.items()):
+            pending.add_metric([tenant, tool], n)
+        yield pending
+        gauges: tuple[tuple[str, str, dict[str, int]], ...] = (
+            ("pending_actions_in_flight", "Actions leased to a running attempt", f.in_flight),
+            ("pending_actions_dead_letters", "Dead-lettered actions kept", f.dead))
+        for name, doc, counts in gauges:
+            family = GaugeMetricFamily(name, doc, labels=["tenant"])
+            for tenant, n in sorted(counts.items()):
+                family.add_metric([tenant], n)
+            yield family
+        oldest = GaugeMetricFamily("pending_actions_oldest_pending_age_seconds",
+                                   "Age of the oldest pending action", labels=["tenant"])
+        for tenant in sorted(f.oldest):
+            oldest.add_metric([tenant], f.oldest_age(tenant))
+        yield oldest
+        for name, doc, value in (
+                ("pending_actions_sessions", "Sessions known", f.sessions),
+                ("pending_actions_requests_waiting", "Resolve requests not yet read",
+                 f.requests_waiting),
+                ("pending_actions_tasks_queued", "Handler tasks in the queue", f.tasks_queued),
+                ("pending_actions_leases", "Live leases (attempts dispatched or running)",
+                 f.leases),
+                ("pending_actions_leases_overdue", "Leases past their deadline, not yet "
+                 "recovered: a worker stalled or died", f.leases_overdue)):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+        idle = GaugeMetricFamily(
+            "pending_actions_loop_idle_seconds", "Time since each live worker loop last read "
+            "its stream (a loop that reads is alive)", labels=["group", "consumer"])
+        alive = GaugeMetricFamily(
+            "pending_actions_loops", "Worker loops by whether they read within their interval",
+            labels=["group", "state"])
+        for group, consumers in loops.items():
+            alive_counts = {"live": 0, "silent": 0}
+            for name, seconds, live in consumers:
+                alive_counts["live" if live else "silent"] += 1
+                if live:
+                    idle.add_metric([group, name], seconds)
+            for state, n in alive_counts.items():
+                alive.add_metric([group, state], n)
+        yield idle
+        yield alive
+
+    def _loops(self) -> dict[str, list[tuple[str, float, bool]]]:
+        """Every consumer of the request and task streams with its idle time: a resolve loop
+        re-reads every block_ms, a dramatiq consumer every second, so one silent for three
+        intervals is stuck or dead (dead ones stay listed until their group is trimmed)."""
+        k, s = self.pa.ctx.keys, self.pa.settings
+        out: dict[str, list[tuple[str, float, bool]]] = {}
+        for group, stream, group_name, interval_ms in (
+                ("resolver", k.requests, Keys.RESOLVER_GROUP, s.block_ms),
+                ("dramatiq", k.task_queue(s.queue), Keys.TASK_GROUP, 1000)):
+            try:
+                consumers: Any = self.pa.client.xinfo_consumers(stream, group_name)
+            except redis.ResponseError:  # no stream or group yet
+                consumers = []
+            out[group] = [(str(c["name"].decode() if isinstance(c["name"], bytes)
+                               else c["name"]), c["idle"] / 1000, c["idle"] < 3 * interval_ms)
+                          for c in consumers]
+        return out
+
+
+class Metrics:
+    def __init__(self, pa: PendingActions) -> None:
+        self.pa = pa
+        self.registry = CollectorRegistry()
+        self.registry.register(RedisFigures(pa))
+        self.outcomes = Counter("pending_actions_outcomes", "Outcomes seen since this server "
+                                "started", ["kind", "tenant"], registry=self.registry)
+        self.staged = Counter("pending_actions_staged", "Actions staged since this server "
+                              "started", ["tenant"], registry=self.registry)
+        self.stalls = Counter("pending_actions_lease_stalls", "Leases that expired and were "
+                              "recovered (a worker died or stalled)", ["tenant"],
+                              registry=self.registry)
+        self.decision = Histogram(
+            "pending_actions_time_to_decision_seconds", "From stage to the final outcome",
+            ["tenant", "outcome"], buckets=DECISION_BUCKETS, registry=self.registry)
+        self.resolve_latency = Histogram(
+            "pending_actions_resolve_seconds", "Resolve through this API, request to result",
+            ["action", "result"], registry=self.registry)
+        for kind in OUTCOMES:
+            self.outcomes.labels(kind, "default")
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self._tenants: dict[str, str] = {}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe_resolve(self, action: str, result: Result, seconds: float) -> None:
+        kind = "conflict" if result.is_error and "expect_id" in result.details else \
+            "error" if result.is_error else "ok"
+        self.resolve_latency.labels(action, kind).observe(seconds)
+
+    def observe_event(self, fields: dict[str, str]) -> None:
+        event = fields.get("event", "")
+        tenant = fields.get("tenant") or self._tenant(fields.get("session", ""))
+        if event == "staged":
+            self.staged.labels(tenant).inc()
+        elif event == "recovered":
+            self.stalls.labels(tenant).inc()
+        elif event in OUTCOMES:
+            self.outcomes.labels(event, tenant).inc()
+            created, at = fields.get("created_at"), fields.get("at")
+            if event in DECISIONS and created and at:
+                self.decision.labels(tenant, event).observe(
+                    max(0.0, float(at) - float(created)))
+
+    def _tenant(self, session: str) -> str:
+        """Recovery's entries name no tenant (it has no spec at hand): look it up, once."""
+        if session not in self._tenants:
+            raw: Any = self.pa.client.get(self.pa.ctx.keys.tenant(session)) if session else None
+            if len(self._tenants) > 10_000:
+                self._tenants.clear()
+            self._tenants[session] = raw.decode() if raw else "-"
+        return self._tenants[session]
+
+    # --- the event feed -------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._tail, name="metrics-feed", daemon=True)
+        self.thread.start()
+
+    def _tail(self) -> None:
+        client, key, last = self.pa.client, self.pa.ctx.keys.events, "$"
+        while not self.stop.is_set():
+            try:
+                if last == "$":  # resolve "$" to an id once, so no event falls between reads
+                    newest: Any = client.xrevrange(key, count=1)
+                    last = newest[0][0].decode() if newest else "0-0"
+                got: Any = client.xread({key: last}, count=500, block=1000)
+            except TRANSIENT as exc:
+                log.warning("metrics feed: %s", exc)
+                self.stop.wait(1.0)
+                continue
+            for _stream, entries in got or ():
+                for entry_id, raw in entries:
+                    last = entry_id.decode()
+                    self.observe_event({k.decode(): v.decode() for k, v in raw.items()})

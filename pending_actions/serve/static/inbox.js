@@ -1,0 +1,197 @@
+// The approval inbox: polls /v1/inbox (fetch can send the bearer token, EventSource cannot),
+// renders the tenant's pending actions grouped by session, newest first, and resolves one with
+// expect_id set to the id on screen, so a late click never approves something else.
+"use strict";
+
+const POLL_MS = 1000;
+const $ = (id) => document.getElementById(id);
+let token = sessionStorage.getItem("pa-token") || "";
+let lastBody = "";
+let serverSkew = 0; // server clock minus ours, so ages are the server's
+let pending = null; // {session, id, act, label} while the dialog is open
+let timer = null;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else node[k] = v;
+  }
+  for (const c of children) node.append(c); // strings become text nodes: never HTML
+  return node;
+}
+
+function duration(s) {
+  s = Math.max(0, Math.round(s));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+function isDiff(text) {
+  return typeof text === "string" && /^@@ .* @@/m.test(text) && /^(---|\+\+\+) /m.test(text);
+}
+
+function diffBlock(text) {
+  const pre = el("pre", { class: "diff" });
+  for (const line of text.split("\n")) {
+    let cls = "";
+    if (line.startsWith("+++") || line.startsWith("---")) cls = "file";
+    else if (line.startsWith("@@")) cls = "hunk";
+    else if (line.startsWith("+")) cls = "add";
+    else if (line.startsWith("-")) cls = "del";
+    pre.append(cls ? el("span", { class: cls }, line) : line + "\n");
+  }
+  return pre;
+}
+
+function preview(payload) {
+  const out = [];
+  const rest = {};
+  for (const [k, v] of Object.entries(payload || {})) {
+    if (isDiff(v)) out.push(el("div", { class: "meta" }, k), diffBlock(v));
+    else rest[k] = v;
+  }
+  if (Object.keys(rest).length) out.unshift(el("pre", { class: "payload" }, JSON.stringify(rest, null, 2)));
+  return out;
+}
+
+function ageLine(a) {
+  const now = Date.now() / 1000 + serverSkew;
+  const span = el("span", { class: "meta age", "data-created": String(a.created_at) },
+    `staged ${duration(now - a.created_at)} ago`);
+  const parts = [span];
+  if (a.expires_at) {
+    parts.push(el("span", { class: "badge expiry", "data-expires": String(a.expires_at) },
+      `expires in ${duration(a.expires_at - now)}`));
+  }
+  return parts;
+}
+
+function actionCard(a) {
+  const card = el("div", { class: "action", "data-id": a.id, "data-session": a.session });
+  const top = el("div", { class: "top" }, el("span", { class: "label" }, a.label),
+    el("span", { class: "badge" }, a.tool), el("span", { class: "meta" }, a.id), ...ageLine(a));
+  if (a.state === "in_flight") top.append(el("span", { class: "badge flight" }, "running"));
+  if (a.attempts) top.append(el("span", { class: "meta" }, `attempts: ${a.attempts}`));
+  card.append(top);
+  if (a.last_error) card.append(el("div", { class: "error" }, `last error: ${a.last_error}`));
+  card.append(...preview(a.payload));
+  const buttons = el("div", { class: "buttons" });
+  for (const [act, text, cls] of [["apply", "Approve", "approve"], ["discard", "Discard", "discard"]]) {
+    const b = el("button", { class: cls, type: "button", "data-act": act }, text);
+    b.disabled = !a.target;
+    b.addEventListener("click", () => ask(a, act));
+    buttons.append(b);
+  }
+  if (!a.target && a.state !== "in_flight") {
+    buttons.append(el("span", { class: "meta" }, "a newer action of this session comes first"));
+  }
+  card.append(buttons);
+  return card;
+}
+
+function render(data) {
+  const groups = new Map(); // insertion order: sessions by their newest action
+  for (const a of data.actions) {
+    if (!groups.has(a.session)) groups.set(a.session, []);
+    groups.get(a.session).push(a);
+  }
+  const root = $("sessions");
+  root.replaceChildren(...[...groups].map(([session, actions]) =>
+    el("section", { class: "session", "data-session": session },
+      el("h2", {}, `session ${session} · ${actions.length} pending`), ...actions.map(actionCard))));
+  $("empty").hidden = data.actions.length > 0;
+}
+
+function tick() {
+  const now = Date.now() / 1000 + serverSkew;
+  for (const s of document.querySelectorAll(".age")) {
+    s.textContent = `staged ${duration(now - Number(s.dataset.created))} ago`;
+  }
+  for (const s of document.querySelectorAll("[data-expires]")) {
+    s.textContent = `expires in ${duration(Number(s.dataset.expires) - now)}`;
+  }
+}
+
+async function api(path, options) {
+  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  return fetch(path, { ...(options || {}), headers });
+}
+
+function showLogin(message) {
+  token = "";
+  sessionStorage.removeItem("pa-token");
+  $("login").hidden = false;
+  $("signout").hidden = true;
+  $("login-error").textContent = message || "";
+  $("sessions").replaceChildren();
+  $("live").classList.remove("on");
+  $("who").textContent = "";
+  lastBody = "";
+}
+
+async function poll() {
+  clearTimeout(timer);
+  if (!token) return;
+  try {
+    const r = await api("/v1/inbox");
+    if (r.status === 401 || r.status === 403) {
+      const body = await r.json().catch(() => ({}));
+      showLogin(body.error || `refused (${r.status})`);
+      return;
+    }
+    const text = await r.text();
+    const data = JSON.parse(text);
+    serverSkew = data.now - Date.now() / 1000;
+    $("who").textContent = `${data.token} · tenant ${data.tenant} · ${data.role}`;
+    $("live").classList.add("on");
+    $("login").hidden = true;
+    $("signout").hidden = false;
+    const shape = JSON.stringify(data.actions.map((a) => [a.id, a.state, a.target, a.attempts, a.last_error]));
+    if (shape !== lastBody) { lastBody = shape; render(data); }
+  } catch (e) {
+    $("live").classList.remove("on");
+  }
+  timer = setTimeout(poll, POLL_MS);
+}
+
+function ask(a, act) {
+  pending = { session: a.session, id: a.id, act, label: a.label };
+  $("decide-title").textContent = act === "apply" ? "Approve" : "Discard";
+  $("decide-label").textContent = `${a.label} (${a.id})`;
+  $("reason").value = "";
+  $("decide").showModal();
+  $("reason").focus();
+}
+
+async function decide(event) {
+  event.preventDefault();
+  const reason = $("reason").value.trim();
+  if (!reason || !pending) return;
+  const { session, id, act, label } = pending;
+  pending = null;
+  $("decide").close();
+  $("notice").textContent = `${act === "apply" ? "Approving" : "Discarding"} ${label}…`;
+  const r = await api(`/v1/sessions/${encodeURIComponent(session)}/resolve`,
+    { method: "POST", body: JSON.stringify({ action: act, reason, expect_id: id }) });
+  const body = await r.json().catch(() => ({}));
+  const text = body.content ? body.content.map((c) => c.text).join(" ") : body.error;
+  $("notice").className = body.is_error || !r.ok ? "error" : "";
+  $("notice").textContent = `${label}: ${text}`;
+  poll();
+}
+
+$("login").addEventListener("submit", (e) => {
+  e.preventDefault();
+  token = $("token").value.trim();
+  sessionStorage.setItem("pa-token", token);
+  poll();
+});
+$("signout").addEventListener("click", () => showLogin(""));
+$("decide-form").addEventListener("submit", decide);
+$("cancel").addEventListener("click", () => { pending = null; $("decide").close(); });
+setInterval(tick, 1000);
+if (token) poll(); else showLogin("");

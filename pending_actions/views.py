@@ -1,0 +1,153 @@
+"""Views across sessions, for people and operators: the inbox of a tenant, every pending or
+dead action, and the deployment's figures (``stats``, ``top``, ``/metrics``).
+
+Sessions are found with SSCAN over the session indexes (never KEYS), and read in pipelined
+batches, so a view costs a few round trips per few hundred sessions and never blocks Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+import orjson
+
+from pending_actions.broker.models import Spec
+from pending_actions.producers import PendingActions
+
+BATCH = 200
+NO_TENANT = "-"  # sessions staged before tenants existed
+
+
+def scan(pa: PendingActions, key: str) -> Iterator[str]:
+    for member in pa.client.sscan_iter(key, count=BATCH):
+        yield member.decode() if isinstance(member, bytes) else str(member)
+
+
+def all_sessions(pa: PendingActions, tenant: str | None = None) -> Iterator[str]:
+    k = pa.ctx.keys
+    return scan(pa, k.tenant_sessions(tenant) if tenant else k.sessions)
+
+
+def _batches(items: Iterable[str]) -> Iterator[list[str]]:
+    it = iter(items)
+    while chunk := list(islice(it, BATCH)):
+        yield chunk
+
+
+def tool_of(action_id: str) -> str:
+    """``pending-action:<tool>:<seq>``: the tool is in the id, so counting by tool needs no spec."""
+    parts = action_id.split(":")
+    return parts[1] if len(parts) == 3 else "?"
+
+
+def inbox(pa: PendingActions, tenant: str) -> list[dict[str, Any]]:
+    """The tenant's pending actions, newest first. ``target`` marks the one a resolve of its
+    session would take now (its stack's head), which is the only one a person can act on."""
+    now = time.time()
+    out: list[dict[str, Any]] = []
+    for session in all_sessions(pa, tenant):
+        head_seen = False
+        for a in pa.pending(session):
+            target = a.state == "pending" and not head_seen
+            head_seen = head_seen or a.state == "pending"
+            out.append({**a.model_dump(), "age_s": round(now - a.created_at, 3),
+                        "target": target})
+    out.sort(key=lambda a: a["created_at"], reverse=True)
+    return out
+
+
+def dead_all(pa: PendingActions, tenant: str | None = None) -> list[dict[str, Any]]:
+    k = pa.ctx.keys
+    out: list[dict[str, Any]] = []
+    for chunk in _batches(all_sessions(pa, tenant)):
+        pipe = pa.client.pipeline(transaction=False)
+        for session in chunk:
+            pipe.lrange(k.dead(session), 0, -1)
+        for session, items in zip(chunk, pipe.execute(), strict=True):
+            out.extend({"session": session, **orjson.loads(raw)} for raw in items)
+    return out
+
+
+@dataclass
+class Figures:
+    """What an operator watches; every count is read at one moment, session batch by batch."""
+
+    at: float = field(default_factory=time.time)
+    sessions: int = 0
+    pending: Counter[tuple[str, str]] = field(default_factory=Counter)  # (tenant, tool)
+    in_flight: Counter[str] = field(default_factory=Counter)  # tenant
+    dead: Counter[str] = field(default_factory=Counter)  # tenant
+    oldest: dict[str, float] = field(default_factory=dict)  # tenant -> created_at
+    requests_waiting: int = 0
+    tasks_queued: int = 0
+    leases: int = 0
+    leases_overdue: int = 0
+    staged_total: int = 0
+    malformed_requests: int = 0
+    handlers: list[str] = field(default_factory=list)
+
+    def oldest_age(self, tenant: str) -> float:
+        return max(0.0, self.at - self.oldest[tenant]) if tenant in self.oldest else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        tenants = sorted({t for t, _ in self.pending} | set(self.in_flight) | set(self.dead))
+        return {
+            "sessions": self.sessions, "requests_waiting": self.requests_waiting,
+            "tasks_queued": self.tasks_queued, "leases": self.leases,
+            "leases_overdue": self.leases_overdue, "staged_total": self.staged_total,
+            "malformed_requests": self.malformed_requests, "handlers": self.handlers,
+            "pending": sum(self.pending.values()), "in_flight": sum(self.in_flight.values()),
+            "dead": sum(self.dead.values()),
+            "tenants": {t: {"pending": sum(n for (tt, _), n in self.pending.items() if tt == t),
+                            "in_flight": self.in_flight[t], "dead": self.dead[t],
+                            "oldest_age_s": round(self.oldest_age(t), 3),
+                            "by_tool": {tool: n for (tt, tool), n in sorted(self.pending.items())
+                                        if tt == t}}
+                        for t in tenants},
+        }
+
+
+def figures(pa: PendingActions) -> Figures:
+    k, c = pa.ctx.keys, pa.client
+    f = Figures()
+    for chunk in _batches(all_sessions(pa)):
+        pipe = c.pipeline(transaction=False)
+        for session in chunk:
+            pipe.get(k.tenant(session))
+            pipe.lrange(k.stack(session), 0, -1)
+            pipe.hvals(k.inflight(session))
+            pipe.llen(k.dead(session))
+        got = pipe.execute()
+        tails: list[tuple[str, str, str]] = []
+        for i, session in enumerate(chunk):
+            raw_tenant, stack, leases, dead = got[4 * i:4 * i + 4]
+            tenant = raw_tenant.decode() if raw_tenant else NO_TENANT
+            f.sessions += 1
+            for raw in stack:
+                f.pending[(tenant, tool_of(raw.decode()))] += 1
+            f.in_flight[tenant] += sum(1 for raw in leases if orjson.loads(raw)["kind"] == "action")
+            f.dead[tenant] += dead
+            if stack:  # the stack keeps staging order (re-adds return to where they came
+                tails.append((session, tenant, stack[-1].decode()))  # from): the tail is oldest
+        if tails:
+            pipe = c.pipeline(transaction=False)
+            for session, _t, action_id in tails:
+                pipe.hget(k.actions(session), action_id)
+            for (_s, tenant, _a), raw in zip(tails, pipe.execute(), strict=True):
+                if raw is not None:
+                    created = Spec.model_validate_json(raw).created_at
+                    f.oldest[tenant] = min(f.oldest.get(tenant, created), created)
+    base = pa.stats()
+    f.requests_waiting = base["requests_waiting"]
+    f.tasks_queued = base["tasks_queued"]
+    f.leases = base["leases"]
+    f.staged_total = base["staged_total"]
+    f.malformed_requests = base["malformed_requests"]
+    f.handlers = base["handlers"]
+    f.leases_overdue = int(c.zcount(k.leases, "-inf", f.at * 1000))
+    return f

@@ -1,0 +1,140 @@
+"""Webhook delivery: the event feed (``Keys.events``) is read through a consumer group by a
+thread in each dramatiq worker process that imports this module (``worker`` and ``up`` do when
+``PENDING_ACTIONS_WEBHOOK_URLS`` is set); each event becomes one dramatiq task per URL, retried
+with exponential backoff. A delivery that runs out of retries is recorded in
+``Keys.webhooks_dead`` with its last error (and dramatiq parks the message as usual). Signing is
+in ``pending_actions.webhooks``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import dramatiq
+import orjson
+import redis
+
+from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.settings import Settings
+from pending_actions.webhooks import DELIVERY, SIGNATURE, TIMESTAMP, sign
+from pending_actions.workers.actors import broker, ctx
+
+log = logging.getLogger("pending_actions.webhooks")
+GROUP = "webhooks"
+
+
+def urls(settings: Settings) -> list[str]:
+    return [u.strip() for u in (settings.webhook_urls or "").split(",") if u.strip()]
+
+
+QUEUE = f"{ctx.settings.queue}.webhooks"  # apart from handler runs, so a slow receiver
+                                          # never delays an approval
+
+
+@dramatiq.actor(actor_name="pending_actions.webhook_dead", queue_name=QUEUE, max_retries=3)
+def dead_letter(message: dict[str, Any], info: dict[str, Any]) -> None:
+    kwargs = message.get("kwargs", {})
+    ctx.client.xadd(ctx.keys.webhooks_dead, {
+        "url": kwargs.get("url", ""), "event": orjson.dumps(kwargs.get("event")),
+        "error": str(message.get("options", {}).get("last_error", ""))[:500],
+        "retries": info.get("retries", 0)}, maxlen=10_000, approximate=True)
+    log.error("webhook to %s given up after %s retries", kwargs.get("url"), info.get("retries"))
+
+
+@dramatiq.actor(actor_name="pending_actions.webhook", queue_name=QUEUE,
+                max_retries=ctx.settings.webhook_retries,
+                min_backoff=ctx.settings.webhook_min_backoff_ms,
+                max_backoff=max(ctx.settings.webhook_min_backoff_ms, 3_600_000),
+                on_retry_exhausted="pending_actions.webhook_dead")
+def deliver(url: str, event: dict[str, Any], delivery: str) -> None:
+    body = orjson.dumps(event)
+    timestamp = int(time.time())  # signed at each try: a retry hours later is not "stale"
+    headers = {"Content-Type": "application/json", TIMESTAMP: str(timestamp), DELIVERY: delivery,
+               "User-Agent": "pending-actions-webhook"}
+    if ctx.settings.webhook_secret:
+        headers[SIGNATURE] = sign(ctx.settings.webhook_secret, timestamp, body)
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=ctx.settings.webhook_timeout_s) as reply:
+            reply.read()
+    except (urllib.error.URLError, OSError) as exc:
+        from dramatiq.middleware import CurrentMessage
+
+        current = CurrentMessage.get_current_message()
+        if current is not None:  # for the dead letter, should this be the last try
+            current.options["last_error"] = str(exc)
+        raise RuntimeError(f"webhook {url}: {exc}") from exc
+
+
+class Dispatcher(dramatiq.Middleware):
+    """Turns the event feed into delivery tasks, in every dramatiq process; the consumer group
+    gives each event to one of them, and one that dies leaves its events to be claimed."""
+
+    CLAIM_IDLE_MS = 30_000
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+
+    def after_worker_boot(self, broker: Any, worker: Any) -> None:
+        if urls(ctx.settings):
+            threading.Thread(target=self._run, name="webhook-dispatch", daemon=True).start()
+
+    def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        self.stop.set()
+
+    def _run(self) -> None:
+        consumer = f"{os.getpid()}-{threading.get_ident()}"
+        next_claim, delay = 0.0, 0.05
+        while not self.stop.is_set():
+            try:
+                _group()
+                entries: list[Any] = []
+                if time.monotonic() >= next_claim:
+                    next_claim = time.monotonic() + self.CLAIM_IDLE_MS / 2000
+                    claimed: Any = ctx.client.xautoclaim(
+                        ctx.keys.events, GROUP, consumer, self.CLAIM_IDLE_MS, "0-0", count=100)
+                    entries = [e for e in claimed[1] if e[1]]
+                if not entries:
+                    got: Any = ctx.client.xreadgroup(GROUP, consumer, {ctx.keys.events: ">"},
+                                                     count=100, block=1000)
+                    entries = [e for _s, es in got or () for e in es]
+                self.dispatch(entries)
+                delay = 0.05
+            except TRANSIENT as exc:
+                log.warning("webhook dispatch: %s; retrying", exc)
+                self.stop.wait(delay)
+                delay = min(delay * 2, 2.0)
+
+    def dispatch(self, entries: list[Any]) -> None:
+        if not entries:
+            return
+        targets = urls(ctx.settings)
+        for entry_id, raw in entries:
+            event = {k.decode(): v.decode() for k, v in raw.items()}
+            for n, url in enumerate(targets):
+                # at least once: a crash before the ack re-sends; the delivery id lets the
+                # receiver drop duplicates
+                deliver.send(url=url, event=event, delivery=f"{entry_id.decode()}/{n}")
+        ctx.client.xack(ctx.keys.events, GROUP, *[e for e, _r in entries])
+
+
+def _group() -> None:
+    try:  # "$": a new deployment notifies from now on, not the whole capped feed
+        ctx.client.xgroup_create(ctx.keys.events, GROUP, id="$", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+# at import, before this process says it is ready: every event staged after a worker is ready
+# is delivered (the dispatcher thread retries this while Redis is away)
+with contextlib.suppress(*TRANSIENT):
+    _group()
+broker.add_middleware(Dispatcher())

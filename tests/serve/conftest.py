@@ -1,0 +1,72 @@
+"""The real ``pending-actions serve`` process on a free port, beside the real Redis and worker
+of the suite, and tokens to talk to it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.producers import PendingActions
+from pending_actions.serve.auth import Tokens
+from tests.procs import ROOT, Worker, worker_env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, url: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pending_actions", "serve", "--port", str(self.port),
+             "--resolve-timeout", "30"],
+            env=worker_env(url), cwd=ROOT, stdin=subprocess.DEVNULL)
+        self.http = httpx.Client(base_url=self.base, timeout=60, trust_env=False)
+
+    def wait_ready(self, timeout: float = 30) -> Server:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}"
+            try:
+                if self.http.get("/healthz").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)  # the port opens when uvicorn is up: nothing to block on before
+
+    def stop(self) -> None:
+        self.http.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def as_(self, token: str | None) -> dict[str, str]:
+        return {"authorization": f"Bearer {token}"} if token else {}
+
+
+@pytest.fixture(scope="session")
+def server(redis_server: EmbeddedRedis, worker: Worker) -> Iterator[Server]:
+    s = Server(redis_server.url).wait_ready()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def tokens(pa: PendingActions) -> Tokens:
+    return Tokens(pa.client, pa.ctx.keys)
+

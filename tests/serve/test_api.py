@@ -1,0 +1,279 @@
+"""The HTTP API against the real server process, a real Redis and a real worker: every status
+code, tenant isolation both ways, revocation, batch resolve fenced by id, ``by`` in the history,
+and no plaintext token anywhere in Redis."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from pending_actions.broker.errors import Forbidden
+from pending_actions.producers import PendingActions
+from pending_actions.serve.auth import Tokens
+from tests.conftest import runs
+from tests.procs import ROOT, worker_env
+from tests.serve.conftest import Server
+
+
+def tenant() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+def new_session() -> str:
+    return f"web-{uuid.uuid4().hex[:10]}"
+
+
+def stage(pa: PendingActions, session: str, owner: str, label: str = "edit a.py",
+          apply: str = "t.ok", **kw: Any) -> str:
+    return pa.stage(session=session, tool="edit", label=label, apply=apply, tenant=owner, **kw)
+
+
+def test_status_codes(server: Server, pa: PendingActions, tokens: Tokens) -> None:
+    t = tenant()
+    approver, _ = tokens.create(t, "approver")
+    producer, _ = tokens.create(t, "producer")
+    s = new_session()
+    first = stage(pa, s, t)
+    http = server.http
+    assert http.get("/healthz").json() == {"ok": True}
+    # 401: no token, a malformed header, an unknown token
+    for headers in ({}, {"authorization": "Basic abc"},
+                    {"authorization": "Bearer pat_nope"}):
+        r = http.get("/v1/inbox", headers=headers)
+        assert r.status_code == 401, headers
+        assert r.headers["www-authenticate"] == "Bearer"
+    # 403: a producer may not resolve, an approver may not stage, only admin reads /metrics
+    r = http.post(f"/v1/sessions/{s}/resolve", headers=server.as_(producer),
+                  json={"action": "apply", "reason": "x"})
+    assert r.status_code == 403 and "approver" in r.json()["error"]
+    r = http.post(f"/v1/sessions/{s}/actions", headers=server.as_(approver),
+                  json={"tool": "edit", "label": "l", "apply": "t.ok"})
+    assert r.status_code == 403
+    assert http.get("/metrics", headers=server.as_(approver)).status_code == 403
+    # 404: a session that does not exist; an id that is not a session id at all
+    assert http.get(f"/v1/sessions/{new_session()}/pending",
+                    headers=server.as_(approver)).status_code == 404
+    assert http.get("/v1/sessions/a%20b/pending", headers=server.as_(approver)).status_code == 404
+    # 400: bad input names the field, and nothing changed
+    r = http.post(f"/v1/sessions/{s}/resolve", headers=server.as_(approver),
+                  json={"action": "deploy", "reason": "x"})
+    assert r.status_code == 400 and r.json()["field"] == "action"
+    r = http.post(f"/v1/sessions/{s}/resolve", headers=server.as_(approver),
+                  json={"action": "apply", "reason": "x", "colour": "red"})
+    assert r.status_code == 400 and r.json()["field"] == "colour"
+    r = http.post(f"/v1/sessions/{s}/resolve", headers=server.as_(approver), content=b"{")
+    assert r.status_code == 400 and r.json()["field"] == "body"
+    assert [a.id for a in pa.pending(s)] == [first]
+    # 201: a producer stages into its tenant's session
+    r = http.post(f"/v1/sessions/{s}/actions", headers=server.as_(producer),
+                  json={"tool": "edit", "label": "second", "apply": "t.ok",
+                        "payload": {"n": 2}})
+    assert r.status_code == 201
+    second = r.json()["id"]
+    # 409: approving what is no longer the target changes nothing
+    r = http.post(f"/v1/sessions/{s}/resolve", headers=server.as_(approver),
+                  json={"action": "apply", "reason": "late click", "expect_id": first})
+    assert r.status_code == 409 and r.json()["is_error"] and "expect_id" in \
+        r.json()["content"][0]["text"]
+    assert [a.id for a in pa.pending(s)] == [second, first]
+    # 200: the result shape of resolve
+    r = http.post(f"/v1/sessions/{s}/resolve", headers=server.as_(approver),
+                  json={"action": "apply", "reason": "ok", "expect_id": second})
+    assert r.status_code == 200
+    assert r.json()["content"] == [{"type": "text", "text": f"applied {second}"}]
+    assert r.json()["details"]["label"] == "second"
+    assert [a.id for a in pa.pending(s)] == [first]
+
+
+def test_tenants_are_isolated_both_ways(server: Server, pa: PendingActions,
+                                        tokens: Tokens) -> None:
+    a, b = tenant(), tenant()
+    tok_a, _ = tokens.create(a, "approver")
+    tok_b, _ = tokens.create(b, "admin")  # admin: every role, still one tenant
+    sa, sb = new_session(), new_session()
+    id_a, id_b = stage(pa, sa, a), stage(pa, sb, b)
+    http = server.http
+    for token, mine, theirs, my_id, their_id in ((tok_a, sa, sb, id_a, id_b),
+                                                  (tok_b, sb, sa, id_b, id_a)):
+        inbox = http.get("/v1/inbox", headers=server.as_(token)).json()
+        ids = [x["id"] for x in inbox["actions"]]
+        assert my_id in ids and their_id not in ids
+        assert http.get(f"/v1/sessions/{mine}/pending", headers=server.as_(token)) \
+            .status_code == 200
+        r = http.get(f"/v1/sessions/{theirs}/pending", headers=server.as_(token))
+        assert r.status_code == 404 and r.json() == {"error": "no such session"}
+        r = http.post(f"/v1/sessions/{theirs}/resolve", headers=server.as_(token),
+                      json={"action": "apply", "reason": "not mine"})
+        assert r.status_code == 404
+        r = http.post("/v1/resolve-batch", headers=server.as_(token),
+                      json=[{"session": theirs, "id": their_id, "action": "discard",
+                             "reason": "not mine"}])
+        assert r.status_code == 200 and r.json()["results"][0]["status"] == 404
+    # staging into another tenant's session is refused too, and looks like "no such session"
+    r = http.post(f"/v1/sessions/{sa}/actions", headers=server.as_(tok_b),
+                  json={"tool": "edit", "label": "sneak", "apply": "t.ok"})
+    assert r.status_code == 404
+    with pytest.raises(Forbidden):
+        stage(pa, sa, b)
+    assert [x.id for x in pa.pending(sa)] == [id_a]
+    assert [x.id for x in pa.pending(sb)] == [id_b]
+    assert runs(pa.client, sa) == [] and runs(pa.client, sb) == []
+
+
+def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pending_actions", *args], env=worker_env(url),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_token_cli_revocation_and_no_plaintext_in_redis(
+        server: Server, pa: PendingActions, redis_server: Any) -> None:
+    t, name = tenant(), f"alice-{uuid.uuid4().hex[:6]}"
+    made = cli(redis_server.url, "token", "create", "--tenant", t, "--role", "approver",
+               "--name", name)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert re.fullmatch(r"pat_[A-Za-z0-9_-]{40,}", token)
+    assert cli(redis_server.url, "token", "create", "--tenant", t, "--role", "approver",
+               "--name", name).returncode == 2  # the name is taken
+    assert cli(redis_server.url, "token", "create", "--tenant", t, "--role", "root") \
+        .returncode == 2
+    assert server.http.get("/v1/inbox", headers=server.as_(token)).status_code == 200
+    assert_nowhere_in_redis(pa.client, token)
+    listed = cli(redis_server.url, "--json", "token", "ls")
+    assert name in listed.stdout and token not in listed.stdout
+    assert cli(redis_server.url, "token", "revoke", name).returncode == 0
+    r = server.http.get("/v1/inbox", headers=server.as_(token))
+    assert r.status_code == 401 and r.json()["error"] == "invalid or revoked token"
+    assert cli(redis_server.url, "token", "revoke", name).returncode == 1
+
+
+def assert_nowhere_in_redis(client: redis.Redis, token: str) -> None:
+    """Every key name and every value of every type: neither the token nor its secret part."""
+    needles = [token.encode(), token.removeprefix("pat_").encode()]
+    seen = 0
+    for key in client.scan_iter(count=500):
+        seen += 1
+        kind = client.type(key).decode()
+        values: list[bytes] = [key]
+        if kind == "string":
+            values.append(client.get(key) or b"")
+        elif kind == "hash":
+            for f, v in client.hgetall(key).items():
+                values += [f, v]
+        elif kind == "list":
+            values += client.lrange(key, 0, -1)
+        elif kind == "set":
+            values += list(client.smembers(key))
+        elif kind == "zset":
+            values += [m for m, _ in client.zrange(key, 0, -1, withscores=True)]
+        elif kind == "stream":
+            for _id, fields in client.xrange(key):
+                for f, v in fields.items():
+                    values += [f, v]
+        for value in values:
+            assert not any(n in value for n in needles), f"token found in {key!r}"
+    assert seen > 10
+
+
+def test_batch_resolve_with_one_stale_id(server: Server, pa: PendingActions,
+                                         tokens: Tokens) -> None:
+    t = tenant()
+    token, who = tokens.create(t, "approver")
+    s1, s2 = new_session(), new_session()
+    old = stage(pa, s1, t, label="older")
+    head = stage(pa, s1, t, label="newer")
+    other = stage(pa, s2, t, label="other", reject="t.reject_text")
+    items = [
+        {"session": s1, "id": head, "action": "apply", "reason": "batch"},
+        {"session": s1, "id": head, "action": "apply", "reason": "again: stale by now"},
+        {"session": s2, "id": other, "action": "discard", "reason": "batch"},
+        {"session": s1, "id": old, "action": "discard", "reason": "after the head went"},
+    ]
+    r = server.http.post("/v1/resolve-batch", headers=server.as_(token), json={"items": items})
+    assert r.status_code == 200
+    results = r.json()["results"]
+    assert [x["status"] for x in results] == [200, 409, 200, 200]
+    assert [x["id"] for x in results] == [head, head, other, old]
+    assert results[0]["result"]["content"][0]["text"] == f"applied {head}"
+    stale = results[1]["result"]
+    assert stale["is_error"] and f"expect_id: {head}" in stale["content"][0]["text"]
+    assert results[2]["result"]["content"][0]["text"] == "rejected other because batch"
+    assert results[3]["result"]["content"][0]["text"] == "Discarded: older. Reason: after " \
+        "the head went"
+    assert pa.pending(s1) == [] and pa.pending(s2) == []
+    assert [(x["handler"], x["id"]) for x in runs(pa.client, s1)] == [("t.ok", head)]
+    assert [(x["handler"], x["id"]) for x in runs(pa.client, s2)] == [("t.reject_text", other)]
+    # every resolve it made carries the approver's token name in the session's history
+    history = pa.history(s1)
+    decided = [e for e in history if e["event"] in ("taken", "applied", "discarded")]
+    assert [(e["event"], e["id"], e.get("by")) for e in decided] == [
+        ("taken", head, who.name), ("applied", head, who.name),
+        ("taken", old, who.name), ("discarded", old, who.name)]
+
+
+def test_inbox_newest_first_with_the_target_marked(server: Server, pa: PendingActions,
+                                                  tokens: Tokens) -> None:
+    t = tenant()
+    token, _ = tokens.create(t, "approver")
+    s1, s2 = new_session(), new_session()
+    a = stage(pa, s1, t, label="a")
+    b = stage(pa, s2, t, label="b", payload={"diff": "--- a\n+++ b\n@@ -1 +1 @@\n-x\n+y\n"})
+    c = stage(pa, s1, t, label="c")
+    body = server.http.get("/v1/inbox", headers=server.as_(token)).json()
+    assert body["tenant"] == t
+    got = [(x["id"], x["session"], x["target"]) for x in body["actions"]]
+    assert got == [(c, s1, True), (b, s2, True), (a, s1, False)]
+    assert all(x["age_s"] >= 0 for x in body["actions"])
+    assert body["actions"][1]["payload"]["diff"].startswith("--- a")
+
+
+def test_metrics(server: Server, pa: PendingActions, tokens: Tokens) -> None:
+    t = tenant()
+    admin, _ = tokens.create(t, "admin")
+    s = new_session()
+    stage(pa, s, t)
+    stage(pa, s, t)
+    r = server.http.post(f"/v1/sessions/{s}/resolve", headers=server.as_(admin),
+                         json={"action": "apply", "reason": "metrics"})
+    assert r.status_code == 200
+    text = server.http.get("/metrics", headers=server.as_(admin)).text
+    assert f'pending_actions_pending{{tenant="{t}",tool="edit"}} 1.0' in text
+    assert f'pending_actions_oldest_pending_age_seconds{{tenant="{t}"}}' in text
+    assert 'pending_actions_resolve_seconds_count{action="apply",result="ok"}' in text
+    for family in ("pending_actions_outcomes_total", "pending_actions_time_to_decision_seconds",
+                   "pending_actions_lease_stalls_total", "pending_actions_leases_overdue",
+                   "pending_actions_loops", "pending_actions_in_flight",
+                   "pending_actions_dead_letters", "pending_actions_redis_up 1.0"):
+        assert family in text, family
+    assert 'pending_actions_loops{group="resolver",state="live"}' in text
+    # outcomes come from the event feed, read by a thread: wait for this one to show up
+    wanted = f'pending_actions_outcomes_total{{kind="applied",tenant="{t}"}} 1.0'
+    body = _eventually(server, admin, wanted)
+    assert f'pending_actions_time_to_decision_seconds_count{{outcome="applied",tenant="{t}"}} ' \
+           '1.0' in body
+
+
+def _eventually(server: Server, token: str, wanted: str, timeout: float = 10) -> str:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        body = server.http.get("/metrics", headers=server.as_(token)).text
+        if wanted in body or time.monotonic() > deadline:
+            assert wanted in body, body[-3000:]
+            return body
+        time.sleep(0.1)
+
+
+def test_plain_json_stats(pa: PendingActions, redis_server: Any) -> None:
+    out = cli(redis_server.url, "--json", "stats")
+    assert out.returncode == 0
+    data = orjson.loads(out.stdout)
+    assert {"sessions", "pending", "in_flight", "dead", "tenants", "handlers"} <= set(data)

@@ -1,0 +1,130 @@
+"""The inbox page in a real browser: Debian's headless Chromium driven by Selenium through
+Debian's chromedriver (``.ci/browser.sh`` installs both). Approve and discard from the page,
+each handler runs once, and the page follows changes without a reload."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pending_actions.producers import PendingActions
+from pending_actions.serve.auth import Tokens
+from tests.conftest import runs
+from tests.serve.conftest import Server
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver") or (
+    "/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists() else None)
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="needs Debian's chromium and chromium-driver (run .ci/browser.sh as root)")
+
+DIFF = """--- a/deploy.yaml
++++ b/deploy.yaml
+@@ -1,4 +1,4 @@
+ service: api
+-replicas: 2
++replicas: 4
+ image: api:1.8
+-region: eu-west-1
++region: eu-central-1
+"""
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)),
+                              options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_approve_and_discard_from_the_page(server: Server, pa: PendingActions, tokens: Tokens,
+                                           browser: object, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver: WebDriver = browser  # type: ignore[assignment]
+    tenant = f"web-{uuid.uuid4().hex[:6]}"
+    token, who = tokens.create(tenant, "approver", name=f"alice-{uuid.uuid4().hex[:4]}")
+    deploy, chat = f"agent-deploy-{uuid.uuid4().hex[:4]}", f"agent-chat-{uuid.uuid4().hex[:4]}"
+    old = pa.stage(session=deploy, tool="shell", label="Run migrations", apply="t.ok",
+                   payload={"command": "alembic upgrade head"}, tenant=tenant)
+    edit = pa.stage(session=deploy, tool="edit", label="Scale the API to 4 replicas",
+                    apply="t.ok", payload={"path": "deploy.yaml", "diff": DIFF}, tenant=tenant)
+    mail = pa.stage(session=chat, tool="email", label="Send the weekly report",
+                    apply="t.ok", reject="t.reject_text",
+                    payload={"to": "team@example.com", "subject": "Weekly report"},
+                    tenant=tenant)
+    wait = WebDriverWait(driver, 20)
+
+    def card(action_id: str) -> str:
+        return f'.action[data-id="{action_id}"]'
+
+    driver.get(server.base + "/")
+    wait.until(ec.visibility_of_element_located((By.ID, "token"))).send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, card(mail))))
+    assert not driver.find_element(By.ID, "login").is_displayed()
+    assert not driver.find_element(By.ID, "empty").is_displayed()
+    # newest first, grouped by session; only each session's head can be acted on
+    sessions = [e.get_attribute("data-session")
+                for e in driver.find_elements(By.CSS_SELECTOR, "section.session")]
+    assert sessions == [chat, deploy]
+    order = [e.get_attribute("data-id") for e in driver.find_elements(By.CSS_SELECTOR, ".action")]
+    assert order == [mail, edit, old]
+    assert not driver.find_element(By.CSS_SELECTOR, card(old) + " button.approve").is_enabled()
+    added = driver.find_elements(By.CSS_SELECTOR, card(edit) + " pre.diff .add")
+    assert [e.text for e in added] == ["+replicas: 4", "+region: eu-central-1"]
+    assert who.name in driver.find_element(By.ID, "who").text
+    shot = tmp_path / "inbox.png"
+    driver.save_screenshot(str(shot))
+    shutil.copy(shot, "/tmp/inbox.png")
+
+    def decide(action_id: str, button: str, reason: str) -> None:
+        driver.find_element(By.CSS_SELECTOR, f"{card(action_id)} button.{button}").click()
+        box = wait.until(ec.visibility_of_element_located((By.ID, "reason")))
+        box.send_keys(reason)
+        driver.find_element(By.ID, "confirm").click()
+        # the card goes away on its own: the page polls, nobody reloads it
+        wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, card(action_id))))
+
+    decide(edit, "approve", "capacity for the launch")
+    assert wait.until(lambda d: "applied" in d.find_element(By.ID, "notice").text)
+    # the older action of that session is now its head, so its buttons come alive
+    wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, card(old) + " button.approve")))
+    decide(mail, "discard", "not this week")
+    assert "rejected Send the weekly report because not this week" in \
+        driver.find_element(By.ID, "notice").text
+
+    # staged while the page is open: it appears without a reload
+    late = pa.stage(session=chat, tool="email", label="Send the monthly report", apply="t.ok",
+                    tenant=tenant)
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, card(late))))
+    driver.save_screenshot(str(tmp_path / "inbox-after.png"))
+
+    assert [(r["handler"], r["id"], r["reason"]) for r in runs(pa.client, deploy)] == \
+        [("t.ok", edit, "capacity for the launch")]
+    assert [(r["handler"], r["id"], r["reason"]) for r in runs(pa.client, chat)] == \
+        [("t.reject_text", mail, "not this week")]
+    assert [a.id for a in pa.pending(deploy)] == [old]
+    assert [a.id for a in pa.pending(chat)] == [late]
+    outcomes = [(e["event"], e["id"], e.get("by")) for e in pa.history(deploy) + pa.history(chat)
+                if e["event"] in ("applied", "discarded")]
+    assert outcomes == [("applied", edit, who.name), ("discarded", mail, who.name)]

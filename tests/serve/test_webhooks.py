@@ -1,0 +1,141 @@
+"""Webhooks to a real local HTTP receiver that checks every signature: one that accepts, one
+that fails twice before it accepts, one that never does (dead letter). Deliveries are dramatiq
+tasks in a real worker started with the webhook settings."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+import pytest
+
+from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.producers import PendingActions
+from pending_actions.webhooks import SIGNATURE, TIMESTAMP, sign, verify
+from tests.procs import Worker
+
+SECRET = "s3cret-for-tests"
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.accepted: list[tuple[str, dict[str, Any]]] = []  # (path, event)
+        self.tries: dict[str, int] = defaultdict(int)  # delivery id -> requests seen
+        self.bad_signatures = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                delivery = self.headers["X-Pending-Actions-Delivery"]
+                with receiver.lock:
+                    if not verify(SECRET, dict(self.headers), body):
+                        receiver.bad_signatures += 1
+                        self.send_response(401)
+                    else:
+                        receiver.tries[f"{self.path}:{delivery}"] += 1
+                        n = receiver.tries[f"{self.path}:{delivery}"]
+                        ok = self.path == "/ok" or (self.path == "/flaky" and n > 2)
+                        if ok:
+                            receiver.accepted.append((self.path, orjson.loads(body)))
+                        self.send_response(200 if ok else 503)
+                    receiver.lock.notify_all()
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def wait_for(self, check: Any, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while not check():
+                left = deadline - time.monotonic()
+                assert left > 0, f"receiver saw {self.accepted} / {dict(self.tries)}"
+                self.lock.wait(left)
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.http.shutdown()
+
+
+@pytest.fixture(scope="module")
+def notifying_worker(redis_server: EmbeddedRedis, receiver: Receiver) -> Iterator[Worker]:
+    urls = ",".join(f"{receiver.url}{p}" for p in ("/ok", "/flaky", "/down"))
+    w = Worker(redis_server.url, overrides={
+        "webhook_urls": urls, "webhook_secret": SECRET, "webhook_retries": "3",
+        "webhook_min_backoff_ms": "50"}).start()
+    yield w
+    w.stop()
+
+
+def test_signature_round_trip_and_replay() -> None:
+    body = b'{"event":"staged"}'
+    now = int(time.time())
+    headers = {TIMESTAMP: str(now), SIGNATURE: sign(SECRET, now, body)}
+    assert verify(SECRET, headers, body)
+    assert not verify("other", headers, body)
+    assert not verify(SECRET, headers, body + b" ")
+    old = now - 3600  # a captured request replayed an hour later, correctly signed back then
+    assert not verify(SECRET, {TIMESTAMP: str(old), SIGNATURE: sign(SECRET, old, body)}, body)
+
+
+def test_stage_and_outcome_delivered_signed_with_retries(
+        notifying_worker: Worker, receiver: Receiver, pa: PendingActions) -> None:
+    session = f"hook-{uuid.uuid4().hex[:8]}"
+    action_id = pa.stage(session=session, tool="deploy", label="Deploy prod", apply="t.ok",
+                         tenant="ops")
+    result = pa.resolve(session=session, action="apply", reason="go", by="alice")
+    assert not result.is_error
+
+    def mine(path: str) -> list[dict[str, Any]]:
+        return [e for p, e in receiver.accepted if p == path and e["session"] == session]
+
+    receiver.wait_for(lambda: len(mine("/ok")) == 2 and len(mine("/flaky")) == 2)
+    staged, applied = sorted(mine("/ok"), key=lambda e: e["event"] != "staged")
+    assert staged["event"] == "staged" and staged["id"] == action_id
+    assert staged["tenant"] == "ops" and staged["tool"] == "deploy"
+    assert applied["event"] == "applied" and applied["by"] == "alice"
+    assert float(applied["at"]) >= float(applied["created_at"])
+    assert sorted(e["event"] for e in mine("/flaky")) == ["applied", "staged"]
+    with receiver.lock:
+        flaky = [n for key, n in receiver.tries.items() if key.startswith("/flaky:")
+                 and any(e["session"] == session for p, e in receiver.accepted
+                         if p == "/flaky")]
+        assert receiver.bad_signatures == 0
+    assert flaky and all(n == 3 for n in flaky)  # failed twice, accepted the third time
+    # the receiver that never accepts: each event is dead-lettered after its retries
+    dead = _wait_dead(pa, session, 2)
+    assert {d["url"] for d in dead} == {f"{receiver.url}/down"}
+    assert {d["event"]["event"] for d in dead} == {"staged", "applied"}
+    assert all(d["retries"] == "3" and "503" in d["error"] for d in dead)
+
+
+def _wait_dead(pa: PendingActions, session: str, n: int, timeout: float = 30) -> list[Any]:
+    key, last, found = pa.ctx.keys.webhooks_dead, "0-0", []
+    deadline = time.monotonic() + timeout
+    while len(found) < n:
+        left = deadline - time.monotonic()
+        assert left > 0, f"dead letters so far: {found}"
+        got: Any = pa.client.xread({key: last}, block=int(min(left, 1) * 1000))
+        for _s, entries in got or ():
+            for entry_id, raw in entries:
+                last = entry_id
+                d = {k.decode(): v.decode() for k, v in raw.items()}
+                d["event"] = orjson.loads(d["event"])
+                if d["event"]["session"] == session:
+                    found.append(d)
+    return found
