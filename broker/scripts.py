@@ -68,7 +68,7 @@ def lua_file(name: str) -> str:
 
 def _blocks() -> list[tuple[str, str]]:
     """The prelude as (name, code) definitions: the file's blocks (split at blank lines, each
-    defining one name), then a code table per enum. A name a table lacks is an error (STRICT),
+    defining one name), and a code table per enum. A name a table lacks is an error (STRICT),
     not a nil that XADD would choke on later."""
     blocks = []
     for block in lua_file("prelude").split("\n\n"):
@@ -78,9 +78,11 @@ def _blocks() -> list[tuple[str, str]]:
         found = re.search(r"^local (?:function )?(\w+)", code, re.M)
         if found:
             blocks.append((found.group(1), code.rstrip() + "\n"))
-    for table, enum in LUA_TABLES.items():
+    # the tables go right after STRICT, which they use, so that any function may name them
+    after = next(i for i, (name, _c) in enumerate(blocks) if name == "STRICT") + 1
+    for table, enum in reversed(LUA_TABLES.items()):
         items = ", ".join(f"{m.name} = {orjson.dumps(m.value).decode()}" for m in enum)
-        blocks.append((table, f"local {table} = setmetatable({{{items}}}, STRICT)\n"))
+        blocks.insert(after, (table, f"local {table} = setmetatable({{{items}}}, STRICT)\n"))
     return blocks
 
 
