@@ -46,8 +46,10 @@ def tool_definition(format: Format | None = None) -> dict[str, Any]:
     (Messages API)."""
     if format == "anthropic":
         return anthropic_tool()
-    if format is not None:
+    if format in ("openai", "openai-responses"):
         return openai_tool("responses" if format == "openai-responses" else "chat")
+    if format is not None:
+        raise ValueError(f"unknown tool format {format!r}: openai, openai-responses, anthropic")
     return {
         "name": "resolve",
         "label": "Resolve",
