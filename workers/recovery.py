@@ -116,7 +116,10 @@ class Recovery:
             elif got.outcome is ExpireOutcome.LATER:  # staged on a client clock that runs fast
                 fix.zadd(ctx.keys.expiries, {member: got.at}, xx=True)
             else:
-                ended += got.outcome is ExpireOutcome.ENDED
+                if got.outcome is ExpireOutcome.ENDED:
+                    ended += 1
+                    session, action_id = Keys.parse_lease_member(member)
+                    publish(fix, ctx.keys, Event.EXPIRED, session=session, id=action_id)
                 fix.zrem(ctx.keys.expiries, member)
         fix.execute()
         return ended
