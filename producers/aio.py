@@ -19,7 +19,7 @@ from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.client import WAIT_RETRIES, redis_errors
-from pending_actions.producers.core import Batch, Core, Plan, Wait
+from pending_actions.producers.core import Batch, Core, Plan, Run, Wait
 
 T = TypeVar("T")
 
@@ -53,8 +53,13 @@ class AsyncPendingActions:
         try:
             while True:
                 step = plan.send(reply)
-                reply = await (self._batch(step) if isinstance(step, Batch)
-                               else self._wait(step))
+                if isinstance(step, Batch):
+                    reply = await self._batch(step)
+                elif isinstance(step, Run):
+                    with redis_errors():
+                        reply = await step.call.run_async()
+                else:
+                    reply = await self._wait(step)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 

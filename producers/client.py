@@ -17,7 +17,7 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisUnavailable
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.settings import Settings
-from pending_actions.producers.core import Batch, Core, Plan, Wait
+from pending_actions.producers.core import Batch, Core, Plan, Run, Wait
 
 T = TypeVar("T")
 WAIT_RETRIES = 3  # dropped connections in a row a reply wait rides out
@@ -56,7 +56,13 @@ class PendingActions:
         try:
             while True:
                 step = plan.send(reply)
-                reply = self._batch(step) if isinstance(step, Batch) else self._wait(step)
+                if isinstance(step, Batch):
+                    reply = self._batch(step)
+                elif isinstance(step, Run):
+                    with redis_errors():
+                        reply = step.call.run()
+                else:
+                    reply = self._wait(step)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 

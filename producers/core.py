@@ -39,7 +39,7 @@ from pending_actions.broker.models import (
 from pending_actions.broker.payloads import check_payload, check_schema
 from pending_actions.broker.replies import Peeked, Pending
 from pending_actions.broker.results import base_details, text_result
-from pending_actions.broker.scripts import Scripts, Slot
+from pending_actions.broker.scripts import Call, Scripts, Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.tool import soft_requirement
 
@@ -70,7 +70,15 @@ class Wait:
     seconds: float
 
 
-Plan = Generator[Batch | Wait, Any, T]
+@dataclass(frozen=True)
+class Run:
+    """One script on its own, sent as EVALSHA (its body only when Redis lacks it); the driver
+    sends back its decoded reply. Cheaper than a ``Batch`` of one EVAL, which sends the body."""
+
+    call: Call[Any]
+
+
+Plan = Generator[Batch | Wait | Run, Any, T]
 
 
 class Core:
@@ -201,9 +209,8 @@ class Core:
 
     def clear_slot(self, session: str, slot: Slot) -> Plan[bool]:
         check_session(session)
-        call = self.scripts.clear_slot(session, slot)
-        replies = yield Batch(lambda p: call.on(p))
-        return call.decode(replies[0]).previous is not None
+        got = yield Run(self.scripts.clear_slot(session, slot))
+        return got.previous is not None
 
     # --- resolving -------------------------------------------------------------------------
     def resolve(self, session: str, action: object, reason: object, extra: object,
@@ -260,8 +267,7 @@ class Core:
         return target.id
 
     def _target(self, session: str) -> Plan[Spec | None]:
-        peek = self.scripts.peek(session)
-        got = peek.decode((yield Batch(lambda p: peek.on(p)))[0])
+        got: Peeked = yield Run(self.scripts.peek(session))
         if got.directive is not None:
             return got.directive
         if got.head is None:
@@ -273,9 +279,8 @@ class Core:
     # --- reading ---------------------------------------------------------------------------
     def pending(self, session: str, limit: int = 1000) -> Plan[list[PendingAction]]:
         check_session(session)
-        call = self.scripts.pending(session, limit)
-        replies = yield Batch(lambda p: call.on(p))
-        return Pending.decode(replies[0]).actions
+        got: Pending = yield Run(self.scripts.pending(session, limit))
+        return got.actions
 
     def show(self, session: str, action_id: str) -> Plan[PendingAction | None]:
         found = next((a for a in (yield from self.pending(session)) if a.id == action_id), None)
@@ -297,8 +302,7 @@ class Core:
 
     def next_tool_choice(self, session: str) -> Plan[dict[str, Any] | None]:
         check_session(session)
-        call = self.scripts.peek(session)
-        got: Peeked = call.decode((yield Batch(lambda p: call.on(p)))[0])
+        got: Peeked = yield Run(self.scripts.peek(session))
         if got.directive is not None:
             return {"type": "directive",
                     **got.directive.model_dump(
