@@ -1,5 +1,6 @@
 """The resolve worker's second loop: return the attempts whose lease expired, found through
-the lease index, and sweep every session once after Redis comes back without its data tail."""
+the lease index; end the actions whose ttl passed, found through the expiry index; and sweep
+every session once after Redis comes back without its data tail."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pending_actions.broker.events import Event, WorkerEvent
 from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Lease, Spec
-from pending_actions.broker.replies import Recovered, RecoverOutcome
+from pending_actions.broker.replies import ExpireOutcome, Recovered, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
 
 log = logging.getLogger("pending_actions.resolver")
@@ -43,6 +44,7 @@ class Recovery:
         while not self.stop.wait(interval):
             try:
                 self.recover_due()
+                self.expire_due()
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + every
                     self.sweep_if_restarted()
@@ -92,6 +94,36 @@ class Recovery:
         fix.execute()
         return recovered
 
+    def expire_due(self) -> int:
+        """End the actions whose ttl has passed (``expire.lua``): no handler runs and no worker
+        needs to be free, only this loop. Readers already treat them as gone; this writes the
+        history entry and frees their keys. One taken before its ttl passed is looked at again
+        a lease later."""
+        ctx, now = self.ctx, self._now_ms()
+        due: Any = ctx.client.zrangebyscore(ctx.keys.expiries, "-inf", now, start=0, num=100)
+        if not due:
+            return 0
+        pairs = [Keys.parse_lease_member(m) for m in due]
+        pipe = ctx.client.pipeline(transaction=False)
+        calls = [ctx.scripts.expire(session, action_id).on(pipe) for session, action_id in pairs]
+        replies = pipe.execute()
+        fix = ctx.client.pipeline(transaction=False)
+        ended = 0
+        for member, queued in zip(due, calls, strict=True):
+            got = queued.get(replies)
+            if got.outcome is ExpireOutcome.IN_FLIGHT:
+                fix.zadd(ctx.keys.expiries, {member: now + ctx.settings.lease_ms}, xx=True)
+            elif got.outcome is ExpireOutcome.LATER:  # staged on a client clock that runs fast
+                fix.zadd(ctx.keys.expiries, {member: got.at}, xx=True)
+            else:
+                if got.outcome is ExpireOutcome.ENDED:
+                    ended += 1
+                    session, action_id = Keys.parse_lease_member(member)
+                    publish(fix, ctx.keys, Event.EXPIRED, session=session, id=action_id)
+                fix.zrem(ctx.keys.expiries, member)
+        fix.execute()
+        return ended
+
     def sweep_if_restarted(self) -> int:
         """Index entries are written in the same round trip as their leases, so only a Redis
         that lost the tail of its data (a crash under appendfsync everysec, a failover) can
@@ -130,13 +162,21 @@ class Recovery:
             pipe = ctx.client.pipeline(transaction=False)
             for session in sessions:
                 pipe.hgetall(ctx.keys.inflight(session))
+                pipe.zrange(ctx.keys.expiry(session), 0, -1, withscores=True)
             add = ctx.client.pipeline(transaction=False)
-            for session, leases in zip(sessions, pipe.execute(), strict=True):
+            ttls = ctx.client.pipeline(transaction=False)  # not counted: they are no leases
+            got = pipe.execute()
+            for session, leases, expiring in zip(sessions, got[::2], got[1::2], strict=True):
                 for token, raw in leases.items():
                     entry = {ctx.keys.lease_member(session, token.decode()):
                              Lease.model_validate_json(raw).deadline}
                     add.zadd(ctx.keys.leases, entry, nx=True)
+                for action_id, at in expiring:
+                    ttls.zadd(ctx.keys.expiries,
+                             {ctx.keys.lease_member(session, action_id.decode()): at}, nx=True)
             count += sum(add.execute()) if len(add) else 0
+            if len(ttls):
+                ttls.execute()
             if not cursor:
                 return count
 
