@@ -11,6 +11,9 @@ from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
+import redis.asyncio
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import (
@@ -145,3 +148,27 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
         short.result = read(replies[:-1])
         raise short
     return read(replies[:-1])
+
+
+def async_producer_client(url: str) -> redis.asyncio.Redis:
+    """``producer_client`` for asyncio programs (``AsyncPendingActions``); a
+    ``redis+cluster://`` URL gives ``redis.asyncio``'s RedisCluster."""
+    options: dict[str, Any] = dict(
+        socket_connect_timeout=2.0,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_keepalive=True,
+        retry=AsyncRetry(ExponentialBackoff(cap=0.5, base=0.025), retries=3),
+    )
+    if is_cluster_url(url):
+        parts = urlsplit(url)
+        nodes = [AsyncClusterNode(h.rpartition(":")[0], int(h.rpartition(":")[2]))
+                 for h in parts.netloc.rpartition("@")[2].split(",")]
+        if parts.password:
+            options["password"] = unquote(parts.password)
+        if parts.username:
+            options["username"] = unquote(parts.username)
+        # the rest of the code types it as the single-server client, like the sync one
+        return cast(redis.asyncio.Redis,
+                    redis.asyncio.RedisCluster(startup_nodes=nodes, **options))
+    return redis.asyncio.Redis.from_url(url, health_check_interval=30,
+                                        retry_on_error=list(TRANSIENT), **options)

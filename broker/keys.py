@@ -97,6 +97,16 @@ class Keys:
         """LIST of dead-lettered actions with the reason."""
         return self._s(session, "dead")
 
+    def expiry(self, session: str) -> str:
+        """ZSET of the session's actions staged with a ttl, score the expiry time in ms: every
+        reader treats one past its score as gone, before the sweep ends it."""
+        return self._s(session, "expiry")
+
+    def expired(self, session: str) -> str:
+        """ZSET of the session's actions that ended as expired, score when, trimmed to the last
+        ``expired_memory_s``: lets a late ``resolve(expect_id=)`` be told why."""
+        return self._s(session, "expired")
+
     def request_marker(self, session: str, request_id: str) -> str:
         """STRING with a TTL: a resolve request already taken (dedupes redelivered requests)."""
         return self._s(session, f"req:{request_id}")
@@ -125,6 +135,11 @@ class Keys:
         ``lease_member``), score its deadline in ms: kept in step by the scripts that make,
         renew and end leases; tells recovery where to look."""
         return self._p(partition, "leases")
+
+    def expiries(self, partition: int) -> str:
+        """ZSET of the partition's actions staged with a ttl, member ``<session>/<id>`` (see
+        ``lease_member``), score its expiry in ms: where the recovery loop finds what to end."""
+        return self._p(partition, "expiries")
 
     def sessions(self, partition: int) -> str:
         """SET of every session of the partition that ever staged something (for stats)."""

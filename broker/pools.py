@@ -63,18 +63,33 @@ class Live:
         return name in self.routes
 
 
-def read_live(client: redis.Redis, keys: Keys) -> Live:
-    now = _server_ms(client)
-    members: Any = client.zrangebyscore(keys.pool_live, now, "+inf")
-    pools = sorted({m.decode().partition("/")[0] for m in members})
-    if not pools:
-        return Live()
-    found: Any = client.hmget(keys.pools, pools)
+def queue_live(pipe: Any, keys: Keys) -> None:
+    """Queue what ``parse_live`` reads: one round trip, any client or pipeline kind."""
+    pipe.time()
+    pipe.zrange(keys.pool_live, 0, -1, withscores=True)
+    pipe.hgetall(keys.pools)
+
+
+def parse_live(replies: list[Any]) -> Live:
+    (sec, usec), members, names = replies[:3]
+    now = int(sec) * 1000 + int(usec) // 1000
+    live = sorted({_text(m).partition("/")[0] for m, expiry in members if expiry > now})
     routes: dict[str, list[int]] = {}
-    for index, raw in enumerate(found, start=1):
+    for index, pool in enumerate(live, start=1):
+        raw = names.get(pool.encode()) or names.get(pool)
         for name in orjson.loads(raw) if raw else ():
             routes.setdefault(name, []).append(index)
-    return Live(tuple(pools), routes)
+    return Live(tuple(live), routes)
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def read_live(client: redis.Redis, keys: Keys) -> Live:
+    pipe = client.pipeline(transaction=False)
+    queue_live(pipe, keys)
+    return parse_live(pipe.execute())
 
 
 class LiveView:

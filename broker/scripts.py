@@ -24,6 +24,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 import redis
+import redis.asyncio
 
 from pending_actions.broker.events import Event
 from pending_actions.broker.keys import Keys
@@ -32,6 +33,8 @@ from pending_actions.broker.replies import (
     BeginStatus,
     Begun,
     Concluded,
+    ExpireOutcome,
+    Expiry,
     Peeked,
     Pending,
     Recovered,
@@ -49,11 +52,12 @@ Slot = Literal["directive", "standing"]
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek",
+    "pending", "peek", "expire",
 )
 # the enums a script may name, as the Lua tables of the prelude (e.g. EVENT.TAKEN)
 LUA_TABLES: dict[str, type[Enum]] = {
     "EVENT": Event, "TAKE": TakeStatus, "BEGIN": BeginStatus, "RECOVER": RecoverOutcome,
+    "EXPIRE": ExpireOutcome,
 }
 _SET = {"directive": Event.DIRECTIVE_SET, "standing": Event.STANDING_SET}
 _CLEARED = {"directive": Event.DIRECTIVE_CLEARED, "standing": Event.STANDING_CLEARED}
@@ -65,7 +69,7 @@ def lua_file(name: str) -> str:
 
 def _blocks() -> list[tuple[str, str]]:
     """The prelude as (name, code) definitions: the file's blocks (split at blank lines, each
-    defining one name), then a code table per enum. A name a table lacks is an error (STRICT),
+    defining one name), and a code table per enum. A name a table lacks is an error (STRICT),
     not a nil that XADD would choke on later."""
     blocks = []
     for block in lua_file("prelude").split("\n\n"):
@@ -75,9 +79,11 @@ def _blocks() -> list[tuple[str, str]]:
         found = re.search(r"^local (?:function )?(\w+)", code, re.M)
         if found:
             blocks.append((found.group(1), code.rstrip() + "\n"))
-    for table, enum in LUA_TABLES.items():
+    # the tables go right after STRICT, which they use, so that any function may name them
+    after = next(i for i, (name, _c) in enumerate(blocks) if name == "STRICT") + 1
+    for table, enum in reversed(LUA_TABLES.items()):
         items = ", ".join(f"{m.name} = {orjson.dumps(m.value).decode()}" for m in enum)
-        blocks.append((table, f"local {table} = setmetatable({{{items}}}, STRICT)\n"))
+        blocks.insert(after, (table, f"local {table} = setmetatable({{{items}}}, STRICT)\n"))
     return blocks
 
 
@@ -123,17 +129,22 @@ class Call(Generic[R]):
     def run(self) -> R:
         return self.decode(self.script(keys=self.keys, args=self.args))
 
-    def on(self, pipe: redis.client.Pipeline) -> Queued[R]:
+    async def run_async(self) -> R:
+        """``run()`` on Scripts built over a ``redis.asyncio`` client."""
+        return self.decode(await self.script(keys=self.keys, args=self.args))
+
+    def on(self, pipe: redis.client.Pipeline | redis.asyncio.client.Pipeline) -> Queued[R]:
         index = len(pipe)
         # execute_command, not eval(): redis-py's cluster pipeline refuses eval() itself but
         # routes an EVAL by its keys like any command
-        pipe.execute_command(  # type: ignore[no-untyped-call]
+        pipe.execute_command(
             "EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
         return Queued(index, self.decode)
 
 
 class Scripts:
-    def __init__(self, client: redis.Redis, settings: Settings, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis | redis.asyncio.Redis, settings: Settings,
+                 keys: Keys) -> None:
         self._k = keys
         self._s = settings
         self._fn = {name: client.register_script(source(name)) for name in NAMES}
@@ -143,13 +154,17 @@ class Scripts:
         return Call(self._fn[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, action_id: str, spec: bytes, tenant: str) -> Call[Staged]:
+    def stage(self, session: str, action_id: str, spec: bytes, tenant: str,
+              ttl_ms: int | None = None) -> Call[Staged]:
         k = self._k
         return self._call(
             "stage",
             [k.stack(session), k.actions(session), k.history(session), k.tenant(session),
-             k.sessions(k.partition(session))],
-            [action_id, spec, self._s.history_maxlen, tenant, session], Staged.decode,
+             k.expiry(session), k.sessions(k.partition(session)),
+             k.expiries(k.partition(session))],
+            [action_id, spec, self._s.history_maxlen, tenant,
+             "" if ttl_ms is None else ttl_ms, session],
+            Staged.decode,
         )
 
     def _leases(self, session: str, token: str) -> tuple[str, str]:
@@ -179,22 +194,24 @@ class Scripts:
         k = self._k
         return self._call(
             "pending",
-            [k.stack(session), k.inflight(session), k.actions(session), k.state(session)],
+            [k.stack(session), k.inflight(session), k.actions(session), k.state(session),
+             k.expiry(session)],
             [limit], Pending.decode,
         )
 
     def peek(self, session: str) -> Call[Peeked]:
         k = self._k
         return self._call(
-            "peek", [k.directive(session), k.stack(session), k.actions(session)], [],
-            Peeked.decode,
+            "peek",
+            [k.directive(session), k.stack(session), k.actions(session), k.expiry(session)],
+            [], Peeked.decode,
         )
 
     # --- resolve worker --------------------------------------------------------------------
     def take(self, session: str, req: str, action: str, token: str, reason: str,
              extra: bytes, marker_ttl_s: int, none_reply: bytes, live: Live,
              message: bytes | None, expect_id: str = "", by: str = "",
-             conflict_reply: bytes = b"") -> Call[Taken]:
+             conflict_reply: bytes = b"", expired_reply: bytes = b"") -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself."""
         k = self._k
@@ -205,11 +222,23 @@ class Scripts:
             "take",
             [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
              k.state(session), k.inflight(session), k.history(session),
-             k.request_marker(session, req), k.reply(session, req), index, *streams],
+             k.request_marker(session, req), k.reply(session, req), index, k.expiry(session),
+             k.expired(session), *streams],
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
              self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s, session,
-             live.routes_json, len(live.pools), message or b"", expect_id, by, conflict_reply],
+             live.routes_json, len(live.pools), message or b"", expect_id, by, conflict_reply,
+             expired_reply, self._s.expired_memory_s * 1000],
             Taken.decode,
+        )
+
+    def expire(self, session: str, action_id: str) -> Call[Expiry]:
+        k = self._k
+        return self._call(
+            "expire",
+            [k.stack(session), k.actions(session), k.state(session), k.expiry(session),
+             k.expired(session), k.history(session)],
+            [action_id, self._s.history_maxlen, self._s.expired_memory_s * 1000],
+            Expiry.decode,
         )
 
     def recover(self, session: str, token: str, req: str, replies: tuple[bytes, bytes, bytes],
@@ -243,7 +272,9 @@ class Scripts:
                           [token, self._s.lease_ms, member], Renewed.decode)
 
     def finalize(self, session: str, token: str, req: str, reply: bytes, event: Event,
-                 action_id: str, attempt: int) -> Call[Concluded]:
+                 action_id: str, attempt: int,
+                 noted: tuple[str, ...] = ()) -> Call[Concluded]:
+        """``noted``: more field, value pairs for the outcome's history entry."""
         k = self._k
         index, member = self._leases(session, token)
         return self._call(
@@ -251,7 +282,7 @@ class Scripts:
             [k.inflight(session), k.actions(session), k.state(session), k.history(session),
              k.reply(session, req), index],
             [token, reply, self._s.reply_ttl_s, self._s.history_maxlen, event, action_id,
-             attempt, member],
+             attempt, member, *noted],
             Concluded.decode,
         )
 

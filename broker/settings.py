@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=1_048_576, ge=1)
     max_label_chars: int = Field(default=1_000, ge=1)
     history_maxlen: int = Field(default=1_000, ge=10)
+    expired_memory_s: int = Field(
+        default=86_400, ge=1,
+        description="how long a resolve(expect_id=) of an expired action is told it expired")
 
     restart_backoff_max_s: float = Field(
         default=5.0, ge=0.01, description="longest pause before restarting crashed workers")

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from pending_actions.broker.errors import InvalidInput, UnknownHandler
-from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
+from pending_actions.broker.texts import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 from pending_actions.producers import PendingActions
 from tests.conftest import Deployment, both
 from tests.support.replies import read

@@ -1,5 +1,6 @@
 """The resolve worker's second loop: return the attempts whose lease expired, found through
-the partitions' lease indexes.
+the partitions' lease indexes, and end the actions whose ttl passed, found through the
+partitions' expiry indexes.
 
 The scripts that make, renew and end a lease write its index entry in the same atomic step,
 so a lease never exists without its entry, even on a Redis that lost the tail of its data or
@@ -21,7 +22,7 @@ from pending_actions.broker.events import Event
 from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Lease, Spec
-from pending_actions.broker.replies import RecoverOutcome
+from pending_actions.broker.replies import ExpireOutcome, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
 
 log = logging.getLogger("pending_actions.resolver")
@@ -49,13 +50,14 @@ class Recovery:
                                                                  s.dispatch_timeout_ms) / 1000
         next_read = 0.0
         while not self.stop.wait(interval):
-            if time.monotonic() < next_read:
-                continue
             try:
-                earliest = self.recover_due()
-                # the server's clock said when; the wait is on ours, a little early is fine
-                wait = shortest if earliest is None else min(shortest, earliest / 1000)
-                next_read = time.monotonic() + wait
+                # an action may be staged with any ttl at any time: its index is read each round
+                self.expire_due()
+                if time.monotonic() >= next_read:
+                    earliest = self.recover_due()
+                    # the server's clock said when; the wait is on ours, a little early is fine
+                    wait = shortest if earliest is None else min(shortest, earliest / 1000)
+                    next_read = time.monotonic() + wait
                 retry.reset()
             except TRANSIENT as exc:
                 retry.wait(self.stop, exc, "Redis unavailable")
@@ -117,6 +119,39 @@ class Recovery:
         if len(feed):
             feed.execute()
         return recovered
+
+    def expire_due(self) -> int:
+        """End the actions whose ttl has passed (``expire.lua``): no handler runs and no worker
+        needs to be free, only this loop. Readers already treat them as gone; this writes the
+        history entry and frees their keys. One taken before its ttl passed is looked at again
+        a lease later."""
+        ctx, now = self.ctx, self._now_ms()
+        pipe = ctx.client.pipeline(transaction=False)
+        for p in range(ctx.keys.partitions):
+            pipe.zrangebyscore(ctx.keys.expiries(p), "-inf", now, start=0, num=DUE_BATCH)
+        due = [m for members in pipe.execute() for m in members]
+        if not due:
+            return 0
+        pairs = [Keys.parse_lease_member(m) for m in due]
+        pipe = ctx.client.pipeline(transaction=False)
+        calls = [ctx.scripts.expire(session, action_id).on(pipe) for session, action_id in pairs]
+        replies = pipe.execute()
+        fix = ctx.client.pipeline(transaction=False)
+        ended = 0
+        for member, (session, action_id), queued in zip(due, pairs, calls, strict=True):
+            index = ctx.keys.expiries(ctx.keys.partition(session))
+            got = queued.get(replies)
+            if got.outcome is ExpireOutcome.IN_FLIGHT:
+                fix.zadd(index, {member: now + ctx.settings.lease_ms}, xx=True)
+            elif got.outcome is ExpireOutcome.LATER:
+                fix.zadd(index, {member: got.at}, xx=True)
+            else:
+                if got.outcome is ExpireOutcome.ENDED:
+                    ended += 1
+                    publish(fix, ctx.keys, Event.EXPIRED, session=session, id=action_id)
+                fix.zrem(index, member)
+        fix.execute()
+        return ended
 
     def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
         raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)

@@ -28,6 +28,7 @@ from pending_actions.broker.pools import Live, LiveView
 from pending_actions.broker.replies import Taken, TakeStatus
 from pending_actions.broker.results import (
     base_details,
+    expired,
     not_the_target,
     nothing_to_target,
     text_result,
@@ -217,14 +218,14 @@ class ResolveWorker:
             none = nothing_to_target(request.action, request.reason, request.extra).to_json()
             message = (TaskMessage.for_lease(request, token).to_message(ctx.settings.queue)
                        .encode() if self.inline else None)
-            conflict = b""
+            conflict = gone = b""
             if request.expect_id is not None:
-                conflict = not_the_target(request.action, request.reason, request.extra,
-                                          request.expect_id).to_json()
+                args = (request.action, request.reason, request.extra, request.expect_id)
+                conflict, gone = not_the_target(*args).to_json(), expired(*args).to_json()
             queued.append(ctx.scripts.take(
                 request.session, request.req, request.action, token, request.reason,
                 orjson.dumps(request.extra), marker_ttl, none, view, message,
-                request.expect_id or "", request.by or "", conflict).on(pipe))
+                request.expect_id or "", request.by or "", conflict, gone).on(pipe))
         if self.inline:
             self._queue_ack(pipe, acks)
         if not len(pipe):

@@ -6,7 +6,8 @@
 -- KEYS[4] actions (hash)      KEYS[5] state (hash)  KEYS[6] inflight (hash)
 -- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
 -- KEYS[9] reply (list)        KEYS[10] the partition's lease index (zset)
--- KEYS[11..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
+-- KEYS[11] expiry (zset)      KEYS[12] expired (zset)
+-- KEYS[13..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
 --            ARGV[14] is empty: the caller enqueues on a broker of its own)
 -- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
 -- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
@@ -20,6 +21,7 @@
 -- ARGV[15] expect_id ("" for none): take only if this id is the target, else change nothing
 -- ARGV[16] by: who resolves ("" for unsaid), kept in the lease and the history
 -- ARGV[17] reply JSON for "expect_id is not the target"
+-- ARGV[18] reply JSON for "expect_id expired"  ARGV[19] expired memory ms
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
 --          | {TAKE.NONE} (replied here) | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 --          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
@@ -27,7 +29,10 @@
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
 -- its earlier answer back while that is still actionable (the same lease if no worker has
 -- started it, whose task is enqueued again; NONE again), else DUP.
+-- A stacked action past its ttl is gone for take as for every reader: passed over, and ended
+-- here (history "expired") when popped on the way.
 redis.replicate_commands()
+local now = now_ms()
 local routes = cjson.decode(ARGV[12])
 local npools = tonumber(ARGV[13])
 
@@ -56,7 +61,7 @@ local function enqueue(pool, token)
   if ARGV[14] ~= '' then
     local message = ARGV[14]
     if token ~= ARGV[3] then message = string.gsub(message, ARGV[3], token) end
-    add_task(KEYS[10 + pool], message)
+    add_task(KEYS[12 + pool], message)
   end
 end
 
@@ -69,6 +74,7 @@ elseif prev then
   local raw = redis.call('HGET', KEYS[6], prev)
   if raw then
     local lease = cjson.decode(raw)
+    -- taken before any ttl passed: its spec is all it needs to be dispatched again
     local spec = redis.call('HGET', KEYS[4], lease.id)
     if lease.state == 'dispatched' and spec then
       local pool = route(spec)
@@ -82,12 +88,19 @@ elseif prev then
   return {TAKE.DUP}
 end
 
+-- the spec of an id that is still there to take: not gone, not past a ttl
+local function live_spec(id)
+  local spec = redis.call('HGET', KEYS[4], id)
+  if spec and not past_ttl(KEYS[11], id, now) then return spec end
+  return nil, spec
+end
+
 -- the target (a stack head comes off the stack here, see untake); a stale slot or stack entry
--- (its spec gone) is dropped
+-- (its spec gone) is dropped, a stacked action past its ttl ended
 local function find()
   local id = redis.call('GET', KEYS[1])
   if id then
-    local spec = redis.call('HGET', KEYS[4], id)
+    local spec = live_spec(id)
     if spec then return id, 'directive', spec end
     redis.call('DEL', KEYS[1])
   end
@@ -95,12 +108,15 @@ local function find()
     -- popped here (one command less than a look first); put back below if not taken
     id = redis.call('LPOP', KEYS[2])
     if not id then break end
-    local spec = redis.call('HGET', KEYS[4], id)
+    local spec, stale = live_spec(id)
     if spec then return id, 'action', spec end
+    if stale then
+      end_expired(KEYS[4], KEYS[5], KEYS[11], KEYS[12], KEYS[7], ARGV[6], ARGV[19], id, now)
+    end
   end
   id = redis.call('GET', KEYS[3])
   if id then
-    local spec = redis.call('HGET', KEYS[4], id)
+    local spec = live_spec(id)
     if spec then return id, 'standing', spec end
   end
   return nil
@@ -116,7 +132,8 @@ local id, kind, spec = find()
 if ARGV[15] ~= '' and id ~= ARGV[15] then
   untake(id, kind)
   redis.call('SET', KEYS[8], 'conflict', 'EX', ARGV[5])
-  redis.call('RPUSH', KEYS[9], ARGV[17])
+  local gone = redis.call('ZSCORE', KEYS[12], ARGV[15]) or past_ttl(KEYS[11], ARGV[15], now)
+  redis.call('RPUSH', KEYS[9], gone and ARGV[18] or ARGV[17])
   redis.call('EXPIRE', KEYS[9], ARGV[10])
   return {TAKE.CONFLICT}
 end
@@ -138,7 +155,7 @@ redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
 local st = counters(KEYS[5], id)
 st.attempts = (st.attempts or 0) + 1
 redis.call('HSET', KEYS[5], id, cjson.encode(st))
-local deadline = now_ms() + tonumber(ARGV[4])
+local deadline = now + tonumber(ARGV[4])
 redis.call('HSET', KEYS[6], ARGV[3], cjson.encode({
   id = id, kind = kind, token = ARGV[3], attempt = st.attempts, req = ARGV[1],
   action = ARGV[2], deadline = deadline, state = 'dispatched', reason = ARGV[7],

@@ -157,7 +157,7 @@ def test_token_cli_revocation_and_no_plaintext_in_redis(
 
 def assert_nowhere_in_redis(rc: redis.Redis, token: str) -> None:
     """Every key name and every value of every type: neither the token nor its secret part."""
-    client: Any = rc  # replies of every type, read as bytes
+    client: Any = rc  # replies of every type are read as bytes below
     needles = [token.encode(), token.removeprefix("pat_").encode()]
     seen = 0
     for key in client.scan_iter(count=500):

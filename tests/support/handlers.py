@@ -3,16 +3,18 @@ Redis (``test:runs:<session>``) so tests can count runs across processes."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import signal
+import threading
 from typing import Any
 
 import orjson
 import redis
 
 from pending_actions.broker.connection import cluster_client, is_cluster_url
-from pending_actions.broker.errors import ToolError
+from pending_actions.broker.errors import Stale, ToolError
 from pending_actions.broker.models import PendingAction
 from pending_actions.workers import handler
 from tests.support.runs import Run, runs_key
@@ -130,3 +132,49 @@ def idem(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
         f"test:effects:{{{action.session}}}",
         action.id)
     return f"done {action.id}"
+
+
+@handler("t.error_result")
+def error_result(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+                 idempotency_key: str) -> dict[str, Any]:
+    """Returns an error result (it does not raise): an outcome, so the action is consumed."""
+    record("t.error_result", action, reason, extra, idempotency_key)
+    return {"content": "nothing to do: already applied", "is_error": True}
+
+
+@handler("t.async")
+async def async_ok(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+                   idempotency_key: str) -> dict[str, Any]:
+    """An async def handler: awaits payload["sleep"] seconds on the worker thread's loop."""
+    await asyncio.sleep(float(action.payload.get("sleep", 0)))
+    loop = id(asyncio.get_running_loop())
+    record("t.async", action, reason, extra, idempotency_key)
+    return {"content": f"async {action.id}",
+            "details": {"thread": threading.get_ident(), "loop": loop}}
+
+
+@handler("t.async_toolerror")
+async def async_toolerror(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+                          idempotency_key: str) -> str:
+    await asyncio.sleep(0)
+    record("t.async_toolerror", action, reason, extra, idempotency_key)
+    raise ToolError("async refused")
+
+
+@handler("t.stale")
+def stale(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+          idempotency_key: str) -> str:
+    """Raises Stale unless the payload's "current" equals the action's fingerprint."""
+    record("t.stale", action, reason, extra, idempotency_key)
+    if action.payload.get("current") != action.fingerprint:
+        raise Stale(f"{action.payload.get('path', 'the target')} changed since the preview")
+    return "fresh"
+
+
+@handler("t.seen")
+def seen(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+         idempotency_key: str) -> dict[str, Any]:
+    """Answers with what it saw: payload, edited, fingerprint."""
+    record("t.seen", action, reason, extra, idempotency_key)
+    return {"content": "seen", "details": {"payload": action.payload, "edited": action.edited,
+                                           "fingerprint": action.fingerprint}}

@@ -9,7 +9,7 @@ from collections import Counter
 import redis
 
 from pending_actions.broker.errors import RedisUnavailable
-from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.broker.texts import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
 from tests.support.faults import K
 from tests.support.replies import byte_list, read, tail_id
