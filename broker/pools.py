@@ -65,7 +65,7 @@ class Live:
 
 def queue_live(pipe: Any, keys: Keys) -> None:
     """Queue what ``parse_live`` reads: one round trip, any client or pipeline kind."""
-    pipe.time()
+    pipe.execute_command("TIME")  # not time(): redis-py's cluster pipeline blocks that name
     pipe.zrange(keys.pool_live, 0, -1, withscores=True)
     pipe.hgetall(keys.pools)
 
