@@ -198,6 +198,7 @@ class Core:
 
         def stage(pipe: Any, todo: list[tuple[Spec, dict[str, Any]]],
                   queued: list[Any]) -> None:
+            queued.clear()  # a batch sent again (REPLICA_WAIT through a failover) queues anew
             for spec, fields in todo:
                 ttl = fields["ttl"]
                 # depth 0 needs no look: an id staged already was staged by a retry of this;
