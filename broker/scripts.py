@@ -258,12 +258,12 @@ class Scripts:
         )
 
     # --- handler tasks ---------------------------------------------------------------------
-    def begin(self, session: str, token: str) -> Call[Begun]:
+    def begin(self, session: str, token: str, claimant: str) -> Call[Begun]:
         k = self._k
         index, member = self._leases(session, token)
         return self._call(
             "begin", [k.inflight(session), k.actions(session), k.state(session), index],
-            [token, self._s.lease_ms, member], Begun.decode,
+            [token, self._s.lease_ms, member, claimant], Begun.decode,
         )
 
     def renew(self, session: str, token: str) -> Call[Renewed]:

@@ -52,6 +52,10 @@ MAX_FINGERPRINT_CHARS = 1_000
 BY_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 
 
+def _incrby(pipe: Any, key: str, by: int) -> None:
+    pipe.incrby(key, by)
+
+
 def _foreign(session: str) -> Forbidden:
     return Forbidden(f"session {session!r} belongs to another tenant")
 
@@ -254,7 +258,18 @@ class Core:
                     self._ids[p] = (nxt + n, end)
         sizes = {p: max(n, self.ID_BLOCK) for p, n in need.items() if p not in got}
         if sizes:
-            ends = yield Batch(lambda pipe: [pipe.incrby(k.seq(p), n) for p, n in sizes.items()])
+            # with REPLICA_WAIT a block is used only once a replica has it: a failover must not
+            # roll a counter back under ids already handed out (one partition at a time on a
+            # cluster, where WAIT covers one master)
+            ends: list[Any] = []
+            if self.settings.replica_wait and self.cluster:
+                for p, n in sizes.items():
+                    ends += yield Batch(functools.partial(_incrby, key=k.seq(p), by=n),
+                                        wait_on=k.seq(p))
+            else:
+                ends = yield Batch(
+                    lambda pipe: [pipe.incrby(k.seq(p), n) for p, n in sizes.items()],
+                    wait_on=k.seq(next(iter(sizes))))
             with self._lock:
                 for (p, size), end in zip(sizes.items(), ends, strict=True):
                     first = int(end) - size + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -95,25 +96,16 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
     where, replicas = ctx.keys.inflight(session), ctx.settings.replica_wait
     wait_ms = ctx.settings.replica_wait_timeout_ms
 
+    claimant = uuid.uuid4().hex
+
     def claim() -> Begun:
+        # a claim not yet on a replica (NotReplicated) is sent again by retry(): the same
+        # claimant is told OK again where its claim holds, and a master that took over without
+        # it says whether another delivery claimed the attempt meanwhile (RUNNING)
         def build(pipe: Any) -> Callable[[list[Any]], Begun]:
-            return ctx.scripts.begin(session, token).on(pipe).get
+            return ctx.scripts.begin(session, token, claimant).on(pipe).get
 
-        try:
-            return acked(ctx.client, where, build, replicas, wait_ms)
-        except NotReplicated as exc:
-            if exc.result is None or exc.result.status is not BeginStatus.OK:
-                raise
-            # claimed on that master, not yet on a replica: a renewal is a later write on the
-            # same master, so once one is replicated the claim is too
-            def renewed(pipe: Any) -> Callable[[list[Any]], int]:
-                call = ctx.scripts.renew(session, token).on(pipe)
-                return lambda replies: call.get(replies).deadline
-
-            if not retry(lambda: acked(ctx.client, where, renewed, replicas, wait_ms), budget):
-                return Begun(BeginStatus.STALE)  # the lease ended meanwhile: do not run
-            claimed: Begun = exc.result
-            return claimed
+        return acked(ctx.client, where, build, replicas, wait_ms)
 
     # the feed is on another slot: on a cluster, a pipeline that WAITs on the session's master
     # cannot carry it, so it follows in a round trip of its own there
