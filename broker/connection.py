@@ -17,6 +17,18 @@ BLOCK_CHUNK_S = 5.0
 
 
 def _client(url: str, backoff_cap: float, retries: int, **extra: int) -> redis.Redis:
+    from pending_actions.broker.errors import ConfigError
+
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"bad Redis URL {url.split('@')[-1]!r}: it must start with "
+                          "redis://, rediss:// or unix://")
+    try:
+        return _from_url(url, backoff_cap, retries, **extra)
+    except ValueError as exc:
+        raise ConfigError(f"bad Redis URL {url.split('@')[-1]!r}: {exc}") from None
+
+
+def _from_url(url: str, backoff_cap: float, retries: int, **extra: int) -> redis.Redis:
     return redis.Redis.from_url(
         url,
         socket_connect_timeout=2.0,

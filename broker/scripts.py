@@ -48,8 +48,21 @@ Slot = Literal["directive", "standing"]
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek",
+    "pending", "peek", "beat", "park", "retire",
 )
+# Each script's Redis 7 flags (its shebang line). A flagged script is checked against
+# maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
+# stops the script after the writes it already made (an LPOP kept, its lease never written).
+# Scripts that start or add work (stage, take, set_slot) are refused while Redis is full;
+# those that finish or return work already started, and change little, run regardless, so
+# that what is in flight when memory runs out still ends, and is never run twice.
+FLAGS: dict[str, str] = {
+    "stage": "", "set_slot": "", "take": "",
+    "clear_slot": "allow-oom", "begin": "allow-oom", "renew": "allow-oom",
+    "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
+    "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom",
+    "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom",
+}
 # the enums a script may name, as the Lua tables of the prelude (e.g. EVENT.TAKEN)
 LUA_TABLES: dict[str, type[Enum]] = {
     "EVENT": Event, "TAKE": TakeStatus, "BEGIN": BeginStatus, "RECOVER": RecoverOutcome,
@@ -96,9 +109,11 @@ def prelude(body: str | None = None) -> str:
 
 
 def source(name: str) -> str:
-    """What Redis runs for script ``name``: its prelude, then its file."""
+    """What Redis runs for script ``name``: its shebang with its flags, its prelude, then its
+    file."""
     body = lua_file(name)
-    return prelude(body) + body
+    flags = FLAGS[name]
+    return f"#!lua{' flags=' + flags if flags else ''}\n" + prelude(body) + body
 
 
 @dataclass(frozen=True)
@@ -133,6 +148,11 @@ class Scripts:
         self._k = keys
         self._s = settings
         self._fn = {name: client.register_script(source(name)) for name in NAMES}
+
+    def load_all(self) -> None:
+        """SCRIPT LOAD every script (a worker's start: proves the permission to run them)."""
+        for script in self._fn.values():
+            script.sha = script.registered_client.script_load(script.script)
 
     def _call(self, name: str, keys: list[str], args: list[Any],
               decode: Callable[[Any], R]) -> Call[R]:
@@ -233,6 +253,38 @@ class Scripts:
              attempt],
             Concluded.decode,
         )
+
+    # --- poison, retention, liveness ---------------------------------------------------------
+    def park(self, session: str, what: Literal["spec", "state", "lease"], field: str,
+             raw: bytes, reason: str, *, req: str = "", reply: bytes = b"",
+             token: str = "") -> Call[bool]:
+        """Move an unreadable record aside (see park.lua); ``req``/``reply``: the resolver
+        waiting on it, ``token``: the lease to end with a parked spec."""
+        k = self._k
+        return self._call(
+            "park",
+            [k.actions(session), k.state(session), k.inflight(session), k.stack(session),
+             k.directive(session), k.standing(session), k.dead(session), k.history(session),
+             k.reply(session, req) if req else k.dead(session)],
+            [what, field, raw, raw.decode("utf-8", "backslashreplace"), reason[:500],
+             self._s.history_maxlen, reply, self._s.reply_ttl_s, token],
+            lambda raw_reply: bool(int(raw_reply)),
+        )
+
+    def retire(self, session: str, retention_ms: int) -> Call[int]:
+        k = self._k
+        return self._call(
+            "retire",
+            [k.actions(session), k.dead(session), k.history(session), k.tenant(session),
+             k.stack(session)],
+            [retention_ms], int,
+        )
+
+    def beat(self, proc: str, loop: str, every_ms: int, ttl_ms: int,
+             info: bytes) -> Call[int]:
+        k = self._k
+        return self._call("beat", [k.beat_procs, k.beats(proc)],
+                          [proc, loop, every_ms, ttl_ms, info], int)
 
     def readd(self, session: str, token: str, req: str, error: str, reply: bytes,
               action_id: str, attempt: int) -> Call[Concluded]:

@@ -114,7 +114,7 @@ def up(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...], data
     embedded = None if settings.redis_url else embedded_for(data_dir.resolve(), port)
     try:
         sys.exit(run(settings, _modules(handlers, more_handlers), embedded=embedded))
-    except ConfigError as exc:
+    except PendingActionsError as exc:
         _fail(exc)
 
 
@@ -138,7 +138,10 @@ def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
         raise click.UsageError("worker needs --redis-url or PENDING_ACTIONS_REDIS_URL")
     update = {k: v for k, v in (("worker_processes", processes), ("worker_threads", threads))
               if v is not None}
-    sys.exit(run(settings.model_copy(update=update), _modules(handlers, more_handlers)))
+    try:
+        sys.exit(run(settings.model_copy(update=update), _modules(handlers, more_handlers)))
+    except PendingActionsError as exc:
+        _fail(exc)
 
 
 @cli.command()
@@ -294,11 +297,12 @@ def stats(obj: Obj) -> None:
 
 def _register_extras() -> None:
     from pending_actions.bench.__main__ import bench
+    from pending_actions.health import acl, health
     from pending_actions.ops import top
     from pending_actions.serve.cli import serve, token
     from pending_actions.soak import soak
 
-    for command in (soak, bench, serve, token, top):
+    for command in (soak, bench, serve, token, top, health, acl):
         cli.add_command(command)
 
 
@@ -306,4 +310,13 @@ _register_extras()
 
 
 def main() -> None:
-    cli(prog_name="pending-actions")
+    import redis
+
+    from pending_actions.broker.failures import translate
+
+    try:
+        cli(prog_name="pending-actions")
+    except (redis.RedisError, PendingActionsError) as exc:
+        # the last net: whatever a command let through is one line, never a traceback
+        click.echo(f"error: {translate(exc)}", err=True)
+        sys.exit(1)

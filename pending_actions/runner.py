@@ -4,6 +4,7 @@ them in order: stop taking requests, let running handlers finish, then stop Redi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -18,6 +19,8 @@ from dramatiq.cli import RET_IMPORT, RET_PIDFILE
 from pending_actions.broker import backoff
 from pending_actions.broker.context import Context
 from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.broker.loops import EXIT_LOOP_DIED
+from pending_actions.broker.policy import preflight
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.tasks import task_broker
 from pending_actions.workers.resolver import ResolveWorker
@@ -66,9 +69,25 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
         # throughput.)
         return subprocess.Popen(command, env=env, process_group=0)
 
-    proc = spawn()
     ctx = Context.create(settings, role="worker")
-    resolver = ResolveWorker(ctx, task_broker(ctx)).start()
+    # credentials, permissions, eviction policy: refused at once with one clear line, before
+    # anything starts (never a worker that retries a wrong password for ever)
+    try:
+        preflight(ctx)
+    except BaseException:
+        if embedded is not None:
+            embedded.stop()
+        raise
+    died: list[int] = []
+
+    def on_fatal(loop: str, exc: BaseException) -> None:
+        log.critical("loop %s cannot go on (%s); stopping so that this worker is restarted",
+                     loop, exc)
+        died.append(EXIT_LOOP_DIED)
+        stop.set()
+
+    proc = spawn()
+    resolver = ResolveWorker(ctx, task_broker(ctx), on_fatal=on_fatal).start()
     log.info("resolve worker %s and dramatiq (pid %d) running; Ctrl-C stops", resolver.name,
              proc.pid)
     code, restarts, started = 0, 0, time.monotonic()
@@ -97,9 +116,11 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    with contextlib.suppress(Exception):
+        ctx.client.delete(ctx.keys.beats(resolver.name))  # stopped: not a dead loop
     if embedded is not None:
         embedded.stop()
-    return code
+    return died[0] if died else code
 
 
 def embedded_for(data_dir: Path, port: int) -> EmbeddedRedis:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import orjson
@@ -23,6 +23,7 @@ from pending_actions.broker.errors import (
     UnknownHandler,
 )
 from pending_actions.broker.events import Event
+from pending_actions.broker.failures import redis_errors, translate
 from pending_actions.broker.feed import publish
 from pending_actions.broker.models import (
     DEFAULT_TENANT,
@@ -49,12 +50,9 @@ def _foreign(session: str) -> Forbidden:
     return Forbidden(f"session {session!r} belongs to another tenant")
 
 
-@contextmanager
-def _redis_errors() -> Iterator[None]:
-    try:
-        yield
-    except TRANSIENT as exc:
-        raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+def _redis_errors() -> AbstractContextManager[None]:
+    """Every redis-py error as the package's (RedisUnavailable, RedisFull, Forbidden, ...)."""
+    return redis_errors()
 
 
 class PendingActions:
@@ -215,6 +213,14 @@ class PendingActions:
         who resolves, recorded in the session's history."""
         check_session(session)
         given = ResolveInput.parse(action, reason, extra)
+        if len(given.reason) > self.settings.max_reason_chars:
+            raise InvalidInput("reason", f"{len(given.reason)} characters; the limit is "
+                               f"{self.settings.max_reason_chars}")
+        if given.extra is not None:
+            size = len(orjson.dumps(given.extra))
+            if size > self.settings.max_extra_bytes:
+                raise InvalidInput("extra", f"{size} bytes as JSON; the limit is "
+                                   f"{self.settings.max_extra_bytes}")
         if expect_id is not None and (not isinstance(expect_id, str) or not expect_id
                                       or len(expect_id) > 300):
             raise InvalidInput("expect_id", "must be an action id")
@@ -226,6 +232,7 @@ class PendingActions:
         req = uuid.uuid4().hex
         request = ResolveRequest(req=req, session=session, action=given.action,
                                  reason=given.reason, extra=given.extra,
+                                 timeout_ms=int(wait * 1000),
                                  deadline_ms=int((time.time() + wait) * 1000),
                                  expect_id=expect_id, by=by)
         with _redis_errors():
@@ -250,6 +257,8 @@ class PendingActions:
             except TRANSIENT as exc:
                 if retry.failures >= 3:
                     raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+            except redis.RedisError as exc:
+                raise translate(exc) from exc
                 time.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
         return None
 

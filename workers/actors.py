@@ -15,12 +15,12 @@ from typing import Any
 
 import dramatiq
 import orjson
+import redis
 from dramatiq.middleware import CurrentMessage
 
-from pending_actions.broker.backoff import Backoff
-from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import WorkerEvent
+from pending_actions.broker.loops import PULSE_S, Beats, Loop
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage, task_broker
@@ -31,17 +31,23 @@ ctx = Context.create(Settings(), role="worker")
 
 
 class Registration(dramatiq.Middleware):
-    """Tells producers which handler names exist and says when this worker is ready. Runs in a
-    thread so a worker that boots while Redis is down keeps trying, and re-registers every
-    HEARTBEAT_S in case Redis lost its data."""
+    """Tells producers which handler names exist and says when this worker is ready. A loop of
+    ``broker.loops`` (so a worker that boots while Redis is down keeps trying), re-registering
+    every HEARTBEAT_S in case Redis lost its data; it also starts this process's lease renewer
+    and its pulse, so that every loop beats from the start."""
 
     HEARTBEAT_S = 30.0
 
     def __init__(self) -> None:
         self.stop = threading.Event()
+        self.first = True
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
-        threading.Thread(target=self._run, name="registration", daemon=True).start()
+        Loop("registration", self._publish, self.stop, pause_s=self.HEARTBEAT_S,
+             every_s=3 * self.HEARTBEAT_S, beats=beats).thread().start()
+        Loop("pulse", lambda: beats.beat("pulse", PULSE_S * 3, force=True), self.stop,
+             pause_s=PULSE_S, every_s=PULSE_S * 3).thread().start()
+        renewer.start()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self.stop.set()
@@ -49,39 +55,31 @@ class Registration(dramatiq.Middleware):
             ctx.client.xadd(ctx.keys.workers, {"role": "dramatiq", "event": WorkerEvent.STOPPING,
                                                "pid": os.getpid()}, maxlen=1000,
                             approximate=True)
-        except TRANSIENT:
+            ctx.client.delete(ctx.keys.beats(beats.proc))  # gone: not a dead loop
+        except redis.RedisError:
             log.warning("could not announce shutdown; Redis is unavailable")
 
-    def _publish(self, first: bool) -> None:
+    def _publish(self) -> None:
         names = registry.names()
         info = orjson.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
         pipe = ctx.client.pipeline(transaction=False)
         if names:
             pipe.hset(ctx.keys.handlers, mapping=dict.fromkeys(names, info))
-        if first:
+        if self.first:
             pipe.xadd(ctx.keys.workers, {"role": "dramatiq", "event": WorkerEvent.READY,
                                          "pid": os.getpid(),
                                          "handlers": ",".join(names)}, maxlen=1000,
                       approximate=True)
         pipe.execute()
-
-    def _run(self) -> None:
-        first, retry = True, Backoff()
-        while not self.stop.is_set():
-            try:
-                self._publish(first)
-                first = False
-                retry.reset()
-                self.stop.wait(self.HEARTBEAT_S)
-            except TRANSIENT as exc:
-                retry.wait(self.stop, exc, "cannot register handlers yet")
+        self.first = False
 
 
+beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq")
 broker = task_broker(ctx)
 broker.add_middleware(Registration())
 broker.add_middleware(CurrentMessage())
 dramatiq.set_broker(broker)
-renewer = attempt.Renewer(ctx)
+renewer = attempt.Renewer(ctx, beats)
 
 
 @dramatiq.actor(

@@ -5,23 +5,27 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+from pydantic import ValidationError
+
 from pending_actions.broker import failpoints, texts
-from pending_actions.broker.backoff import retry
-from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.backoff import Backoff, retry
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ToolError
 from pending_actions.broker.events import Event
+from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
-from pending_actions.broker.models import PendingAction, Result, Spec
+from pending_actions.broker.loops import Beats, Loop
+from pending_actions.broker.models import Lease, PendingAction, Result, Spec
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
 from pending_actions.broker.scripts import Call
 from pending_actions.broker.tasks import TaskMessage
 from pending_actions.workers import registry
+from pending_actions.workers.poison import park_poison, park_spec
 
 log = logging.getLogger("pending_actions.attempt")
 
@@ -32,45 +36,60 @@ except ImportError:  # pragma: no cover
 
 
 class Renewer:
-    """Extends the lease of every running attempt of this process, every lease/3."""
+    """Extends the lease of every running attempt of this process, every lease/3: a loop of
+    ``broker.loops`` (it beats, and survives every error, Redis full included)."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, beats: Beats | None = None) -> None:
         self.ctx = ctx
+        self.beats = beats
         self.tokens: dict[str, str] = {}
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
 
+    def start(self) -> None:
+        with self.lock:
+            if self.thread is not None:
+                return
+            lease_s = self.ctx.settings.lease_ms / 1000
+            # a renewal late by a lease loses the lease: back off at most a sixth of one
+            loop = Loop("lease-renewer", self._renew, self.wake, pause_s=lease_s / 3,
+                        every_s=lease_s, beats=self.beats, backoff=Backoff(0.02, lease_s / 6))
+            self.thread = loop.thread()
+            self.thread.start()
+
     def add(self, session: str, token: str) -> None:
         with self.lock:
             self.tokens[token] = session
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
-                self.thread.start()
+        self.start()
 
     def discard(self, token: str) -> None:
         with self.lock:
             self.tokens.pop(token, None)
 
-    def _run(self) -> None:
-        interval = self.ctx.settings.lease_ms / 3000
-        while not self.wake.wait(interval):
-            with self.lock:
-                items = list(self.tokens.items())
-            if not items:
-                continue
-            try:
-                ctx = self.ctx
-                pipe = ctx.client.pipeline(transaction=False)
-                deadline = time.time() * 1000 + ctx.settings.lease_ms
-                for token, session in items:
-                    ctx.scripts.renew(session, token).on(pipe)
-                    # GT: only ever later; XX: a finished lease's entry stays gone
-                    pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(session, token): deadline},
-                              xx=True, gt=True)
-                pipe.execute()
-            except TRANSIENT as exc:
-                log.warning("lease renewal failed (%s); retrying", exc)
+    def _renew(self) -> None:
+        with self.lock:
+            items = list(self.tokens.items())
+        if not items:
+            return
+        ctx = self.ctx
+        pipe = ctx.client.pipeline(transaction=False)
+        deadline = ctx.clock.now_ms() + ctx.settings.lease_ms
+        renewals = []
+        for token, session in items:
+            renewals.append(ctx.scripts.renew(session, token).on(pipe))
+            # GT: only ever later; XX: a finished lease's entry stays gone
+            pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(session, token): deadline},
+                      xx=True, gt=True)
+        replies = pipe.execute(raise_on_error=False)
+        failed = [r for r in replies if isinstance(r, Exception)]
+        for (token, session), queued in zip(items, renewals, strict=True):
+            if poison_of(replies[queued.index]) is not None:
+                # recovery parks it when it comes due; renewing it again cannot help
+                log.error("lease %s of %s does not parse; no longer renewed", token, session)
+                self.discard(token)
+        if failed and any(poison_of(r) is None for r in failed):
+            raise next(r for r in failed if poison_of(r) is None)
 
 
 def idempotency_key(spec: Spec, req: str) -> str:
@@ -95,9 +114,14 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         # running lease; LT never raises it, XX never revives an entry recovery removed
         pipe = ctx.client.pipeline(transaction=False)
         begun = ctx.scripts.begin(session, token).on(pipe)
-        pipe.zadd(ctx.keys.leases, {member: time.time() * 1000 + ctx.settings.lease_ms},
+        pipe.zadd(ctx.keys.leases, {member: ctx.clock.now_ms() + ctx.settings.lease_ms},
                   xx=True, lt=True)
-        return begun.get(pipe.execute())
+        # only begin's reply matters: should the index move be refused (Redis full), the
+        # entry stays at the later dispatch deadline, where recovery finds the lease anyway
+        replies = pipe.execute(raise_on_error=False)
+        if isinstance(replies[begun.index], Exception):
+            raise replies[begun.index]
+        return begun.get(replies)
 
     def conclude(step: Call[Concluded], event: Event | None = None,
                  spec: Spec | None = None, by: str = "") -> bool:
@@ -111,12 +135,24 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                 publish(pipe, ctx.keys, event, spec, by=by)
             if settle is not None:
                 settle(pipe)
-            return done.get(pipe.execute()).recorded
+            # the outcome is what matters; a feed entry or an index removal refused (Redis
+            # full) is logged, not retried: recovery drops an entry whose lease is gone
+            replies = pipe.execute(raise_on_error=False)
+            if isinstance(replies[done.index], Exception):
+                raise replies[done.index]
+            if any(isinstance(r, Exception) for r in replies):
+                log.warning("outcome of %s recorded; its feed entry or index removal was "
+                            "refused: %s", session, next(r for r in replies
+                                                         if isinstance(r, Exception)))
+            return done.get(replies).recorded
 
         return retry(send, budget)
 
     failpoints.hit("before-begin", ctx.client, ctx.keys)
-    begun = retry(claim, budget)
+    try:
+        begun = retry(claim, budget)
+    except (redis.ResponseError, ValidationError) as exc:
+        return _unreadable(ctx, task, exc)
     if begun.status is BeginStatus.STALE:
         # routine: the task of a resolve that found nothing to target ends here too
         log.debug("attempt %s of %s is no longer leased; nothing run", token, session)
@@ -155,6 +191,30 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                     spec.id, view.attempts)
         return "stale"
     return outcome.value
+
+
+def _unreadable(ctx: Context, task: TaskMessage, exc: Exception) -> str:
+    """begin found a record of this attempt that does not parse: park it, tell the resolver,
+    run nothing. Anything else Redis refused goes to the caller (dramatiq's retry)."""
+    reply = text_result(f"Could not resolve: {exc}; it was moved to the session's dead "
+                        "letters", base_details(task.action, task.reason, task.extra),
+                        is_error=True).to_json()
+    if isinstance(exc, ValidationError):  # the spec is JSON, but not a spec we can read
+        lease = ctx.client.hget(ctx.keys.inflight(task.session), task.token)
+        try:
+            action_id = Lease.model_validate_json(lease).id if lease else ""
+        except ValidationError:
+            action_id = ""
+        raw = ctx.client.hget(ctx.keys.actions(task.session), action_id) if action_id else None
+        if isinstance(raw, bytes):
+            park_spec(ctx, task.session, action_id, raw, f"spec does not parse: {exc}"[:500],
+                      req=task.req, reply=reply, token=task.token)
+        return "parked"
+    found = poison_of(exc)
+    if found is None:
+        raise exc
+    park_poison(ctx, task.session, found, task.req, reply, task.token)
+    return "parked"
 
 
 def _call(view: PendingAction, spec: Spec, task: TaskMessage, key: str) -> Result:

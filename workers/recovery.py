@@ -10,16 +10,21 @@ import threading
 import time
 from typing import Any
 
+import redis
+from pydantic import ValidationError
+
 from pending_actions.broker import texts
-from pending_actions.broker.backoff import Backoff
-from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import Event, WorkerEvent
+from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Lease, Spec
+from pending_actions.broker.policy import check_policy
 from pending_actions.broker.replies import Recovered, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
+from pending_actions.workers.poison import park_poison
+from pending_actions.workers.retention import Retirement
 
 log = logging.getLogger("pending_actions.resolver")
 
@@ -34,21 +39,19 @@ class Recovery:
         self.ctx = ctx
         self.name = name
         self.stop = stop
+        every = ctx.settings.sweep_check_s
+        self.next_check = time.monotonic() + random.uniform(0, every)  # spread out
+        self.retire = Retirement(ctx)
 
-    def run(self) -> None:
-        retry = Backoff()
-        interval = self.ctx.settings.recovery_interval_ms / 1000
-        every = self.ctx.settings.sweep_check_s
-        next_check = time.monotonic() + random.uniform(0, every)  # spread out
-        while not self.stop.wait(interval):
-            try:
-                self.recover_due()
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + every
-                    self.sweep_if_restarted()
-                retry.reset()
-            except TRANSIENT as exc:
-                retry.wait(self.stop, exc, "Redis unavailable")
+    def step(self) -> None:
+        """One round of the recovery loop (run by ``broker.loops.Loop``)."""
+        self.recover_due()
+        if time.monotonic() >= self.next_check:
+            self.next_check = time.monotonic() + self.ctx.settings.sweep_check_s
+            info: Any = self.ctx.client.info("everything")
+            check_policy(info)
+            self.sweep_if_restarted(str(info["run_id"]))
+        self.retire.step()
 
     def _now_ms(self) -> int:
         sec, usec = self.ctx.client.time()
@@ -68,12 +71,19 @@ class Recovery:
         recovered = 0
         fix = ctx.client.pipeline(transaction=False)
         for member, (session, token), raw in zip(due, pairs, pipe.execute(), strict=True):
-            lease = Lease.model_validate_json(raw) if raw else None
+            lease = self._lease(session, token, raw)
             if lease is not None and lease.deadline <= now:
-                got = ctx.scripts.recover(
-                    session, token, lease.req, self._recovery_replies(session, lease),
-                    (texts.worker_lost_error(lease.attempt),
-                     texts.never_started_error(lease.attempt))).run()
+                try:
+                    got = ctx.scripts.recover(
+                        session, token, lease.req, self._recovery_replies(session, lease),
+                        (texts.worker_lost_error(lease.attempt),
+                         texts.never_started_error(lease.attempt))).run()
+                except redis.ResponseError as exc:
+                    found = poison_of(exc)
+                    if found is None:
+                        raise
+                    park_poison(ctx, session, found)  # the next round recovers the lease
+                    continue
                 if got.outcome in _FEED:  # a stall, or the last one: on the feed
                     publish(fix, ctx.keys, _FEED[got.outcome], session=session, id=lease.id,
                             attempt=lease.attempt, by=lease.by)
@@ -92,13 +102,13 @@ class Recovery:
         fix.execute()
         return recovered
 
-    def sweep_if_restarted(self) -> int:
+    def sweep_if_restarted(self, run_id: str | None = None) -> int:
         """Index entries are written in the same round trip as their leases, so only a Redis
         that lost the tail of its data (a crash under appendfsync everysec, a failover) can
         hold a lease without one. Both come back under a new run_id: the first resolve worker
         to notice sweeps every session once for that server, under a lock."""
         ctx = self.ctx
-        run_id = str(ctx.client.info("server")["run_id"])
+        run_id = run_id or str(ctx.client.info("server")["run_id"])
         swept: Any = ctx.client.get(ctx.keys.swept)
         if swept is not None and swept.decode() == run_id:
             return 0
@@ -133,16 +143,33 @@ class Recovery:
             add = ctx.client.pipeline(transaction=False)
             for session, leases in zip(sessions, pipe.execute(), strict=True):
                 for token, raw in leases.items():
-                    entry = {ctx.keys.lease_member(session, token.decode()):
-                             Lease.model_validate_json(raw).deadline}
-                    add.zadd(ctx.keys.leases, entry, nx=True)
+                    lease = self._lease(session, token.decode(), raw)
+                    if lease is not None:
+                        entry = {ctx.keys.lease_member(session, token.decode()): lease.deadline}
+                        add.zadd(ctx.keys.leases, entry, nx=True)
             count += sum(add.execute()) if len(add) else 0
             if not cursor:
                 return count
 
+    def _lease(self, session: str, token: str, raw: bytes | None) -> Lease | None:
+        """The lease, or None when there is none; one that does not parse is parked (the
+        action it held goes back where it was)."""
+        if raw is None:
+            return None
+        try:
+            return Lease.model_validate_json(raw)
+        except ValidationError as exc:
+            reason = f"lease does not parse: {exc.errors()[0]['msg']}"
+            self.ctx.scripts.park(session, "lease", token, raw, reason).run()
+            log.warning("session %s: unreadable lease %s parked (%s)", session, token, reason)
+            return None
+
     def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
         raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
-        spec = Spec.model_validate_json(raw) if raw else None
+        try:
+            spec = Spec.model_validate_json(raw) if raw else None
+        except ValidationError:
+            spec = None  # parked by the worker that next begins it
         details = base_details(lease.action, lease.reason, lease.extra_value, spec)
 
         def reply(text: str) -> bytes:

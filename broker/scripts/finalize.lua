@@ -5,13 +5,13 @@
 -- ARGV[1] lease token  ARGV[2] reply JSON  ARGV[3] reply ttl s  ARGV[4] history maxlen
 -- ARGV[5] event (EVENT.APPLIED | EVENT.DISCARDED)  ARGV[6] action id  ARGV[7] attempt
 -- Returns: 1 when recorded, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
+check_types({'hash', 'hash', 'hash', 'stream', 'list'})
+local lease = json_field('lease', KEYS[1], ARGV[1])
+if not lease then
   history(KEYS[4], ARGV[4], EVENT.LATE_REFUSED, 'id', ARGV[6], 'attempt', ARGV[7],
     'outcome', ARGV[5])
   return 0
 end
-local lease = cjson.decode(raw)
 redis.call('HDEL', KEYS[1], ARGV[1])
 if lease.kind ~= 'standing' then
   redis.call('HDEL', KEYS[2], lease.id)

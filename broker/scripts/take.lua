@@ -13,12 +13,14 @@
 -- ARGV[11] expect_id ("" for none): take only if this id is the target, else change nothing
 -- ARGV[12] by: who resolves ("" for unsaid), kept in the lease and the history
 -- ARGV[13] reply JSON for "expect_id is not the target"
+-- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token} | {TAKE.NONE} (replied here)
 --          | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
 -- its earlier answer back while that is still actionable (the same lease if no worker has
 -- started it, so it can be dispatched again; NONE again), else DUP.
 redis.replicate_commands()
+check_types({'string', 'list', 'string', 'hash', 'hash', 'hash', 'stream', 'string', 'list'})
 -- a slot or stack entry may outlive its spec: such an id is skipped
 local function held(id)
   return id and redis.call('HEXISTS', KEYS[4], id) == 1
@@ -30,57 +32,47 @@ if prev == 'none' then
 elseif prev == 'conflict' then
   return {TAKE.CONFLICT}
 elseif prev then
-  local raw = redis.call('HGET', KEYS[6], prev)
-  if raw then
-    local lease = cjson.decode(raw)
-    if lease.state == 'dispatched' and held(lease.id) then
-      return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt), tostring(lease.deadline),
-              prev}
-    end
+  local lease = json_field('lease', KEYS[6], prev)
+  if lease and lease.state == 'dispatched' and held(lease.id) then
+    return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt), tostring(lease.deadline),
+            prev}
   end
   return {TAKE.DUP}
 end
 
-local function pick()
-  local id = redis.call('GET', KEYS[1])
-  if id then
-    redis.call('DEL', KEYS[1])
-    if held(id) then return id, 'directive' end
-  end
-  while true do
-    id = redis.call('LPOP', KEYS[2])
-    if not id then break end
-    if held(id) then return id, 'action' end
-  end
-  id = redis.call('GET', KEYS[3])
-  if held(id) then return id, 'standing' end
-  return nil
-end
-
--- the target pick() would take, without taking it
+-- the target, read before anything changes: its id, its kind, whether a stale directive is
+-- in the slot, and how many stale stack entries lie above it
 local function target()
   local id = redis.call('GET', KEYS[1])
-  if held(id) then return id end
+  local stale_directive = id ~= false
+  if held(id) then return id, 'directive', false, 0 end
   local i = 0
   while true do
     id = redis.call('LINDEX', KEYS[2], i)
     if not id then break end
-    if held(id) then return id end
+    if held(id) then return id, 'action', stale_directive, i end
     i = i + 1
   end
   id = redis.call('GET', KEYS[3])
-  if held(id) then return id end
-  return nil
+  if held(id) then return id, 'standing', stale_directive, i end
+  return nil, nil, stale_directive, i
 end
 
-if ARGV[11] ~= '' and target() ~= ARGV[11] then
+local id, kind, stale_directive, skipped = target()
+if ARGV[11] ~= '' and id ~= ARGV[11] then
   redis.call('SET', KEYS[8], 'conflict', 'EX', ARGV[5])
   redis.call('RPUSH', KEYS[9], ARGV[13])
   redis.call('EXPIRE', KEYS[9], ARGV[10])
   return {TAKE.CONFLICT}
 end
-
-local id, kind = pick()
+local st = id and counters(KEYS[5], id)  -- POISON here changes nothing
+if stale_directive or kind == 'directive' then
+  redis.call('DEL', KEYS[1])
+end
+local popped = skipped + (kind == 'action' and 1 or 0)
+if popped > 0 then
+  redis.call('LPOP', KEYS[2], popped)
+end
 if not id then
   redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
   redis.call('RPUSH', KEYS[9], ARGV[9])
@@ -88,7 +80,6 @@ if not id then
   return {TAKE.NONE}
 end
 redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
-local st = counters(KEYS[5], id)
 st.attempts = (st.attempts or 0) + 1
 redis.call('HSET', KEYS[5], id, cjson.encode(st))
 local deadline = now_ms() + tonumber(ARGV[4])
