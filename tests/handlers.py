@@ -16,7 +16,10 @@ from pending_actions.workers import handler
 from tests.procs import runs_key
 
 # no socket timeout: t.gate blocks for up to a minute on purpose
-_client = redis.Redis.from_url(os.environ["PENDING_ACTIONS_REDIS_URL"], socket_timeout=None)
+# (TEST_RECORD_URL: where a worker running as a least-privilege user records its runs)
+_client = redis.Redis.from_url(
+    os.environ.get("TEST_RECORD_URL") or os.environ["PENDING_ACTIONS_REDIS_URL"],
+    socket_timeout=None)
 
 
 def record(name: str, action: PendingAction, reason: str, extra: dict[str, Any] | None,
