@@ -34,7 +34,7 @@ from pending_actions.broker.failures import translate
 log = logging.getLogger("pending_actions.loops")
 
 EXIT_LOOP_DIED = 3  # a loop met an error it cannot handle; restart the process
-PULSE_S = 2.0
+PULSE_S = 1.0  # a process whose pulse is 3 s late is gone; health skips it
 PROC_TTL_MS = 10_000  # a process that stopped pulsing this long ago is gone
 
 Fatal = Callable[[str, BaseException], None]

@@ -179,7 +179,7 @@ class StreamConsumer(Consumer):
         pipe = self.client.pipeline(transaction=True)
         if park is not None:
             fields: dict[Any, Any] = {**park, b"entry": entry}
-            pipe.xadd(self.dead, fields)
+            pipe.xadd(self.dead, fields, maxlen=10_000, approximate=True)  # capped
         pipe.xack(self.stream, Keys.TASK_GROUP, entry)
         pipe.xdel(self.stream, entry)
         pipe.execute()

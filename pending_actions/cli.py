@@ -54,8 +54,11 @@ SESSION = click.option(
 
 
 def _fail(exc: Exception) -> NoReturn:
-    if isinstance(exc, InvalidInput | ConfigError):
+    if isinstance(exc, InvalidInput):
         raise click.UsageError(str(exc))
+    if isinstance(exc, ConfigError):  # a bad URL or setting: one line, exit 2
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     click.echo(f"error: {exc}", err=True)
     sys.exit(1)
 

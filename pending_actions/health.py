@@ -17,13 +17,16 @@ SCRIPTS = ("eval", "evalsha", "script|load", "script|exists", "get", "set", "del
            "exists", "expire", "pexpire", "persist", "pttl", "time", "hget", "hset", "hsetnx",
            "hdel", "hexists", "hkeys", "hvals", "hlen", "lpop", "lpush", "rpush", "lindex",
            "lrange", "llen", "lrem", "xadd", "zadd", "zremrangebyscore")
-CONNECTION = ("ping", "hello", "client|setinfo", "client|setname", "select", "multi", "exec",
+CONNECTION = ("ping", "hello", "client|setname", "select", "multi", "exec",
               "discard")
+# producers, and the operator's views (ls --all, dead --all, stats, top, health)
 PRODUCER = ("incr", "incrby", "hmget", "sadd", "blpop", "xrevrange", "xrange", "scard",
-            "sscan", "smembers", "xlen", "zcard", "zrangebyscore", "hgetall", "lrange")
+            "sscan", "smembers", "xlen", "zcard", "zcount", "zrange", "zrangebyscore",
+            "hgetall", "hvals", "hlen", "hkeys", "llen", "lrange", "xinfo|consumers",
+            "xinfo|groups", "xinfo|stream")
 WORKER = (*PRODUCER, "xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "zrem",
-          "srem", "scan", "info", "unlink")
-SERVE = (*PRODUCER, "xread", "xinfo|groups", "unlink", "scan")
+          "srem", "scan", "info", "unlink", "xread")
+SERVE = (*PRODUCER, "xread", "unlink", "scan")  # tokens: the scripts' hset/hdel/hsetnx
 ROLES: dict[str, tuple[str, ...]] = {"producer": PRODUCER, "worker": WORKER, "serve": SERVE}
 
 
@@ -64,12 +67,14 @@ def beats(pa: Any) -> tuple[int, list[dict[str, Any]]]:
         if not fields:
             continue  # its pulse stopped: the process is gone
         about = orjson.loads(fields.pop(b"", b"{}"))
-        for loop, raw in sorted(fields.items()):
-            beat = orjson.loads(raw)
-            age = now - int(beat["at"])
-            rows.append({"process": proc, "role": about.get("role"), "loop": loop.decode(),
-                         "age_ms": age, "every_ms": int(beat["every"]),
-                         "ok": age <= int(beat["every"])})
+        ages = {loop.decode(): (now - int(b["at"]), int(b["every"]))
+                for loop, b in ((k, orjson.loads(v)) for k, v in fields.items())}
+        pulse = ages.get("pulse")
+        if pulse is None or pulse[0] > pulse[1]:
+            continue  # its pulse stopped: the process is gone (or going), not a dead loop
+        for loop, (age, every) in sorted(ages.items()):
+            rows.append({"process": proc, "role": about.get("role"), "loop": loop,
+                         "age_ms": age, "every_ms": every, "ok": age <= every})
     return now, rows
 
 

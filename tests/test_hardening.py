@@ -84,7 +84,7 @@ class Load:
                 self.staged[session].append(
                     self.pa.stage(session=session, tool="t", label="L", apply="t.idem"))
                 self.pa.resolve(session=session, action="apply", reason="r", timeout=5)
-            except Exception as exc:  # noqa: BLE001 - faults are the point; counted
+            except Exception as exc:
                 self.errors.append(repr(exc))
                 self.stop.wait(0.05)
 
