@@ -313,7 +313,7 @@ class PendingActions:
             pipe = c.pipeline(transaction=False)
             pipe.scard(k.sessions)
             pipe.xlen(k.requests)
-            pipe.zcard(k.leases)
+            pipe.zcount(k.leases, "-inf", "(+inf")  # not the sweep's +inf sentinel
             pipe.hkeys(k.handlers)
             pipe.get(k.seq)
             pipe.xlen(k.requests_dead)

@@ -125,6 +125,27 @@ def test_global_keys_deleted_under_load(tmp_path: Path) -> None:
         wait_healthy(server.url)
 
 
+def test_lease_index_and_sessions_deleted_then_worker_killed(tmp_path: Path) -> None:
+    """The lease index and the sessions set deleted while a handler runs, then its process
+    killed: the index's sweep sentinel is gone with it, so a resolve worker sweeps (finding
+    sessions by their in-flight hashes) and the lease is recovered as usual."""
+    import os
+
+    with cluster(tmp_path, sweep_check_s="0.5") as (server, _w, pa):
+        rc = redis.Redis.from_url(server.url)
+        with gated(pa, rc, "lost"):
+            pid = int(orjson.loads(rc.lrange("test:runs:lost", -1, -1)[0])["pid"])
+            rc.delete(K.leases, K.sessions)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while rc.hlen(K.inflight("lost")):
+                assert time.monotonic() < deadline, "the lease was never recovered"
+                time.sleep(0.2)
+        assert [a.label for a in pa.pending("lost")] == ["gated"]
+        others_resolve(pa, rc)
+        wait_healthy(server.url)
+
+
 def test_client_kill_storm_and_script_flush(tmp_path: Path) -> None:
     with cluster(tmp_path) as (server, _w, pa):
         rc = redis.Redis.from_url(server.url)

@@ -29,6 +29,7 @@ from pending_actions.workers.retention import Retirement
 log = logging.getLogger("pending_actions.resolver")
 
 SWEEP_LOCK_S = 600
+SWEPT_SENTINEL = "~swept:"  # + run_id: the index's own mark of the sweep it had
 
 
 _FEED = {RecoverOutcome.RETURNED: Event.RECOVERED,
@@ -103,20 +104,25 @@ class Recovery:
         return recovered
 
     def sweep_if_restarted(self, run_id: str | None = None) -> int:
-        """Index entries are written in the same round trip as their leases, so only a Redis
-        that lost the tail of its data (a crash under appendfsync everysec, a failover) can
-        hold a lease without one. Both come back under a new run_id: the first resolve worker
-        to notice sweeps every session once for that server, under a lock."""
+        """Index entries are written before their leases, so only a Redis that lost data (a
+        crash under appendfsync everysec, a failover, the index deleted by hand) can hold a
+        lease without one. The index carries a sentinel member naming the server run it was
+        swept for (score +inf: never due), so a new run_id and a lost index both show: the
+        first resolve worker to notice sweeps every session once, under a lock."""
         ctx = self.ctx
         run_id = run_id or str(ctx.client.info("server")["run_id"])
-        swept: Any = ctx.client.get(ctx.keys.swept)
-        if swept is not None and swept.decode() == run_id:
+        sentinel = SWEPT_SENTINEL + run_id
+        if ctx.client.zscore(ctx.keys.leases, sentinel) is not None:
             return 0
         if not ctx.client.set(ctx.keys.sweep_lock, self.name, nx=True, ex=SWEEP_LOCK_S):
             return 0
         try:
             count = self.sweep()
+            stale: Any = ctx.client.zrangebyscore(ctx.keys.leases, "+inf", "+inf")
             pipe = ctx.client.pipeline(transaction=False)
+            if stale:
+                pipe.zrem(ctx.keys.leases, *stale)
+            pipe.zadd(ctx.keys.leases, {sentinel: "+inf"})
             pipe.set(ctx.keys.swept, run_id)
             pipe.xadd(ctx.keys.workers, {"role": "resolver", "event": WorkerEvent.SWEPT,
                                          "run_id": run_id, "indexed": count, "name": self.name,
@@ -130,26 +136,39 @@ class Recovery:
         return count
 
     def sweep(self) -> int:
-        """Give every lease of every session an index entry if it has none (500 sessions per
-        round trip); recover_due then treats them as usual."""
-        ctx, count, cursor = self.ctx, 0, 0
-        while True:
-            scanned: Any = ctx.client.sscan(ctx.keys.sessions, cursor, count=500)
-            cursor, members = scanned
-            sessions = [m.decode() for m in members]
-            pipe = ctx.client.pipeline(transaction=False)
-            for session in sessions:
-                pipe.hgetall(ctx.keys.inflight(session))
-            add = ctx.client.pipeline(transaction=False)
-            for session, leases in zip(sessions, pipe.execute(), strict=True):
-                for token, raw in leases.items():
-                    lease = self._lease(session, token.decode(), raw)
-                    if lease is not None:
-                        entry = {ctx.keys.lease_member(session, token.decode()): lease.deadline}
-                        add.zadd(ctx.keys.leases, entry, nx=True)
-            count += sum(add.execute()) if len(add) else 0
-            if not cursor:
-                return count
+        """Give every lease of every session an index entry if it has none; recover_due then
+        treats them as usual. Sessions are found by their in-flight hashes (SCAN, 500 keys a
+        round trip), not the sessions set, which may have been lost too."""
+        ctx, count = self.ctx, 0
+        pattern = ctx.keys.inflight("*")
+        head, tail = pattern.split("*")
+        found: Any = ctx.client.scan_iter(match=pattern, count=500, _type="hash")
+        batch: list[str] = []
+        for key in [*found, None]:
+            if key is not None:
+                text = key.decode() if isinstance(key, bytes) else key
+                batch.append(text[len(head):len(text) - len(tail)])
+                if len(batch) < 500:
+                    continue
+            count += self._index(batch)
+            batch = []
+        return count
+
+    def _index(self, sessions: list[str]) -> int:
+        ctx = self.ctx
+        if not sessions:
+            return 0
+        pipe = ctx.client.pipeline(transaction=False)
+        for session in sessions:
+            pipe.hgetall(ctx.keys.inflight(session))
+        add = ctx.client.pipeline(transaction=False)
+        for session, leases in zip(sessions, pipe.execute(), strict=True):
+            for token, raw in leases.items():
+                lease = self._lease(session, token.decode(), raw)
+                if lease is not None:
+                    entry = {ctx.keys.lease_member(session, token.decode()): lease.deadline}
+                    add.zadd(ctx.keys.leases, entry, nx=True)
+        return sum(add.execute()) if len(add) else 0
 
     def _lease(self, session: str, token: str, raw: bytes | None) -> Lease | None:
         """The lease, or None when there is none; one that does not parse is parked (the
