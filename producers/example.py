@@ -1,10 +1,13 @@
 """An example producer: a few agent sessions that stage edits and resolve them, forever.
-Run with ``python -m producers.example`` (docker-compose runs it beside a worker)."""
+Run with ``python -m pending_actions.producers.example`` (docker-compose runs it beside a
+worker)."""
 
 from __future__ import annotations
 
 import os
 import random
+import signal
+import sys
 import time
 
 from pending_actions.broker.errors import RedisUnavailable, UnknownHandler
@@ -13,6 +16,8 @@ from pending_actions.producers.tool import render
 
 
 def main() -> None:
+    # as PID 1 of a container a signal without a handler is ignored: stop on `docker stop`
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     pa = PendingActions()
     sessions = [f"example-{i}" for i in range(int(os.environ.get("EXAMPLE_SESSIONS", "2")))]
     while True:

@@ -1,0 +1,271 @@
+"""The repo's docker-compose.yml, unchanged, on a real Docker daemon: build, health, a stage and
+resolve from the host, three workers, one worker and then the whole stack stopped under load,
+and a tally from the history streams: nothing lost, nothing applied twice.
+
+Docker runs here as a private dockerd on the host's network (tests/compose_support.py), with
+base images built from Debian's packages when no registry is reachable. Skipped only where
+Docker cannot run (not root, or no docker/dockerd/debootstrap); under CI that is a failure."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from pending_actions.broker.errors import PendingActionsError
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.producers import PendingActions
+from tests.compose_support import Compose, Dockerd, free_port, unavailable
+
+pytestmark = pytest.mark.slow
+
+K = Keys()
+TRANSIENT = (PendingActionsError, redis.ConnectionError, redis.TimeoutError,
+             redis.BusyLoadingError)
+# the compose workers keep 1000 history entries a session, and an action writes up to 6
+MAX_ACTIONS = 120
+# each session stages at most 4 actions a second, so the load lasts through every stop (at full
+# speed the sessions would stage their MAX_ACTIONS before the first stop ended)
+PACE_S = 0.25
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Dockerd]:
+    reason = unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the compose test: {reason}")
+        pytest.skip(reason)
+    d = Dockerd()
+    started = time.monotonic()
+    d.start()
+    try:
+        d.standins()
+        print(f"\ndockerd and base images ready in {time.monotonic() - started:.1f}s")
+        yield d
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def stack(daemon: Dockerd) -> Iterator[Compose]:
+    compose = Compose(daemon, "pa-compose-test", free_port())
+    compose.run("down", "-v", "--remove-orphans")  # what a run that died left behind
+    ok = False
+    try:
+        started = time.monotonic()
+        compose.run("build", timeout=1200)
+        print(f"image built in {time.monotonic() - started:.1f}s")
+        yield compose
+        ok = True
+    finally:
+        if not ok:
+            print(compose.logs())
+        compose.run("down", "-v", "--remove-orphans")
+        compose.docker("image", "prune", "-f")  # images of earlier sources, left untagged
+        print(f"docker data root: {daemon.disk_usage() / 2**20:.0f} MiB")
+
+
+class Load:
+    """Agent sessions staging and resolving from the host until stopped, riding out a Redis
+    that goes away: every stage() that returned an id is remembered."""
+
+    def __init__(self, pa: PendingActions, sessions: list[str]) -> None:
+        self.pa, self.sessions = pa, sessions
+        self.stop = threading.Event()
+        self.done = 0  # resolves that applied or discarded
+        self.changed = threading.Condition()
+        self.acknowledged: set[str] = set()
+        self.errors: list[BaseException] = []
+        self.failures = Counter[str]()  # what the resolves that did not end an action said
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._guarded, args=(s,)) for s in sessions]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+    def _guarded(self, session: str) -> None:
+        try:
+            self._run(session)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def _run(self, session: str) -> None:
+        rng, staged = random.Random(session), 0
+        while not self.stop.is_set() and staged < MAX_ACTIONS:
+            try:
+                action_id = self.pa.stage(
+                    session=session, tool="edit", label=f"edit {staged}", payload={"n": staged},
+                    apply=rng.choice(["examples.echo", "examples.fail_once"]),
+                    reject="examples.reject")
+                staged += 1
+                with self.lock:
+                    self.acknowledged.add(action_id)
+                res = self.pa.resolve(session=session, action=rng.choice(["apply", "discard"]),
+                                      reason="load", timeout=10)
+                if not res.is_error:
+                    with self.changed:
+                        self.done += 1
+                        self.changed.notify_all()
+                else:
+                    with self.lock:
+                        self.failures[res.text.split(": ", 1)[-1][:60]] += 1  # no label
+            except TRANSIENT as exc:
+                with self.lock:
+                    self.failures[type(exc).__name__] += 1
+            self.stop.wait(PACE_S)
+
+    def wait(self, n: int, timeout: float = 120) -> None:
+        """Wait for n more resolves from now, with every session still producing."""
+        with self.changed:
+            goal = self.done + n
+            assert self.changed.wait_for(lambda: self.done >= goal, timeout), self.failures
+        assert not self.errors, self.errors
+        assert all(t.is_alive() for t in self.threads), "a session ran out of actions"
+
+
+def drain(pa: PendingActions, rc: Any, session: str, timeout: float = 120) -> None:
+    """Resolve until nothing is stacked or in flight (fail_once needs a second apply)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        res = pa.resolve(session=session, action="apply", reason="drain", timeout=15)
+        if not res.is_error or res.text != NOTHING_TO_APPLY:
+            continue
+        if not rc.hlen(K.inflight(session)) and not rc.llen(K.stack(session)):
+            return
+        tail = rc.xrevrange(K.history(session), count=1)  # in flight: await its next event
+        rc.xread({K.history(session): tail[0][0] if tail else b"0-0"}, block=2000)
+    raise AssertionError(f"{session} not drained")
+
+
+def tally(rc: Any, sessions: list[str], acknowledged: set[str]) -> dict[str, int]:
+    staged: set[str] = set()
+    outcomes: dict[str, list[str]] = {}
+    pending: set[str] = set()
+    for s in sessions:
+        for _id, f in rc.xrange(K.history(s)):
+            event, action_id = f[b"event"].decode(), f[b"id"].decode()
+            if event == "staged":
+                staged.add(action_id)
+            elif event in ("applied", "discarded"):
+                outcomes.setdefault(action_id, []).append(event)
+        pending.update(x.decode() for x in rc.lrange(K.stack(s), 0, -1))
+        pending.update(orjson.loads(v)["id"] for v in rc.hvals(K.inflight(s)))
+    ended = set(outcomes) | pending
+    return {"staged": len(staged), "acknowledged": len(acknowledged),
+            "applied": sum(1 for o in outcomes.values() if o[0] == "applied"),
+            "discarded": sum(1 for o in outcomes.values() if o[0] == "discarded"),
+            "pending": len(pending), "dead": sum(rc.llen(K.dead(s)) for s in sessions),
+            "lost": len((staged | acknowledged) - ended),
+            "acknowledged_not_staged": len(acknowledged - staged),
+            "ended_twice": sum(1 for o in outcomes.values() if len(o) > 1)}
+
+
+def test_compose_stack_scales_and_survives_stops(stack: Compose) -> None:
+    # up: the producer starts only once the worker is healthy, which waits for Redis
+    stack.run("up", "-d")
+    (redis_c,), (worker_c,), (producer_c,) = (stack.containers(s)
+                                               for s in ("redis", "worker", "producer"))
+    assert stack.health(redis_c) == "healthy"
+    assert stack.health(worker_c) == "healthy"
+    assert stack.state(producer_c, "Running") == "true"
+
+    url = f"redis://127.0.0.1:{stack.env['PA_REDIS_PORT']}/0"
+    rc: Any = redis.Redis.from_url(url)
+    pa = PendingActions.from_url(url, resolve_timeout_s=30)
+    assert rc.config_get("appendfsync") == {"appendfsync": "always"}
+    assert rc.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+
+    # stage and resolve from the host against the stack's Redis and worker
+    action_id = pa.stage(session="compose-hello", tool="edit", label="hello",
+                         apply="examples.echo", payload={"path": "a.py"})
+    res = pa.resolve(session="compose-hello", action="apply", reason="from the host")
+    assert not res.is_error and res.text == "Applied hello: from the host", res
+    assert pa.pending("compose-hello") == []
+    events = [e["event"] for e in pa.history("compose-hello") if e["id"] == action_id]
+    assert events.count("staged") == events.count("applied") == 1, events
+
+    # three workers: each new one is healthy and its resolve worker has joined
+    mark = (rc.xrevrange(K.workers, count=1) or [(b"0-0", {})])[0][0]
+    stack.run("up", "-d", "--scale", "worker=3", "--no-recreate")
+    workers = stack.running("worker")
+    assert len(workers) == 3 and worker_c in workers
+    stack.wait_healthy(workers)
+    joined = {f[b"name"] for _id, f in rc.xrange(K.workers, min=f"({mark.decode()}")
+              if f.get(b"role") == b"resolver" and f.get(b"event") == b"ready"}
+    assert len(joined) == 2, joined
+
+    sessions = [f"compose-{i}" for i in range(8)]
+    with Load(pa, sessions) as load:
+        load.wait(40)
+        # one worker stopped under load: it lets its running handlers finish and exits 0
+        victim = next(w for w in workers if w != worker_c)
+        started = time.monotonic()
+        stack.docker("stop", "-t", "40", victim, timeout=60)
+        print(f"one worker stopped in {time.monotonic() - started:.1f}s, {load.done} resolves")
+        assert stack.state(victim, "ExitCode") == "0"
+        load.wait(40)
+
+        # the whole stack stopped under load; a container killed after the grace period
+        # (the producer as PID 1 ignoring SIGTERM, say) would exit 137
+        started = time.monotonic()
+        stack.run("stop")
+        stopped_in = time.monotonic() - started
+        codes = {c[:12]: stack.state(c, "ExitCode") for s in ("producer", "worker", "redis")
+                 for c in stack.containers(s)}
+        assert set(codes.values()) == {"0"}, codes
+        assert stack.state(producer_c, "ExitCode") == "0"
+        print(f"whole stack stopped in {stopped_in:.1f}s")
+
+        # back to count: Redis from its AOF, three workers, the producer
+        stack.run("up", "-d", "--scale", "worker=3")
+        workers = stack.running("worker")
+        assert len(workers) == 3
+        stack.wait_healthy([*stack.running("redis"), *workers])
+        assert stack.running("producer")
+        load.wait(40)
+    assert not load.errors, load.errors
+
+    # the example producer's sessions are counted too, once it has stopped
+    stack.run("stop", "producer")
+    example = [k.decode().split("{")[1].split("}")[0]
+               for k in rc.scan_iter(K.history("example-*"))]
+    assert example, "the example producer staged nothing"
+    for s in [*sessions, *example]:
+        drain(pa, rc, s)
+    counts = tally(rc, [*sessions, *example], load.acknowledged)
+    print(counts, "\nresolves that ended nothing:", dict(load.failures))
+    assert counts["acknowledged"] >= 60
+    assert counts["lost"] == 0 and counts["ended_twice"] == 0, counts
+    assert counts["acknowledged_not_staged"] == 0, counts
+    assert counts["pending"] == 0 and counts["dead"] == 0, counts
+    assert counts["applied"] + counts["discarded"] == counts["staged"], counts
+    pa.close()
+    rc.close()
+
+
+def test_tally_sees_loss_and_duplicates(rc: redis.Redis, session: str) -> None:
+    """The tally is only worth its zeros if it can count something: a staged id with no
+    outcome is lost, one with two outcomes ended twice (histories written by hand)."""
+    for event, action_id in [("staged", "a"), ("staged", "b"), ("applied", "a"),
+                             ("discarded", "a")]:
+        rc.xadd(K.history(session), {"event": event, "id": action_id})
+    counts = tally(rc, [session], {"a", "b", "c"})
+    assert counts["lost"] == 2 and counts["ended_twice"] == 1, counts
+    assert counts["acknowledged_not_staged"] == 1, counts
