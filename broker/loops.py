@@ -52,14 +52,14 @@ def is_fatal(exc: BaseException) -> bool:
     """Errors that waiting cannot fix: credentials, permissions, configuration."""
     if isinstance(exc, Forbidden | ConfigError):
         return True
-    if isinstance(exc, redis.RedisError) and not isinstance(exc, TRANSIENT):
-        return isinstance(translate(exc), Forbidden | ConfigError)
-    return False
+    # (redis-py's AuthenticationError is a ConnectionError: translated first, not retried)
+    return isinstance(exc, redis.RedisError) and isinstance(translate(exc),
+                                                             Forbidden | ConfigError)
 
 
 def is_outage(exc: BaseException) -> bool:
     """Redis away or full: wait as long as it takes, never give up on these."""
-    if isinstance(exc, TRANSIENT | RedisFull):
+    if isinstance(exc, (*TRANSIENT, RedisFull)):
         return True
     return isinstance(exc, redis.RedisError) and isinstance(translate(exc), RedisFull)
 
@@ -117,47 +117,62 @@ class Loop:
         return threading.Thread(target=self.run, name=self.name, daemon=True)
 
     def run(self) -> None:
-        failing_since: float | None = None  # first of the non-outage errors in a row
-        said: tuple[type, str] | None = None
-        repeats, said_at = 0, 0.0
         if self.beats is not None:
             self.beats.beat(self.name, self.every_s, force=True)
         while not self.stop.is_set():
             try:
                 self.step()
             except BaseException as exc:  # the point of this class
-                if not isinstance(exc, Exception) or is_fatal(exc):
-                    self.on_fatal(self.name, exc)
+                try:
+                    go_on = self._failed(exc)
+                except BaseException as worse:  # never a dead loop in a live process
+                    go_on = False
+                    self.on_fatal(self.name, worse)
+                if not go_on:
                     return
-                self.errors += 1
-                now = time.monotonic()
-                if not is_outage(exc):
-                    failing_since = failing_since or now
-                    if now - failing_since > self.give_up_s:
-                        self.on_fatal(self.name, exc)
-                        return
-                what = (type(exc), str(exc)[:200])
-                if what != said:
-                    said, repeats, said_at = what, 0, now
-                    if is_outage(exc):
-                        log.warning("%s: %s; retrying", self.name, translate(exc))
-                    else:
-                        log.error("%s: %s: %s; retrying", self.name, type(exc).__name__, exc,
-                                  exc_info=exc)
-                else:
-                    repeats += 1
-                    if now - said_at > 60:
-                        log.warning("%s: the same error %d more times", self.name, repeats)
-                        repeats, said_at = 0, now
                 self.stop.wait(self.backoff.next())
                 continue
             self.rounds += 1
             self.backoff.reset()
-            failing_since, said = None, None
+            self._failing_since, self._said = None, None
             if self.beats is not None:
                 self.beats.beat(self.name, self.every_s)
             if self.pause_s:
                 self.stop.wait(self.pause_s)
+
+    _failing_since: float | None = None  # first of the non-outage errors in a row
+    _said: tuple[type, str] | None = None
+    _repeats = 0
+    _said_at = 0.0
+
+    def _failed(self, exc: BaseException) -> bool:
+        """Log ``exc`` (once, then a count a minute) and say whether to go on; on what
+        cannot be handled, call ``on_fatal``."""
+        if not isinstance(exc, Exception) or is_fatal(exc):
+            self.on_fatal(self.name, exc)
+            return False
+        self.errors += 1
+        now = time.monotonic()
+        outage = is_outage(exc)
+        if not outage:
+            self._failing_since = self._failing_since or now
+            if now - self._failing_since > self.give_up_s:
+                self.on_fatal(self.name, exc)
+                return False
+        what = (type(exc), str(exc)[:200])
+        if what != self._said:
+            self._said, self._repeats, self._said_at = what, 0, now
+            if outage:
+                log.warning("%s: %s; retrying", self.name, translate(exc))
+            else:
+                log.error("%s: %s: %s; retrying", self.name, type(exc).__name__, exc,
+                          exc_info=exc)
+        else:
+            self._repeats += 1
+            if now - self._said_at > 60:
+                log.warning("%s: the same error %d more times", self.name, self._repeats)
+                self._repeats, self._said_at = 0, now
+        return True
 
 
 def start_pulse(beats: Beats, stop: threading.Event) -> Loop:

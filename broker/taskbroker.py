@@ -10,6 +10,7 @@ consumer). Correctness never rests on that: every handler run is fenced by its l
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -29,6 +30,8 @@ from dramatiq.message import Message
 
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.keys import Keys
+
+log = logging.getLogger("pending_actions.taskbroker")
 
 FIELD = b"m"
 ACKED = "acked_with_outcome"  # message option: the actor already acked it (see ack_with)
@@ -190,6 +193,9 @@ class StreamConsumer(Consumer):
                 self._remove(self._entry_id(message))
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
+        except redis.RedisError as exc:  # Redis full: the entry is claimed again later, and
+            # its second delivery is fenced off by the lease token (begin.lua: stale)
+            log.warning("ack of %s refused (%s); it will be redelivered", message, exc)
         finally:
             self._done()
 
@@ -198,6 +204,8 @@ class StreamConsumer(Consumer):
             self._remove(self._entry_id(message), {FIELD: message.encode()})
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
+        except redis.RedisError as exc:
+            log.warning("nack of %s refused (%s); it will be redelivered", message, exc)
         finally:
             self._done()
 
