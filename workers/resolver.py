@@ -59,11 +59,11 @@ class ResolveWorker:
         s = self.ctx.settings
         block_s = s.block_ms / 1000
         loops = [Loop(f"resolve-{i}", _Server(self, f"resolve-{i}").step, self.stop,
-                      every_s=max(3 * block_s, 15.0), beats=self.beats, on_fatal=self.on_fatal)
+                      every_s=3 * block_s + 2, beats=self.beats, on_fatal=self.on_fatal)
                  for i in range(s.resolve_threads)]
         interval = s.recovery_interval_ms / 1000
         loops.append(Loop("recover", self.recovery.step, self.stop, pause_s=interval,
-                          every_s=max(3 * interval, 15.0), beats=self.beats,
+                          every_s=3 * interval + 2, beats=self.beats,
                           on_fatal=self.on_fatal))
         loops.append(Loop("pulse", lambda: self.beats.beat("pulse", PULSE_S * 3, force=True),
                           self.stop, pause_s=PULSE_S, every_s=PULSE_S * 3,
