@@ -6,6 +6,7 @@ from pending_actions.broker.errors import (
     InvalidInput,
     PendingActionsError,
     RedisUnavailable,
+    Stale,
     ToolError,
     UnknownHandler,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "RedisUnavailable",
     "Result",
     "Settings",
+    "Stale",
     "ToolError",
     "UnknownHandler",
 ]

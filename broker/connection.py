@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
@@ -50,3 +52,16 @@ def producer_client(url: str) -> redis.Redis:
 def worker_client(url: str, max_connections: int = 64) -> redis.Redis:
     """A client for long-running workers; their loops add their own backoff on top."""
     return _client(url, backoff_cap=1.0, retries=5, max_connections=max_connections)
+
+
+def async_producer_client(url: str) -> redis.asyncio.Redis:
+    """``producer_client`` for asyncio programs (``AsyncPendingActions``)."""
+    return redis.asyncio.Redis.from_url(
+        url,
+        socket_connect_timeout=2.0,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_keepalive=True,
+        health_check_interval=30,
+        retry=AsyncRetry(ExponentialBackoff(cap=0.5, base=0.025), retries=3),
+        retry_on_error=list(TRANSIENT),
+    )

@@ -11,6 +11,12 @@ class ToolError(PendingActionsError):
     """Raised by a handler: its message reaches the model unchanged."""
 
 
+class Stale(PendingActionsError):
+    """Raised by a handler when what the preview was computed from has changed since (see
+    ``action.fingerprint``): the action ends with the outcome ``stale``, consumed, and the model
+    is told to stage a new preview."""
+
+
 class InvalidInput(PendingActionsError, ValueError):
     """Input refused before anything changed. ``field`` names the offending input."""
 

@@ -19,11 +19,13 @@ class Event(StrEnum):
     TAKEN = "taken"  # take.lua: a resolve leased its target to a new attempt
     APPLIED = "applied"  # finalize.lua: the apply handler returned; the action is consumed
     DISCARDED = "discarded"  # finalize.lua: the discard went through; the action is consumed
-    FAILED = "failed"  # readd.lua: the handler raised or returned an error; pending again
+    FAILED = "failed"  # readd.lua: the handler raised; pending again (a directive: consumed)
     LATE_REFUSED = "late-refused"  # finalize/readd.lua: an outcome came after its lease ended
     RECOVERED = "recovered"  # recover.lua: a lease expired; the target went back
     DEAD_LETTERED = "dead-lettered"  # recover.lua: lost max_stalls times; moved to the dead list
     PARKED = "parked"  # park.lua: a record that does not parse moved to the dead list, raw
+    EXPIRED = "expired"  # expire.lua or take.lua: past its ttl, ended unresolved; no handler ran
+    STALE = "stale"  # finalize.lua: the handler raised Stale; consumed, nothing applied
 
 
 class WorkerEvent(StrEnum):

@@ -50,6 +50,16 @@ class Keys:
         """LIST of dead-lettered actions with the reason."""
         return self._s(session, "dead")
 
+    def expiry(self, session: str) -> str:
+        """ZSET of the session's actions staged with a ttl, score the expiry time in ms: every
+        reader treats one past its score as gone, before the sweep ends it."""
+        return self._s(session, "expiry")
+
+    def expired(self, session: str) -> str:
+        """ZSET of the session's actions that ended as expired, score when, trimmed to the last
+        ``expired_memory_s``: lets a late ``resolve(expect_id=)`` be told why."""
+        return self._s(session, "expired")
+
     def request_marker(self, session: str, request_id: str) -> str:
         """STRING with a TTL: a resolve request already taken (dedupes redelivered requests)."""
         return self._s(session, f"req:{request_id}")
@@ -90,6 +100,12 @@ class Keys:
         text = member.decode() if isinstance(member, bytes) else member
         session, _, token = text.rpartition("/")
         return session, token
+
+    @property
+    def expiries(self) -> str:
+        """ZSET of every action staged with a ttl, member ``<session>/<id>`` (see
+        ``lease_member``), score its expiry in ms: where the recovery loop finds what to end."""
+        return f"{self.prefix}:expiries"
 
     @property
     def sweep_lock(self) -> str:

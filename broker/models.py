@@ -42,6 +42,19 @@ def check_handler_name(field: str, name: object) -> str:
     return name
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON Merge Patch: ``patch`` applied to ``target`` (neither is changed)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 def _first_error(exc: ValidationError) -> InvalidInput:
     err = exc.errors()[0]
     field = ".".join(str(p) for p in err["loc"]) or "input"
@@ -64,6 +77,10 @@ class Spec(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     created_at: float
     expires_at: float | None = None
+    # what the preview was computed from (a file's content hash, say); the handler compares
+    fingerprint: str | None = None
+    # JSON Schema of the payload, checked against every edit (``resolve(edit=)``)
+    payload_schema: dict[str, Any] | None = None
     tenant: str = "default"  # older specs have none: they were all the default tenant's
 
 
@@ -94,13 +111,19 @@ class PendingAction(BaseModel):
     last_error: str | None
     tenant: str = "default"
     state: Literal["pending", "in_flight"] = "pending"
+    fingerprint: str | None = None
+    payload_schema: dict[str, Any] | None = None
+    # true when the payload is the staged one with the resolver's edit merged in
+    edited: bool = False
 
     @classmethod
-    def build(cls, spec: Spec, st: ActionState, state: str = "pending") -> PendingAction:
-        return cls.model_validate(
-            {**spec.model_dump(), "attempts": st.attempts, "last_error": st.last_error,
-             "state": state}
-        )
+    def build(cls, spec: Spec, st: ActionState, state: str = "pending",
+              edit: dict[str, Any] | None = None) -> PendingAction:
+        fields = {**spec.model_dump(), "attempts": st.attempts, "last_error": st.last_error,
+                  "state": state}
+        if edit is not None:
+            fields.update(payload=merge_patch(spec.payload, edit), edited=True)
+        return cls.model_validate(fields)
 
 
 class ResolveInput(BaseModel):
@@ -139,6 +162,8 @@ class ResolveRequest(BaseModel):
     deadline_ms: int = 0
     expect_id: str | None = Field(default=None, max_length=300)
     by: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@-]{1,128}$")
+    # a JSON Merge Patch for the payload, checked by the producer against the target's schema
+    edit: dict[str, Any] | None = None
 
     @field_validator("session")
     @classmethod

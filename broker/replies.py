@@ -173,3 +173,21 @@ class Recovered(NamedTuple):
     @classmethod
     def decode(cls, raw: Any) -> Recovered:
         return cls(RecoverOutcome(int(raw[0])), int(raw[1]))
+
+
+class ExpireOutcome(IntEnum):
+    ENDED = 0  # past its ttl and stacked: ended as expired
+    GONE = 1  # resolved or ended already: nothing to do
+    IN_FLIGHT = 2  # taken before its ttl passed: its attempt decides; look again later
+    LATER = 3  # not due yet (the index entry was early): look again at the time given
+
+
+class Expiry(NamedTuple):
+    """expire.lua: what became of the action, and when to look again (LATER)."""
+
+    outcome: ExpireOutcome
+    at: int
+
+    @classmethod
+    def decode(cls, raw: Any) -> Expiry:
+        return cls(ExpireOutcome(int(raw[0])), int(raw[1]))

@@ -39,6 +39,11 @@ def not_the_target(action: str, reason: str, extra: dict[str, Any] | None,
     return text_result(texts.not_the_target(expect_id), details, is_error=True)
 
 
+def expired(action: str, reason: str, extra: dict[str, Any] | None, expect_id: str) -> Result:
+    details = {**base_details(action, reason, extra), "expect_id": expect_id}
+    return text_result(texts.expired(expect_id), details, is_error=True)
+
+
 def from_handler(value: object, action: str, spec: Spec, reason: str,
                  extra: dict[str, Any] | None) -> Result:
     """Turn what a handler returned (str, dict with content/details, or None) into a Result.

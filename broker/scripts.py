@@ -24,6 +24,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 import redis
+import redis.asyncio
 
 from pending_actions.broker.events import Event
 from pending_actions.broker.keys import Keys
@@ -31,6 +32,8 @@ from pending_actions.broker.replies import (
     BeginStatus,
     Begun,
     Concluded,
+    ExpireOutcome,
+    Expiry,
     Peeked,
     Pending,
     Recovered,
@@ -48,7 +51,7 @@ Slot = Literal["directive", "standing"]
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek", "beat", "park", "retire",
+    "pending", "peek", "expire", "beat", "park", "retire",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -60,12 +63,13 @@ FLAGS: dict[str, str] = {
     "stage": "", "set_slot": "", "take": "",
     "clear_slot": "allow-oom", "begin": "allow-oom", "renew": "allow-oom",
     "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
-    "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom",
+    "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
     "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom",
 }
 # the enums a script may name, as the Lua tables of the prelude (e.g. EVENT.TAKEN)
 LUA_TABLES: dict[str, type[Enum]] = {
     "EVENT": Event, "TAKE": TakeStatus, "BEGIN": BeginStatus, "RECOVER": RecoverOutcome,
+    "EXPIRE": ExpireOutcome,
 }
 _SET = {"directive": Event.DIRECTIVE_SET, "standing": Event.STANDING_SET}
 _CLEARED = {"directive": Event.DIRECTIVE_CLEARED, "standing": Event.STANDING_CLEARED}
@@ -77,7 +81,7 @@ def lua_file(name: str) -> str:
 
 def _blocks() -> list[tuple[str, str]]:
     """The prelude as (name, code) definitions: the file's blocks (split at blank lines, each
-    defining one name), then a code table per enum. A name a table lacks is an error (STRICT),
+    defining one name), and a code table per enum. A name a table lacks is an error (STRICT),
     not a nil that XADD would choke on later."""
     blocks = []
     for block in lua_file("prelude").split("\n\n"):
@@ -87,9 +91,11 @@ def _blocks() -> list[tuple[str, str]]:
         found = re.search(r"^local (?:function )?(\w+)", code, re.M)
         if found:
             blocks.append((found.group(1), code.rstrip() + "\n"))
-    for table, enum in LUA_TABLES.items():
+    # the tables go right after STRICT, which they use, so that any function may name them
+    after = next(i for i, (name, _c) in enumerate(blocks) if name == "STRICT") + 1
+    for table, enum in reversed(LUA_TABLES.items()):
         items = ", ".join(f"{m.name} = {orjson.dumps(m.value).decode()}" for m in enum)
-        blocks.append((table, f"local {table} = setmetatable({{{items}}}, STRICT)\n"))
+        blocks.insert(after, (table, f"local {table} = setmetatable({{{items}}}, STRICT)\n"))
     return blocks
 
 
@@ -137,14 +143,19 @@ class Call(Generic[R]):
     def run(self) -> R:
         return self.decode(self.script(keys=self.keys, args=self.args))
 
-    def on(self, pipe: redis.client.Pipeline) -> Queued[R]:
+    async def run_async(self) -> R:
+        """``run()`` on Scripts built over a ``redis.asyncio`` client."""
+        return self.decode(await self.script(keys=self.keys, args=self.args))
+
+    def on(self, pipe: redis.client.Pipeline | redis.asyncio.client.Pipeline) -> Queued[R]:
         index = len(pipe)
         pipe.eval(self.script.script, len(self.keys), *self.keys, *self.args)
         return Queued(index, self.decode)
 
 
 class Scripts:
-    def __init__(self, client: redis.Redis, settings: Settings, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis | redis.asyncio.Redis, settings: Settings,
+                 keys: Keys) -> None:
         self._k = keys
         self._s = settings
         self._fn = {name: client.register_script(source(name)) for name in NAMES}
@@ -152,19 +163,23 @@ class Scripts:
     def load_all(self) -> None:
         """SCRIPT LOAD every script (a worker's start: proves the permission to run them)."""
         for script in self._fn.values():
-            script.sha = script.registered_client.script_load(script.script)
+            script.registered_client.script_load(script.script)
 
     def _call(self, name: str, keys: list[str], args: list[Any],
               decode: Callable[[Any], R]) -> Call[R]:
         return Call(self._fn[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, action_id: str, spec: bytes, tenant: str) -> Call[Staged]:
+    def stage(self, session: str, action_id: str, spec: bytes, tenant: str,
+              ttl_ms: int | None = None) -> Call[Staged]:
         k = self._k
         return self._call(
             "stage",
-            [k.stack(session), k.actions(session), k.history(session), k.tenant(session)],
-            [action_id, spec, self._s.history_maxlen, tenant], Staged.decode,
+            [k.stack(session), k.actions(session), k.history(session), k.tenant(session),
+             k.expiry(session)],
+            [action_id, spec, self._s.history_maxlen, tenant,
+             "" if ttl_ms is None else ttl_ms],
+            Staged.decode,
         )
 
     def _slot_keys(self, session: str, slot: Slot) -> list[str]:
@@ -189,31 +204,44 @@ class Scripts:
         k = self._k
         return self._call(
             "pending",
-            [k.stack(session), k.inflight(session), k.actions(session), k.state(session)],
+            [k.stack(session), k.inflight(session), k.actions(session), k.state(session),
+             k.expiry(session)],
             [limit], Pending.decode,
         )
 
     def peek(self, session: str) -> Call[Peeked]:
         k = self._k
         return self._call(
-            "peek", [k.directive(session), k.stack(session), k.actions(session)], [],
-            Peeked.decode,
+            "peek",
+            [k.directive(session), k.stack(session), k.actions(session), k.expiry(session)],
+            [], Peeked.decode,
         )
 
     # --- resolve worker --------------------------------------------------------------------
     def take(self, session: str, req: str, action: str, token: str, reason: str,
              extra: bytes, marker_ttl_s: int, none_reply: bytes, expect_id: str = "",
-             by: str = "", conflict_reply: bytes = b"") -> Call[Taken]:
+             by: str = "", conflict_reply: bytes = b"", expired_reply: bytes = b"") -> Call[Taken]:
         k = self._k
         return self._call(
             "take",
             [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
              k.state(session), k.inflight(session), k.history(session),
-             k.request_marker(session, req), k.reply(session, req)],
+             k.request_marker(session, req), k.reply(session, req), k.expiry(session),
+             k.expired(session)],
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
              self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s,
-             expect_id, by, conflict_reply],
+             expect_id, by, conflict_reply, expired_reply, self._s.expired_memory_s * 1000],
             Taken.decode,
+        )
+
+    def expire(self, session: str, action_id: str) -> Call[Expiry]:
+        k = self._k
+        return self._call(
+            "expire",
+            [k.stack(session), k.actions(session), k.state(session), k.expiry(session),
+             k.expired(session), k.history(session)],
+            [action_id, self._s.history_maxlen, self._s.expired_memory_s * 1000],
+            Expiry.decode,
         )
 
     def recover(self, session: str, token: str, req: str, replies: tuple[bytes, bytes, bytes],
@@ -243,14 +271,16 @@ class Scripts:
                           Renewed.decode)
 
     def finalize(self, session: str, token: str, req: str, reply: bytes, event: Event,
-                 action_id: str, attempt: int) -> Call[Concluded]:
+                 action_id: str, attempt: int,
+                 noted: tuple[str, ...] = ()) -> Call[Concluded]:
+        """``noted``: more field, value pairs for the outcome's history entry."""
         k = self._k
         return self._call(
             "finalize",
             [k.inflight(session), k.actions(session), k.state(session), k.history(session),
              k.reply(session, req)],
             [token, reply, self._s.reply_ttl_s, self._s.history_maxlen, event, action_id,
-             attempt],
+             attempt, *noted],
             Concluded.decode,
         )
 

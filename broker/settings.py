@@ -42,6 +42,9 @@ class Settings(BaseSettings):
         description="how long a finished session's history and tenant claim are kept")
     housekeeping_s: float = Field(default=10.0, gt=0,
                                   description="how often a page of sessions is retired")
+    expired_memory_s: int = Field(
+        default=86_400, ge=1,
+        description="how long a resolve(expect_id=) of an expired action is told it expired")
 
     restart_backoff_max_s: float = Field(
         default=5.0, ge=0.01, description="longest pause before restarting crashed workers")

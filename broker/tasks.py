@@ -28,11 +28,13 @@ class TaskMessage(BaseModel):
     action: ResolveAction
     reason: str
     extra: dict[str, Any] | None = None
+    edit: dict[str, Any] | None = None  # the resolver's JSON Merge Patch for the payload
 
     @classmethod
     def for_lease(cls, request: ResolveRequest, token: str) -> TaskMessage:
         return cls(session=request.session, token=token, req=request.req,
-                   action=request.action, reason=request.reason, extra=request.extra)
+                   action=request.action, reason=request.reason, extra=request.extra,
+                   edit=request.edit)
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> TaskMessage:

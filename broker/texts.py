@@ -51,6 +51,18 @@ def not_the_target(expect_id: str) -> str:
             "newer is on top); nothing was changed.")
 
 
+def expired(expect_id: str) -> str:
+    """resolve(expect_id=...) naming an action that passed its ttl."""
+    return (f"Expired: {expect_id} passed its ttl and ended unresolved (expect_id); nothing was "
+            "changed. Stage a new preview if the change is still wanted.")
+
+
+def stale(message: str) -> str:
+    """The handler raised Stale: the action is consumed; the model must preview again."""
+    return (f"Stale: {message}. The preview was computed from something that has changed "
+            "since; nothing was applied. Stage a new preview.")
+
+
 def timed_out(wait: float) -> str:
     return (f"Timed out after {wait:g}s waiting for the resolve to finish. The action is still "
             "applied, discarded or pending, never lost: check `pending-actions ls`.")

@@ -10,14 +10,18 @@ from pending_actions.broker.errors import (
     InvalidInput,
     PendingActionsError,
     RedisUnavailable,
+    Stale,
     ToolError,
     UnknownHandler,
 )
 from pending_actions.broker.models import PendingAction, Result
 from pending_actions.broker.settings import Settings
 from pending_actions.producers import (
+    AsyncPendingActions,
     PendingActions,
+    anthropic_tool,
     intent,
+    openai_tool,
     render,
     soft_requirement,
     tool_definition,
@@ -25,6 +29,7 @@ from pending_actions.producers import (
 from pending_actions.workers.registry import handler
 
 __all__ = [
+    "AsyncPendingActions",
     "ConfigError",
     "InvalidInput",
     "PendingAction",
@@ -33,10 +38,13 @@ __all__ = [
     "RedisUnavailable",
     "Result",
     "Settings",
+    "Stale",
     "ToolError",
     "UnknownHandler",
+    "anthropic_tool",
     "handler",
     "intent",
+    "openai_tool",
     "render",
     "soft_requirement",
     "tool_definition",

@@ -1,12 +1,15 @@
 """``pending-actions``: run the service and talk to it from a shell.
 
 Exit codes: 0 success, 1 an error result (or Redis unavailable), 2 bad usage or bad input.
+Every error is one line on stderr, never a traceback. ``--json`` and ``--redis-url`` go
+before or after the subcommand, as people type them.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -17,6 +20,13 @@ from pydantic import ValidationError
 from pending_actions.broker.errors import ConfigError, InvalidInput, PendingActionsError
 from pending_actions.broker.models import PendingAction, Result
 from pending_actions.broker.settings import Settings
+
+
+class BadInput(click.ClickException):
+    """Input refused (a bad URL, a field the service refused): exit 2 like a usage error, but
+    one line, without the usage banner."""
+
+    exit_code = 2
 
 
 class Obj:
@@ -39,7 +49,10 @@ class Obj:
         settings = self.settings()
         if not settings.redis_url:
             raise click.UsageError("no Redis: pass --redis-url or set PENDING_ACTIONS_REDIS_URL")
-        return PendingActions(settings)
+        try:
+            return PendingActions(settings)
+        except ValueError as exc:  # redis-py's word for a URL it cannot read
+            raise BadInput(f"bad Redis URL {settings.redis_url!r}: {exc}") from None
 
     def out(self, value: Any, human: str) -> None:
         if self.as_json:
@@ -54,28 +67,35 @@ SESSION = click.option(
 
 
 def _fail(exc: Exception) -> NoReturn:
-    if isinstance(exc, InvalidInput):
-        raise click.UsageError(str(exc))
-    if isinstance(exc, ConfigError):  # a bad URL or setting: one line, exit 2
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    if isinstance(exc, InvalidInput | ConfigError):
+        raise BadInput(str(exc))
     click.echo(f"error: {exc}", err=True)
     sys.exit(1)
 
 
 def _json_object(name: str, text: str | None) -> dict[str, Any] | None:
+    """A JSON object given inline, as ``@FILE`` (read from the file) or ``-`` (stdin): a
+    payload can be larger than a command line."""
     if text is None:
         return None
+    if text == "-":
+        text = sys.stdin.read()
+    elif text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise BadInput(f"invalid {name}: cannot read {text[1:]}: {exc.strerror}") from None
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint=name) from None
+        raise BadInput(f"invalid {name}: not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise click.BadParameter("must be a JSON object", param_hint=name)
+        raise BadInput(f"invalid {name}: must be a JSON object")
     return value
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pending-actions", prog_name="pending-actions")
 @click.option("--redis-url", envvar="PENDING_ACTIONS_REDIS_URL",
               help="Redis holding the state [env PENDING_ACTIONS_REDIS_URL].")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
@@ -153,15 +173,23 @@ def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
 @click.option("--label", required=True, help="What the action does, for people.")
 @click.option("--apply", "apply_", required=True, metavar="HANDLER", help="Apply handler name.")
 @click.option("--reject", metavar="HANDLER", help="Optional reject handler name.")
-@click.option("--payload", metavar="JSON", help="JSON object handed to the handlers.")
+@click.option("--payload", metavar="JSON|@FILE|-",
+              help="JSON object handed to the handlers: inline, @FILE, or - for stdin.")
+@click.option("--ttl", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Ends as expired, unresolved, after this long.")
+@click.option("--fingerprint", help="What the preview was computed from (a content hash).")
+@click.option("--schema", metavar="JSON|@FILE|-", help="JSON Schema of the payload (edits).")
 @click.pass_obj
 def stage(obj: Obj, session: str, tool: str, label: str, apply_: str, reject: str | None,
-          payload: str | None) -> None:
+          payload: str | None, ttl: float | None, fingerprint: str | None,
+          schema: str | None) -> None:
     """Stage a pending action on top of SESSION's stack; prints its id."""
     data = _json_object("--payload", payload)
     try:
         action_id = obj.client().stage(session=session, tool=tool, label=label, apply=apply_,
-                                       reject=reject, payload=data)
+                                       reject=reject, payload=data, ttl=ttl,
+                                       fingerprint=fingerprint,
+                                       schema=_json_object("--schema", schema))
     except PendingActionsError as exc:
         _fail(exc)
     obj.out({"id": action_id}, action_id)
@@ -171,20 +199,25 @@ def stage(obj: Obj, session: str, tool: str, label: str, apply_: str, reject: st
 @SESSION
 @click.option("--action", required=True, type=click.Choice(["apply", "discard"]))
 @click.option("--reason", required=True, help="Why; passed to the handler.")
-@click.option("--extra", metavar="JSON", help="JSON object passed through untouched.")
+@click.option("--extra", metavar="JSON|@FILE|-", help="JSON object passed through untouched.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="How long to wait for the outcome [default: settings, 60].")
+@click.option("--edit", metavar="JSON|@FILE|-",
+              help="With apply: a JSON Merge Patch for the payload, checked against its schema.")
+@click.option("--expect-id", metavar="ID", help="Go through only if ID is the target.")
 @click.pass_obj
 def resolve(obj: Obj, session: str, action: str, reason: str, extra: str | None,
-            timeout: float | None) -> None:
+            timeout: float | None, edit: str | None, expect_id: str | None) -> None:
     """Apply or discard SESSION's current target (directive, newest action, or standing
     handler) and print the outcome. Exits 1 when the outcome is an error."""
     from pending_actions.producers import render
 
     data = _json_object("--extra", extra)
+    patch = _json_object("--edit", edit)
     try:
         result: Result = obj.client().resolve(session=session, action=action, reason=reason,
-                                              extra=data, timeout=timeout)
+                                              extra=data, timeout=timeout, edit=patch,
+                                              expect_id=expect_id)
     except PendingActionsError as exc:
         _fail(exc)
     obj.out(result.model_dump(), render(result))
@@ -258,8 +291,21 @@ def history(obj: Obj, session: str, count: int) -> None:
         events = obj.client().history(session, count)
     except PendingActionsError as exc:
         _fail(exc)
-    obj.out(events, "\n".join(
-        "  ".join(f"{k}={v}" for k, v in e.items()) for e in events) or "(no history)")
+    obj.out([{"time": _when(e["at"]), **e} for e in events],
+            "\n".join(_event_line(e) for e in events) or "(no history)")
+
+
+def _when(ms: str) -> str:
+    """A stream id or a time in ms, as local time to the millisecond."""
+    stamp = datetime.fromtimestamp(int(ms.split("-")[0]) / 1000).astimezone()
+    return stamp.isoformat(sep=" ", timespec="milliseconds")
+
+
+def _event_line(event: dict[str, str]) -> str:
+    rest = {k: _when(v) if k == "expires_at" else v for k, v in event.items()
+            if k not in ("at", "event")}
+    return f"{_when(event['at'])}  {event['event']:<13} " + "  ".join(
+        f"{k}={v}" for k, v in rest.items())
 
 
 @cli.command()
@@ -312,14 +358,50 @@ def _register_extras() -> None:
 _register_extras()
 
 
+def _late_options(command: click.Command) -> None:
+    """Give ``command`` (and its subcommands) ``--json`` and ``--redis-url`` too, so they are
+    accepted after the subcommand as well as before it."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _late_options(sub)
+    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
+
+    def set_json(ctx: click.Context, _p: click.Parameter, value: bool) -> None:
+        obj = ctx.find_object(Obj)
+        if value and obj is not None:
+            obj.as_json = True
+
+    def set_url(ctx: click.Context, _p: click.Parameter, value: str | None) -> None:
+        obj = ctx.find_object(Obj)
+        if value and obj is not None:
+            obj.redis_url = value
+
+    if "--json" not in taken:
+        command.params.append(click.Option(["--json", "late_json"], is_flag=True,
+                                           expose_value=False, callback=set_json,
+                                           help="Machine-readable JSON output."))
+    if "--redis-url" not in taken:
+        command.params.append(click.Option(["--redis-url", "late_redis_url"],
+                                           expose_value=False, callback=set_url,
+                                           help="Redis holding the state."))
+
+
+for _command in cli.commands.values():
+    _late_options(_command)
+
+
 def main() -> None:
+    """The program: one line on stderr for any error, never a traceback."""
     import redis
 
     from pending_actions.broker.failures import translate
 
     try:
         cli(prog_name="pending-actions")
-    except (redis.RedisError, PendingActionsError) as exc:
-        # the last net: whatever a command let through is one line, never a traceback
-        click.echo(f"error: {translate(exc)}", err=True)
+    except (PendingActionsError, redis.RedisError) as exc:
+        err = translate(exc)  # a raw redis-py error a command let through: ours
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2 if isinstance(err, InvalidInput | ConfigError) else 1)
+    except Exception as exc:  # a bug or an unexpected failure: still one line
+        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(1)

@@ -1,6 +1,8 @@
 """Process supervision for ``up`` and ``worker``: a resolve worker in this process, dramatiq
-worker processes beside it, and an embedded redis-server for ``up``. Ctrl-C or SIGTERM stops
-them in order: stop taking requests, let running handlers finish, then stop Redis."""
+worker processes beside it, and an embedded redis-server for ``up``. Ctrl-C, SIGTERM or SIGHUP
+(the terminal closed) stops them in order: stop taking requests, let running handlers finish,
+then stop Redis. If this process dies without that (SIGKILL), the kernel sends its children
+SIGTERM (see ``procs``), and dramatiq passes it on to its worker processes."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -18,11 +19,12 @@ from dramatiq.cli import RET_IMPORT, RET_PIDFILE
 
 from pending_actions.broker import backoff
 from pending_actions.broker.context import Context
-from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.loops import EXIT_LOOP_DIED
 from pending_actions.broker.policy import preflight
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.tasks import task_broker
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.procs import Child
 from pending_actions.workers.resolver import ResolveWorker
 
 log = logging.getLogger("pending_actions")
@@ -47,37 +49,40 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
         log.info("received %s; shutting down", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
 
-    if embedded is not None:
-        embedded.start()
-        settings = settings.model_copy(update={"redis_url": embedded.url})
+    if embedded is None:
+        return _supervise(settings, modules, stop, shutdown_s)
+    embedded.start()
+    try:
         log.info("embedded redis-server %s on %s (data in %s)", embedded.binary, embedded.url,
                  embedded.directory)
         print(f"export PENDING_ACTIONS_REDIS_URL={embedded.url}", flush=True)
+        url = {"redis_url": embedded.url}
+        return _supervise(settings.model_copy(update=url), modules, stop, shutdown_s)
+    finally:
+        embedded.stop()  # last: the workers above may still have written outcomes
 
+
+def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
+               shutdown_s: float) -> int:
+    """Run the resolve worker here and dramatiq beside it until ``stop``; restart dramatiq when
+    it exits; return the exit code."""
     env = {**os.environ, "PENDING_ACTIONS_REDIS_URL": settings.require_url()}
     if settings.dramatiq_url:
         env["PENDING_ACTIONS_DRAMATIQ_URL"] = settings.dramatiq_url
     command = dramatiq_command(modules, settings, int(shutdown_s * 1000))
 
-    def spawn() -> subprocess.Popen[bytes]:
-        # its own process group, out of reach of a terminal's Ctrl-C: dramatiq takes a second
-        # signal as "kill now", so it must get exactly one, the SIGTERM sent below. (Not its
-        # own session: under the kernel's autogroup scheduling that cost a fifth of the
-        # throughput.)
-        return subprocess.Popen(command, env=env, process_group=0)
+    def spawn() -> Child:
+        # its own process group (procs), out of reach of a terminal's Ctrl-C: dramatiq takes a
+        # second signal as "kill now", so it must get exactly one, the SIGTERM sent below
+        return Child("dramatiq", command, env=env).spawn()
 
     ctx = Context.create(settings, role="worker")
     # credentials, permissions, eviction policy: refused at once with one clear line, before
     # anything starts (never a worker that retries a wrong password for ever)
-    try:
-        preflight(ctx)
-    except BaseException:
-        if embedded is not None:
-            embedded.stop()
-        raise
+    preflight(ctx)
     died: list[int] = []
 
     def on_fatal(loop: str, exc: BaseException) -> None:
@@ -87,12 +92,16 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
         stop.set()
 
     proc = spawn()
-    resolver = ResolveWorker(ctx, task_broker(ctx), on_fatal=on_fatal).start()
+    try:
+        resolver = ResolveWorker(ctx, task_broker(ctx), on_fatal=on_fatal).start()
+    except BaseException:
+        proc.stop(shutdown_s + 5)
+        raise
     log.info("resolve worker %s and dramatiq (pid %d) running; Ctrl-C stops", resolver.name,
              proc.pid)
     code, restarts, started = 0, 0, time.monotonic()
     while not stop.wait(0.2):
-        if proc.poll() is None:
+        if proc.running():
             continue
         if proc.returncode in (RET_IMPORT, RET_PIDFILE):  # restarting cannot fix these
             log.error("dramatiq worker could not start (exit %s); stopping", proc.returncode)
@@ -107,19 +116,11 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
             break
         proc, started = spawn(), time.monotonic()
     # both stop at once: the resolver's threads may sit in a blocking read for block_ms
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)  # dramatiq lets running handlers finish, bounded
+    proc.terminate()  # dramatiq lets running handlers finish, bounded
     resolver.shutdown()
-    if proc.poll() is None:
-        try:
-            proc.wait(shutdown_s + 5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    proc.stop(shutdown_s + 5)
     with contextlib.suppress(Exception):
         ctx.client.delete(ctx.keys.beats(resolver.name))  # stopped: not a dead loop
-    if embedded is not None:
-        embedded.stop()
     return died[0] if died else code
 
 

@@ -21,9 +21,9 @@ import click
 import orjson
 import redis
 
-from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.errors import PendingActionsError
 from pending_actions.broker.keys import Keys
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers.client import PendingActions
 from pending_actions.supervise import WorkerProcess
 
@@ -133,28 +133,35 @@ class Soak:
 
     def run(self) -> dict[str, Any]:
         self.server.start()
+        try:
+            return self._run()
+        finally:  # also on Ctrl-C: nothing we started outlives us
+            for w in self.workers:
+                w.stop()
+            self.server.stop()
+
+    def _run(self) -> dict[str, Any]:
         self.workers = [self._worker() for _ in range(self.n_workers)]
         pa = PendingActions.from_url(self.server.url, resolve_timeout_s=10,
                                      history_maxlen=self.HISTORY)
         sessions = [f"soak-{i}" for i in range(self.n_sessions)]
         threads = [threading.Thread(target=self.producer, args=(s, pa)) for s in sessions]
         threads.append(threading.Thread(target=self.chaos))
-        for t in threads:
-            t.start()
-        with click.progressbar(length=int(self.seconds), label="soaking") as bar:
-            for _ in range(int(self.seconds)):
-                if self.stop.wait(1.0):
-                    break
-                bar.update(1)
-        self.stop.set()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.start()
+            with click.progressbar(length=int(self.seconds), label="soaking") as bar:
+                for _ in range(int(self.seconds)):
+                    if self.stop.wait(1.0):
+                        break
+                    bar.update(1)
+        finally:
+            self.stop.set()
+            for t in threads:
+                if t.is_alive():
+                    t.join()
         self.settle(sessions)
-        tally = self.tally(sessions)
-        for w in self.workers:
-            w.stop()
-        self.server.stop()
-        return tally
+        return self.tally(sessions)
 
     def settle(self, sessions: list[str], timeout: float = 60) -> None:
         """Let in-flight attempts finish or be recovered before counting."""

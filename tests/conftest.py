@@ -7,13 +7,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import pytest
 import redis
 
-from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
-from tests.procs import Worker, runs_key
+from tests.support.procs import Worker
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +46,3 @@ def rc(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
 @pytest.fixture
 def session() -> str:
     return f"s-{uuid.uuid4().hex[:12]}"
-
-
-def runs(rc: redis.Redis, session: str) -> list[dict[str, object]]:
-    return [orjson.loads(x) for x in rc.lrange(runs_key(session), 0, -1)]

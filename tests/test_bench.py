@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+from pending_actions.procs import ROOT
 
 # Every row of a quick run (depth and session points are 1 and 1,000 there).
 QUICK_ROWS = [

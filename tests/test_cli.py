@@ -13,9 +13,11 @@ import orjson
 import pytest
 import redis
 
-from pending_actions.broker.embedded import EmbeddedRedis, free_port
+from pending_actions.embedded import EmbeddedRedis, free_port
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
-from tests.procs import ROOT, Worker, worker_env
+from tests.support.procs import Worker, worker_env
+from tests.support.up import await_up, spawn_up
 
 
 def cli(url: str | None, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -98,29 +100,10 @@ def test_up_runs_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     handler is running. The handler finishes and its outcome is recorded (so Redis and the
     dramatiq worker outlive the signal until then), and everything exits."""
     port = free_port()
-    env = worker_env("")
-    env.pop("PENDING_ACTIONS_REDIS_URL")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pending_actions", "up",
-         "--handlers", "pending_actions.workers.examples", "tests.handlers",
-         "--port", str(port), "--data-dir", str(tmp_path / "data")],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        start_new_session=True,  # a process group of its own, like a shell's foreground job
-    )
+    proc = spawn_up(tmp_path / "data", port)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # printed once the embedded Redis answers
-        url = f"redis://127.0.0.1:{port}/0"
-        assert line.strip() == f"export PENDING_ACTIONS_REDIS_URL={url}"
+        url = await_up(proc, port)
         client = redis.Redis.from_url(url)
-        ready: set[bytes] = set()
-        last = "0-0"
-        while ready != {b"resolver", b"dramatiq"}:
-            got = client.xread({"pa:workers": last}, block=20_000)
-            assert got, "up never became ready"
-            for entry_id, fields in got[0][1]:
-                last = entry_id
-                ready.add(fields[b"role"])
         staged = cli(url, "stage", "--session", "demo", "--tool", "edit", "--label", "L",
                      "--apply", "examples.echo")
         assert staged.returncode == 0, staged.stderr

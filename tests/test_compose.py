@@ -22,7 +22,7 @@ import redis
 
 from pending_actions.broker.errors import PendingActionsError
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.broker.texts import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
 from tests.compose_support import Compose, Dockerd, free_port, unavailable
 

@@ -8,9 +8,10 @@ import pytest
 import redis
 
 from pending_actions.broker.errors import InvalidInput, UnknownHandler
-from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
+from pending_actions.broker.texts import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 from pending_actions.producers import PendingActions
-from tests.conftest import runs
+from tests.support.replies import read
+from tests.support.runs import runs
 
 
 def stage(pa: PendingActions, session: str, label: str = "edit a.py", apply: str = "t.ok",
@@ -157,12 +158,12 @@ def test_timeout_reports_error_and_action_still_ends_applied(
     assert (inflight.id, inflight.state) == (action_id, "in_flight")
     rc.rpush(gate_key, "open")
     # the outcome lands in the history; wait on the stream, not on a clock
-    last = "0-0"
+    last = b"0-0"
     events: list[str] = []
     while "applied" not in events:
-        got = rc.xread({f"pa:{{{session}}}:history": last}, block=10_000)
+        got = read(rc, f"pa:{{{session}}}:history", last, 10_000)
         assert got, "no outcome within 10s"
-        for entry_id, fields in got[0][1]:
+        for entry_id, fields in got:
             last = entry_id
             events.append(fields[b"event"].decode())
     assert pa.pending(session) == []

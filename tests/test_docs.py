@@ -14,7 +14,11 @@ ROW = re.compile(r"^\| `([A-Z_]+)`(?: / `([A-Z_]+)`)? \| ([^|]+) \|")
 def documented() -> dict[str, str]:
     """Variable name (without the prefix) -> default as written in the README's table."""
     table: dict[str, str] = {}
-    for line in README.read_text().splitlines():
+    text = README.read_text()
+    # only the Configuration section's table: other tables (compose's variables) are not Settings
+    section = text[text.index("## Configuration"):]
+    section = section[:section.index("\n## ", 1)]
+    for line in section.splitlines():
         m = ROW.match(line)
         if not m:
             continue

@@ -11,11 +11,20 @@ from pathlib import Path
 
 import redis
 
-from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.broker.texts import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
-from tests.conftest import runs
-from tests.faults import FAST, K, cluster, events, started_pid, tail_id, wait_for, wait_history
-from tests.procs import Worker
+from tests.support.faults import (
+    FAST,
+    K,
+    cluster,
+    events,
+    started_pid,
+    wait_for,
+    wait_history,
+)
+from tests.support.procs import Worker
+from tests.support.replies import tail_id
+from tests.support.runs import runs
 
 pool = ThreadPoolExecutor(max_workers=4)
 
@@ -170,18 +179,17 @@ def test_sigterm_lets_the_running_handler_finish(tmp_path: Path) -> None:
         waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
         started_pid(rc, "s")
         [w] = workers
-        assert w.proc is not None
-        w.proc.send_signal(signal.SIGTERM)
+        w.terminate()
         rc.rpush("g", "open")
         result = waiting.result(timeout=30)
         assert not result.is_error, result.text
-        assert w.proc.wait(30) == 0
+        assert w.wait(30) == 0
         assert pa.pending("s") == []
 
 
 def test_workers_wait_for_redis_and_producers_fail_fast(tmp_path: Path) -> None:
-    from pending_actions.broker.embedded import EmbeddedRedis, free_port
     from pending_actions.broker.errors import RedisUnavailable
+    from pending_actions.embedded import EmbeddedRedis, free_port
     from pending_actions.producers import PendingActions
 
     port = free_port()
@@ -227,9 +235,8 @@ def test_sigterm_hands_back_prefetched_work(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "worker a never fetched the tasks"
             time.sleep(0.01)
         workers.append(Worker(server.url, overrides=slow).start())
-        assert a.proc is not None
         mark = tail_id(rc, K.workers)
-        a.proc.send_signal(signal.SIGTERM)
+        a.terminate()
         # open the gate only once dramatiq itself is stopping, so it cannot start the next task
         wait_for(rc, K.workers, lambda f: f[b"event"] == b"stopping", mark)
         rc.rpush("g", "open")
@@ -237,4 +244,4 @@ def test_sigterm_hands_back_prefetched_work(tmp_path: Path) -> None:
         for fut in rest:
             res = fut.result(timeout=30)
             assert not res.is_error, res.text
-        assert a.proc.wait(30) == 0
+        assert a.wait(30) == 0

@@ -5,6 +5,7 @@ nothing staged is lost, nothing is applied twice, and every loop still beats (``
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -22,10 +23,12 @@ import pytest
 import redis
 
 from pending_actions.broker.errors import RedisFull
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions.supervise import WorkerProcess
-from tests.faults import FAST, K, cluster, started_pid
-from tests.procs import ROOT, TEST_ENV, worker_env
+from tests.support.faults import FAST, K, cluster, started_pid
+from tests.support.procs import TEST_ENV, worker_env
+from tests.support.replies import byte_list, entries
 
 pool = ThreadPoolExecutor(max_workers=8)
 
@@ -57,7 +60,7 @@ def still_healthy(url: str) -> None:
 
 
 def effects(rc: redis.Redis, session: str) -> list[str]:
-    return [x.decode() for x in rc.lrange(f"test:effects:{session}", 0, -1)]
+    return [x.decode() for x in byte_list(rc.lrange(f"test:effects:{session}", 0, -1))]
 
 
 def others_resolve(pa: PendingActions, rc: redis.Redis, n: int = 4,
@@ -138,12 +141,10 @@ def test_lease_index_and_sessions_deleted_then_worker_killed(tmp_path: Path) -> 
     """The lease index and the sessions set deleted while a handler runs, then its process
     killed: the index's sweep sentinel is gone with it, so a resolve worker sweeps (finding
     sessions by their in-flight hashes) and the lease is recovered as usual."""
-    import os
-
     with cluster(tmp_path, sweep_check_s="0.5") as (server, _w, pa):
         rc = redis.Redis.from_url(server.url)
         with gated(pa, rc, "lost"):
-            pid = int(orjson.loads(rc.lrange("test:runs:lost", -1, -1)[0])["pid"])
+            pid = int(orjson.loads(byte_list(rc.lrange("test:runs:lost", -1, -1))[0])["pid"])
             rc.delete(K.leases, K.sessions)
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + 20
@@ -176,13 +177,13 @@ def gated(pa: PendingActions, rc: redis.Redis, session: str) -> Iterator[str]:
     pa.stage(session=session, tool="t", label="gated", apply="t.gate", payload={"gate": gate})
     pool.submit(pa.resolve, session=session, action="apply", reason="r", timeout=30)
     started_pid(rc, session)
-    [token] = rc.hkeys(K.inflight(session))
+    [token] = byte_list(rc.hkeys(K.inflight(session)))
     yield token.decode()
     # (a flagged script: opens the gate even while Redis is full)
     rc.eval("#!lua flags=allow-oom\nreturn redis.call('RPUSH', KEYS[1], 'open')", 1, gate)
 
 
-CORRUPT: dict[str, Callable[[redis.Redis, str, str], None]] = {
+CORRUPT: dict[str, Callable[[redis.Redis, str, str], object]] = {
     "spec": lambda rc, s, i: rc.hset(K.actions(s), i, b"{not json\xff"),
     "spec-shape": lambda rc, s, i: rc.hset(K.actions(s), i, b'{"id": 5}'),
     "state": lambda rc, s, i: rc.hset(K.state(s), i, b"\x00garbage"),
@@ -204,7 +205,7 @@ def test_corrupt_field_of_one_session(tmp_path: Path, field: str) -> None:
         assert result.is_error, result.text
         others_resolve(pa, rc)
         wait_healthy(server.url)
-        dead = [orjson.loads(x) for x in rc.lrange(K.dead("bad"), 0, -1)]
+        dead = [orjson.loads(x) for x in byte_list(rc.lrange(K.dead("bad"), 0, -1))]
         if field in ("spec", "spec-shape", "state"):
             assert "moved to the session's dead letters" in result.text
             assert [d["field"] for d in dead] == [head]  # the raw bytes kept, with the reason
@@ -233,7 +234,7 @@ def test_corrupt_lease_is_parked_and_its_action_returns(tmp_path: Path) -> None:
             while not rc.llen(K.dead("bad")):
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
-        [parked] = [orjson.loads(x) for x in rc.lrange(K.dead("bad"), 0, -1)]
+        [parked] = [orjson.loads(x) for x in byte_list(rc.lrange(K.dead("bad"), 0, -1))]
         assert parked["poison"] == "lease" and parked["raw"] == "[1, 2"
         assert [a.label for a in pa.pending("bad")] == ["gated"]
         others_resolve(pa, rc)
@@ -272,10 +273,9 @@ def test_redis_full_then_freed(tmp_path: Path) -> None:
         rc = redis.Redis.from_url(server.url)
         sessions = [f"full-{i}" for i in range(4)]
         staged = {s: pa.stage(session=s, tool="t", label="L", apply="t.idem") for s in sessions}
-        resolver = workers[0].proc
-        assert resolver is not None
+        resolver = workers[0].pid
         with gated(pa, rc, "running"):
-            resolver.send_signal(signal.SIGSTOP)  # requests queue up unread
+            os.kill(resolver, signal.SIGSTOP)  # requests queue up unread
             waiting = [pool.submit(pa.resolve, session=s, action="apply", reason="r",
                                    timeout=60) for s in sessions]
             deadline = time.monotonic() + 10
@@ -283,7 +283,7 @@ def test_redis_full_then_freed(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             fill(rc)
-            resolver.send_signal(signal.SIGCONT)
+            os.kill(resolver, signal.SIGCONT)
             with pytest.raises(RedisFull):
                 pa.stage(session="x", tool="t", label="L", apply="t.idem")
             with pytest.raises(RedisFull):
@@ -295,10 +295,10 @@ def test_redis_full_then_freed(tmp_path: Path) -> None:
         assert not any(rc.hlen(K.inflight(s)) for s in sessions)
         # the attempt in flight ended while full: t.gate's own record (an RPUSH to this
         # Redis) was refused, so it raised, and readd.lua (allow-oom) put it back at the head
-        assert [e[1][b"event"] for e in rc.xrange(K.history("running"))][-1] == b"failed"
+        assert [f[b"event"] for _e, f in entries(rc.xrange(K.history("running")))][-1] == \
+            b"failed"
         assert not rc.hlen(K.inflight("running")) and rc.llen(K.stack("running")) == 1
-        for key in rc.scan_iter("junk:*", count=1000):
-            rc.delete(key)
+        rc.delete(*(f"junk:{n}" for n in range(80)))
         for s, fut in zip(sessions, waiting, strict=True):
             result = fut.result(timeout=60)
             assert not result.is_error, result.text
@@ -312,7 +312,7 @@ def test_evicting_policy_is_refused(tmp_path: Path) -> None:
         rc = redis.Redis.from_url(server.url)
         rc.config_set("maxmemory-policy", "allkeys-lru")
         proc = subprocess.run([sys.executable, "-m", "pending_actions", "worker", "--handlers",
-                               "tests.handlers"], env=worker_env(server.url), cwd=ROOT,
+                               "tests.support.handlers"], env=worker_env(server.url), cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0
         assert "maxmemory-policy is allkeys-lru" in proc.stderr
@@ -338,7 +338,7 @@ def test_worker_clock_off_by_two_minutes(tmp_path: Path, shift: int) -> None:
     with cluster(tmp_path, workers=0) as (server, workers, pa):
         rc = redis.Redis.from_url(server.url)
         env = {**TEST_ENV, "PYTHONPATH": f"{site}:{ROOT}", "TEST_CLOCK_SHIFT_S": str(shift)}
-        skewed = WorkerProcess(server.url, "tests.handlers", FAST, env=env).start()
+        skewed = WorkerProcess(server.url, "tests.support.handlers", FAST, env=env).start()
         try:
             probe = subprocess.run([sys.executable, "-c", "import time; print(time.time())"],
                                    env={**worker_env(server.url), **env}, cwd=ROOT,

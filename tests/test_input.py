@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import dramatiq
 import orjson
@@ -19,13 +21,9 @@ from pending_actions.broker.settings import Settings
 from pending_actions.broker.taskbroker import FIELD as TASK_FIELD
 from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage
 from pending_actions.producers import PendingActions
+from tests.support.replies import read, tail_id, xadd
 
 K = Keys()
-
-
-def tail(rc: redis.Redis, stream: str) -> bytes:
-    last = rc.xrevrange(stream, count=1)
-    return last[0][0] if last else b"0-0"
 
 
 def snapshot(rc: redis.Redis, session: str) -> tuple[object, ...]:
@@ -136,12 +134,11 @@ def test_malformed_request_entries_are_parked_and_worker_keeps_serving(
     session = "fuzz-raw"
     pa.stage(session=session, tool="edit", label="keep me", apply="t.ok")
     before = snapshot(rc, session)
-    start = rc.xrevrange(K.requests_dead, count=1)
-    last = start[0][0] if start else b"0-0"
-    rc.xadd(K.requests, fields)
-    got = rc.xread({K.requests_dead: last}, block=10_000)
+    last = tail_id(rc, K.requests_dead)
+    xadd(rc, K.requests, fields)
+    got = read(rc, K.requests_dead, last, 10_000)
     assert got, "malformed entry was not parked"
-    reason = got[0][1][0][1][b"reason"]
+    reason = got[0][1][b"reason"]
     assert reason
     assert snapshot(rc, session) == before
     # and the worker still serves real requests
@@ -188,14 +185,15 @@ def test_fuzzed_stage_and_slots(pa: PendingActions, rc: redis.Redis, session: ob
     if not pa.pending(anchor):
         pa.stage(session=anchor, tool="edit", label="anchor", apply="t.ok")
     before = snapshot(rc, anchor)
-    for call in (
+    calls: tuple[Callable[[], object], ...] = (
         lambda: pa.stage(session=session, tool=tool, label=label, apply=apply,  # type: ignore[arg-type]
                          reject=reject, payload=payload),  # type: ignore[arg-type]
         lambda: pa.set_directive(session, tool=tool, label=label, apply=apply,  # type: ignore[arg-type]
                                  reject=reject),  # type: ignore[arg-type]
         lambda: pa.set_standing(session, tool=tool, label=label, apply=apply,  # type: ignore[arg-type]
                                 reject=reject),  # type: ignore[arg-type]
-    ):
+    )
+    for call in calls:
         try:
             out = call()
         except InvalidInput as exc:
@@ -207,8 +205,9 @@ def test_fuzzed_stage_and_slots(pa: PendingActions, rc: redis.Redis, session: ob
 
 def task_entry(kwargs: dict[str, object]) -> bytes:
     """A well-formed dramatiq message for our actor around ``kwargs``."""
-    message = dramatiq.Message(queue_name=Settings().queue, actor_name=ACTOR_NAME, args=(),
-                               kwargs=kwargs, options={})
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name=Settings().queue, actor_name=ACTOR_NAME, args=(),
+        kwargs=kwargs, options={})
     return orjson.dumps(message.asdict())
 
 
@@ -233,13 +232,13 @@ def test_malformed_task_entries_change_nothing(pa: PendingActions, rc: redis.Red
     pa.stage(session=session, tool="edit", label="keep", apply="t.ok")
     before = snapshot(rc, session)
     queue, dead = K.task_queue(pa.settings.queue), K.task_dead(pa.settings.queue)
-    last = tail(rc, dead)
-    entry = rc.xadd(queue, fields)
+    last = tail_id(rc, dead)
+    entry = xadd(rc, queue, fields)
     deadline = time.monotonic() + 10
     while rc.xrange(queue, entry, entry):  # until the worker has acked or parked it
         assert time.monotonic() < deadline, "garbage task entry never left the queue"
-        got = rc.xread({dead: last}, block=200)
-        last = got[0][1][-1][0] if got else last
+        got = read(rc, dead, last, 200)
+        last = got[-1][0] if got else last
     assert snapshot(rc, session) == before
     # and the worker still serves
     assert pa.resolve(session=session, action="apply", reason="r").is_error is False

@@ -12,10 +12,10 @@ import redis
 from redis import exceptions as rx
 
 from pending_actions.broker.context import Context
-from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.errors import ConfigError
 from pending_actions.broker.loops import Beats, Loop
 from pending_actions.broker.settings import Settings
+from pending_actions.embedded import EmbeddedRedis
 
 SURVIVED = [rx.ConnectionError("gone"), rx.TimeoutError("slow"),
             rx.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
@@ -45,9 +45,12 @@ def run_steps(ctx: Context, raises: list[BaseException]) -> tuple[Loop, list[str
             raise left.pop(0)
         stop.set()
 
+    def on_fatal(_name: str, exc: BaseException) -> None:
+        fatal.append(repr(exc))
+        stop.set()
+
     loop = Loop("test", step, stop, every_s=5, beats=Beats(ctx, "proc-test", "test"),
-                on_fatal=lambda name, exc: (fatal.append(repr(exc)), stop.set()),
-                backoff=None)
+                on_fatal=on_fatal)
     loop.backoff.first = loop.backoff.cap = 0.001
     thread = loop.thread()
     thread.start()
@@ -75,8 +78,11 @@ def test_errors_that_keep_coming_end_the_process(ctx: Context) -> None:
     def step() -> None:
         raise ValueError("always")
 
-    loop = Loop("doomed", step, stop, every_s=5, give_up_s=0.2,
-                on_fatal=lambda name, exc: (fatal.append(name), stop.set()))
+    def on_fatal(name: str, _exc: BaseException) -> None:
+        fatal.append(name)
+        stop.set()
+
+    loop = Loop("doomed", step, stop, every_s=5, give_up_s=0.2, on_fatal=on_fatal)
     loop.backoff.first = loop.backoff.cap = 0.01
     loop.run()
     assert fatal == ["doomed"] and loop.errors > 1

@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from pending_actions.producers import PendingActions
-from tests.faults import cluster
-from tests.outages import check_exactly_once, run_drains
-from tests.procs import Worker
-from tests.proxy import ChaosProxy
+from tests.support.faults import cluster
+from tests.support.outages import check_exactly_once, run_drains
+from tests.support.procs import Worker
+from tests.support.proxy import ChaosProxy
 
 
 def stage_all(pa: PendingActions, sessions: list[str], n: int) -> dict[str, list[str]]:

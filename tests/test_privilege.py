@@ -16,10 +16,12 @@ import pytest
 import redis
 
 from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions.supervise import WorkerProcess
-from tests.faults import FAST, K, cluster
-from tests.procs import ROOT, TEST_ENV, worker_env
+from tests.support.faults import FAST, K, cluster
+from tests.support.procs import TEST_ENV, worker_env
+from tests.support.replies import byte_list
 from tests.test_hardening import wait_healthy
 
 
@@ -37,7 +39,8 @@ def make_user(rc: redis.Redis, url: str, role: str) -> str:
     got = cli(url, "--json", "acl", "--role", role, "--password", f"pw-{role}")
     assert got.returncode == 0, got.stderr
     spec = orjson.loads(got.stdout)
-    rc.execute_command("ACL", "SETUSER", spec["user"], "reset", *spec["rules"])
+    rc.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", spec["user"], "reset", *spec["rules"])
     return user_url(url, spec["user"], f"pw-{role}")
 
 
@@ -48,7 +51,7 @@ def test_the_service_runs_as_its_acl_users(tmp_path: Path) -> None:
         producer_url = make_user(rc, server.url, "producer")
         assert "+flushall" not in str(rc.acl_getuser("pa-worker"))
         env = {**TEST_ENV, "TEST_RECORD_URL": server.url}  # the test handlers' own records
-        w = WorkerProcess(worker_url, "tests.handlers", FAST, env=env).start()
+        w = WorkerProcess(worker_url, "tests.support.handlers", FAST, env=env).start()
         try:
             pa = PendingActions.from_url(producer_url)
             action_id = pa.stage(session="s", tool="t", label="L", apply="t.idem")
@@ -65,7 +68,7 @@ def test_the_service_runs_as_its_acl_users(tmp_path: Path) -> None:
                     "pending_actions.broker.failures", fromlist=["x"]).redis_errors():
                 p.xreadgroup("resolvers", "me", {K.requests: ">"}, count=1)
                 p.execute()
-            assert w.proc is not None and w.proc.poll() is None
+            w.check_alive()
         finally:
             w.kill()
 
@@ -76,7 +79,7 @@ def test_wrong_password_is_one_line_and_exit_1(tmp_path: Path) -> None:
         make_user(rc, server.url, "worker")
         bad = user_url(server.url, "pa-worker", "wrong")
         started = time.monotonic()
-        got = cli(bad, "worker", "--handlers", "tests.handlers")
+        got = cli(bad, "worker", "--handlers", "tests.support.handlers")
         assert got.returncode == 1
         assert "refused the credentials" in got.stderr and "Traceback" not in got.stderr
         assert "wrong" not in got.stderr  # the password is never printed
@@ -153,14 +156,14 @@ def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
         while rc.scard(K.sessions) > 2:
             assert time.monotonic() < deadline, rc.smembers(K.sessions)
             time.sleep(0.2)
-        assert {m.decode() for m in rc.smembers(K.sessions)} == {"live", "dead"}
+        assert {m.decode() for m in byte_list(list(rc.smembers(K.sessions)))} == {"live", "dead"}
         assert not any(rc.exists(K.history(f"done-{i}"), K.tenant(f"done-{i}"))
                        for i in range(50))
         assert [a.id for a in pa.pending("live")] == [kept]
         assert rc.ttl(K.history("live")) == -1 and rc.llen(K.dead("dead")) == 1
         # what 50 finished sessions leave after retention: only their request marker and
         # reply, which expire on their own ttl (reply_ttl_s)
-        left = [k for k in rc.scan_iter(match="pa:{done-*", count=1000)]
+        left = [k for k in byte_list(list(rc.scan_iter(match="pa:{done-*", count=1000)))]
         assert all(rc.ttl(k) > 0 for k in left) and len(left) <= 2 * 50
         per = sum(int(rc.memory_usage(k) or 0) for k in left) / 50
         feed = int(rc.memory_usage(K.events) or 0) / 100  # 2 entries per action, capped

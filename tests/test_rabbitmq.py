@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pending_actions.broker.results import NOTHING_TO_APPLY
-from tests.faults import cluster
+from pending_actions.broker.texts import NOTHING_TO_APPLY
+from tests.support.faults import cluster
 
 RABBIT = "amqp://guest:guest@127.0.0.1:5672/"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import redis
 
 from pending_actions.broker import REMINDER
-from pending_actions.broker.results import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
+from pending_actions.broker.texts import NOTHING_TO_APPLY, NOTHING_TO_DISCARD
 from pending_actions.producers import PendingActions, intent, render, tool_definition
-from tests.conftest import runs
+from tests.support.runs import runs
 
 
 def test_reminder_is_exact() -> None:
@@ -44,11 +44,19 @@ def test_directive_takes_precedence_and_is_one_shot(
     assert [r["id"] for r in runs(rc, session)] == [directive, staged]
 
 
-def test_failed_directive_stays_set(pa: PendingActions, session: str) -> None:
+def test_failed_directive_is_consumed(pa: PendingActions, rc: redis.Redis,
+                                      session: str) -> None:
+    """A directive is one shot: the first resolve through it uses it up, whatever its
+    outcome; a raising handler included (a stacked action would stay pending)."""
+    staged = pa.stage(session=session, tool="edit", label="staged", apply="t.ok")
     directive = pa.set_directive(session, tool="plan", label="p", apply="t.toolerror")
-    assert pa.resolve(session=session, action="apply", reason="r").is_error
-    choice = pa.next_tool_choice(session)
-    assert choice is not None and choice["id"] == directive
+    res = pa.resolve(session=session, action="apply", reason="r")
+    assert (res.is_error, res.text, res.details["label"]) == (True, "refused: no reason", "p")
+    assert pa.next_tool_choice(session) == {"tool": "resolve", "id": staged,
+                                            "reminder": REMINDER}
+    assert pa.show(session, directive) is None
+    events = [(e["event"], e["id"]) for e in pa.history(session)][-2:]
+    assert events == [("taken", directive), ("failed", directive)]
 
 
 def test_directive_discard_with_reject(pa: PendingActions, session: str) -> None:
@@ -95,6 +103,9 @@ def test_intent_lines() -> None:
     assert intent({"action": "discard", "reason": "wrong"}) == "discarding: wrong"
     assert intent({"action": "apply"}) == "accepting changes"
     assert intent({"action": "discard", "reason": ""}) == "discarding changes"
+    # arguments still streaming: action not known yet
+    assert intent({}) == "accepting changes"
+    assert intent({"reason": "tests pass"}) == "accepting: tests pass"
 
 
 def test_rendering_of_real_results(pa: PendingActions, session: str) -> None:
@@ -107,3 +118,8 @@ def test_rendering_of_real_results(pa: PendingActions, session: str) -> None:
     pa.stage(session=session, tool="edit", label="Bad", apply="t.boom")
     failed = render(pa.resolve(session=session, action="apply", reason="try").model_dump())
     assert failed.splitlines() == ["Failed: Bad", "  reason: try", "  Apply failed: kaput"]
+    pa.stage(session=session, tool="edit", label="Sticky", apply="t.ok",
+             reject="t.reject_raise")
+    failed_discard = render(pa.resolve(session=session, action="discard", reason="no"))
+    assert failed_discard.splitlines() == ["Discard (error): Sticky", "  reason: no",
+                                           "  reject broke"]

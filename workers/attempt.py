@@ -3,28 +3,31 @@ fenced by the lease token. Called by the dramatiq actor in ``pending_actions.wor
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
+import orjson
 import redis
 from pydantic import ValidationError
 
 from pending_actions.broker import failpoints, texts
 from pending_actions.broker.backoff import Backoff, retry
 from pending_actions.broker.context import Context
-from pending_actions.broker.errors import ToolError
+from pending_actions.broker.errors import Stale, ToolError
 from pending_actions.broker.events import Event
 from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
 from pending_actions.broker.loops import Beats, Loop
 from pending_actions.broker.models import Lease, PendingAction, Result, Spec
+from pending_actions.broker.payloads import check_payload
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
 from pending_actions.broker.scripts import Call
 from pending_actions.broker.tasks import TaskMessage
-from pending_actions.workers import registry
+from pending_actions.workers import aio, registry
 from pending_actions.workers.poison import park_poison, park_spec
 
 log = logging.getLogger("pending_actions.attempt")
@@ -169,21 +172,20 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         return "failed"
     assert begun.spec is not None and begun.counters is not None
     spec = begun.spec
-    view = PendingAction.build(spec, begun.counters, "in_flight")
+    view = PendingAction.build(spec, begun.counters, "in_flight", task.edit)
     renewer.add(session, token)
     try:
-        result = _call(view, spec, task, idempotency_key(spec, req))
+        ran = _call(view, spec, task, idempotency_key(spec, req))
     finally:
         renewer.discard(token)
+    result, outcome, noted = ran.result, _event(ran, action, spec), _noted(ran, spec, task)
     by = begun.lease.by
-    if result.is_error:
-        outcome = Event.FAILED
+    if outcome is Event.FAILED and spec.kind != "directive":
         done = conclude(ctx.scripts.readd(session, token, req, result.text, result.to_json(),
                                           spec.id, view.attempts), outcome, spec, by)
-    else:
-        outcome = Event.APPLIED if action == "apply" else Event.DISCARDED
+    else:  # an outcome that consumes: returned (error results too), stale, a failed directive
         done = conclude(ctx.scripts.finalize(session, token, req, result.to_json(), outcome,
-                                             spec.id, view.attempts), outcome, spec, by)
+                                             spec.id, view.attempts, noted), outcome, spec, by)
     if not done:
         retry(lambda: publish(ctx.client, ctx.keys, Event.LATE_REFUSED, spec,
                               outcome=outcome.value), budget)
@@ -217,21 +219,65 @@ def _unreadable(ctx: Context, task: TaskMessage, exc: Exception) -> str:
     return "parked"
 
 
-def _call(view: PendingAction, spec: Spec, task: TaskMessage, key: str) -> Result:
+class Ran(NamedTuple):
+    """A handler's run: its result, and how it ended: ``returned`` (what it returned, an error
+    result included), ``raised`` (pending again) or ``stale`` (it raised Stale)."""
+
+    result: Result
+    how: Literal["returned", "raised", "stale"]
+
+
+def _event(ran: Ran, action: str, spec: Spec) -> Event:
+    if ran.how == "stale":
+        return Event.STALE
+    if ran.how == "raised":
+        return Event.FAILED
+    return Event.APPLIED if action == "apply" else Event.DISCARDED
+
+
+def _noted(ran: Ran, spec: Spec, task: TaskMessage) -> tuple[str, ...]:
+    """What the outcome's history entry adds: the error text of an error result, and an
+    edit's patch beside the payload it was applied to."""
+    noted: tuple[str, ...] = ("error", ran.result.text) if ran.result.is_error else ()
+    if task.edit is not None:
+        noted += ("edit", orjson.dumps(task.edit).decode(),
+                  "payload", orjson.dumps(spec.payload).decode())
+    return noted
+
+
+def _call(view: PendingAction, spec: Spec, task: TaskMessage, key: str) -> Ran:
     action, reason, extra = task.action, task.reason, task.extra
     name = spec.apply if action == "apply" else spec.reject
     details = base_details(action, reason, extra, spec)
+    if task.edit is not None:
+        details["edit"] = task.edit
+
+    def returned(value: object) -> Ran:
+        result = from_handler(value, action, spec, reason, extra)
+        if task.edit is not None:
+            result.details["edit"] = task.edit
+        return Ran(result, "returned")
+
     try:
         if name is None:  # discard without a reject handler
-            return from_handler(None, action, spec, reason, extra)
+            return returned(None)
         fn = registry.get(name)
         if fn is None:
             raise LookupError(f"no handler named {name!r} in this worker")
+        if task.edit is not None:
+            # the producer checked it already; this guards a request written by hand
+            check_payload(view.payload, spec.payload_schema, "edit")
         value = fn(action=view, reason=reason, extra=extra, idempotency_key=key)
-        return from_handler(value, action, spec, reason, extra)
+        if inspect.isawaitable(value):
+            value = aio.run(value)
+        return returned(value)
+    except Stale as exc:
+        return Ran(text_result(texts.stale(str(exc) or "the preview is out of date"), details,
+                               is_error=True), "stale")
     except ToolError as exc:
-        return text_result(str(exc), details, is_error=True)
+        return Ran(text_result(str(exc), details, is_error=True), "raised")
     except (Exception, Interrupt) as exc:
         message = str(exc) or type(exc).__name__
         log.info("handler %s for %s failed: %s", name, spec.id, message)
-        return text_result(texts.handler_failed(action, message), details, is_error=True)
+        return Ran(text_result(texts.handler_failed(action, message), details, is_error=True),
+                   "raised")

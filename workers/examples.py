@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from pathlib import Path
 from typing import Any
 
-from pending_actions.broker.errors import ToolError
+from pending_actions.broker.errors import Stale, ToolError
+from pending_actions.broker.fingerprint import file_fingerprint, text_fingerprint
 from pending_actions.broker.models import PendingAction
 from pending_actions.workers.registry import handler
 
@@ -35,3 +39,28 @@ def reject(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
            idempotency_key: str) -> None:
     """A reject handler that returns None, so the default discard text is used."""
     return None
+
+
+@handler("examples.write_file")
+def write_file(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+               idempotency_key: str) -> dict[str, Any]:
+    """Applies ``producers.example.propose_edit``: writes ``payload["content"]`` to
+    ``payload["path"]`` atomically, if the file is still what the preview was computed from."""
+    path = Path(action.payload["path"])
+    content: str = action.payload["content"]
+    now = file_fingerprint(path)
+    if now == text_fingerprint(content):
+        # a retry after a write whose outcome was lost: the file already holds this edit
+        return {"content": f"{path} already holds this edit", "details": {"path": str(path)}}
+    if now != action.fingerprint:
+        raise Stale(f"{path.name} changed since the preview")
+    # temp file beside the target (same filesystem), flushed, then renamed over it: a reader
+    # sees the old file or the new one, never half of it
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w") as out:
+        out.write(content)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    return {"content": f"Wrote {path.name} ({len(content.encode())} bytes)",
+            "details": {"path": str(path), "fingerprint": text_fingerprint(content)}}

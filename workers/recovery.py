@@ -1,5 +1,6 @@
 """The resolve worker's second loop: return the attempts whose lease expired, found through
-the lease index, and sweep every session once after Redis comes back without its data tail."""
+the lease index; end the actions whose ttl passed, found through the expiry index; and sweep
+every session once after Redis comes back without its data tail."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Lease, Spec
 from pending_actions.broker.policy import check_policy
-from pending_actions.broker.replies import Recovered, RecoverOutcome
+from pending_actions.broker.replies import ExpireOutcome, Recovered, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.workers.poison import park_poison
 from pending_actions.workers.retention import Retirement
@@ -47,6 +48,7 @@ class Recovery:
     def step(self) -> None:
         """One round of the recovery loop (run by ``broker.loops.Loop``)."""
         self.recover_due()
+        self.expire_due()
         if time.monotonic() >= self.next_check:
             self.next_check = time.monotonic() + self.ctx.settings.sweep_check_s
             info: Any = self.ctx.client.info("everything")
@@ -103,6 +105,36 @@ class Recovery:
         fix.execute()
         return recovered
 
+    def expire_due(self) -> int:
+        """End the actions whose ttl has passed (``expire.lua``): no handler runs and no worker
+        needs to be free, only this loop. Readers already treat them as gone; this writes the
+        history entry and frees their keys. One taken before its ttl passed is looked at again
+        a lease later."""
+        ctx, now = self.ctx, self._now_ms()
+        due: Any = ctx.client.zrangebyscore(ctx.keys.expiries, "-inf", now, start=0, num=100)
+        if not due:
+            return 0
+        pairs = [Keys.parse_lease_member(m) for m in due]
+        pipe = ctx.client.pipeline(transaction=False)
+        calls = [ctx.scripts.expire(session, action_id).on(pipe) for session, action_id in pairs]
+        replies = pipe.execute()
+        fix = ctx.client.pipeline(transaction=False)
+        ended = 0
+        for member, queued in zip(due, calls, strict=True):
+            got = queued.get(replies)
+            if got.outcome is ExpireOutcome.IN_FLIGHT:
+                fix.zadd(ctx.keys.expiries, {member: now + ctx.settings.lease_ms}, xx=True)
+            elif got.outcome is ExpireOutcome.LATER:  # staged on a client clock that runs fast
+                fix.zadd(ctx.keys.expiries, {member: got.at}, xx=True)
+            else:
+                if got.outcome is ExpireOutcome.ENDED:
+                    ended += 1
+                    session, action_id = Keys.parse_lease_member(member)
+                    publish(fix, ctx.keys, Event.EXPIRED, session=session, id=action_id)
+                fix.zrem(ctx.keys.expiries, member)
+        fix.execute()
+        return ended
+
     def sweep_if_restarted(self, run_id: str | None = None) -> int:
         """Index entries are written before their leases, so only a Redis that lost data (a
         crash under appendfsync everysec, a failover, the index deleted by hand) can hold a
@@ -136,38 +168,43 @@ class Recovery:
         return count
 
     def sweep(self) -> int:
-        """Give every lease of every session an index entry if it has none; recover_due then
-        treats them as usual. Sessions are found by their in-flight hashes (SCAN, 500 keys a
-        round trip), not the sessions set, which may have been lost too."""
+        """Give every lease of every session an index entry if it has none, and every ttl
+        its entry in the expiry index; recover_due and expire_due then treat them as usual.
+        Sessions are found by their in-flight and expiry keys (SCAN, 500 keys a round trip),
+        not the sessions set, which may have been lost too."""
         ctx, count = self.ctx, 0
-        pattern = ctx.keys.inflight("*")
-        head, tail = pattern.split("*")
-        found: Any = ctx.client.scan_iter(match=pattern, count=500, _type="hash")
-        batch: list[str] = []
-        for key in [*found, None]:
-            if key is not None:
-                text = key.decode() if isinstance(key, bytes) else key
-                batch.append(text[len(head):len(text) - len(tail)])
-                if len(batch) < 500:
-                    continue
-            count += self._index(batch)
-            batch = []
+        sessions: set[str] = set()
+        for pattern in (ctx.keys.inflight("*"), ctx.keys.expiry("*")):
+            head, tail = pattern.split("*")
+            for key in ctx.client.scan_iter(match=pattern, count=500):
+                text = key.decode() if isinstance(key, bytes) else str(key)
+                sessions.add(text[len(head):len(text) - len(tail)])
+        ordered = sorted(sessions)
+        for i in range(0, len(ordered), 500):
+            count += self._index(ordered[i:i + 500])
         return count
 
     def _index(self, sessions: list[str]) -> int:
         ctx = self.ctx
-        if not sessions:
-            return 0
         pipe = ctx.client.pipeline(transaction=False)
         for session in sessions:
             pipe.hgetall(ctx.keys.inflight(session))
+            pipe.zrange(ctx.keys.expiry(session), 0, -1, withscores=True)
         add = ctx.client.pipeline(transaction=False)
-        for session, leases in zip(sessions, pipe.execute(), strict=True):
+        ttls = ctx.client.pipeline(transaction=False)  # not counted: they are no leases
+        got = pipe.execute()
+        for session, leases, expiring in zip(sessions, got[::2], got[1::2], strict=True):
             for token, raw in leases.items():
                 lease = self._lease(session, token.decode(), raw)
                 if lease is not None:
-                    entry = {ctx.keys.lease_member(session, token.decode()): lease.deadline}
-                    add.zadd(ctx.keys.leases, entry, nx=True)
+                    add.zadd(ctx.keys.leases,
+                             {ctx.keys.lease_member(session, token.decode()): lease.deadline},
+                             nx=True)
+            for action_id, at in expiring:
+                ttls.zadd(ctx.keys.expiries,
+                          {ctx.keys.lease_member(session, action_id.decode()): at}, nx=True)
+        if len(ttls):
+            ttls.execute()
         return sum(add.execute()) if len(add) else 0
 
     def _lease(self, session: str, token: str, raw: bytes | None) -> Lease | None:

@@ -27,7 +27,7 @@ from pending_actions.broker.keys import Keys
 from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.replies import Taken, TakeStatus
-from pending_actions.broker.results import not_the_target, nothing_to_target
+from pending_actions.broker.results import expired, not_the_target, nothing_to_target
 from pending_actions.broker.scripts import Queued
 from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import TaskMessage
@@ -154,16 +154,16 @@ class ResolveWorker:
         expires = request.expires_ms(entry_id)
         marker_ttl = max(ctx.settings.reply_ttl_s, (expires - now_ms) // 1000 + 60)
         none = nothing_to_target(request.action, request.reason, request.extra).to_json()
-        conflict = b""
+        conflict = gone = b""
         if request.expect_id is not None:
-            conflict = not_the_target(request.action, request.reason, request.extra,
-                                      request.expect_id).to_json()
+            args = (request.action, request.reason, request.extra, request.expect_id)
+            conflict, gone = not_the_target(*args).to_json(), expired(*args).to_json()
         pipe.zadd(ctx.keys.leases, {ctx.keys.lease_member(request.session, token):
                                     now_ms + ctx.settings.dispatch_timeout_ms})
         taken = ctx.scripts.take(request.session, request.req, request.action, token,
                                  request.reason, orjson.dumps(request.extra), marker_ttl,
                                  none, request.expect_id or "", request.by or "",
-                                 conflict).on(pipe)
+                                 conflict, gone).on(pipe)
         return token, taken
 
     def _live(self, requests: list[tuple[bytes, ResolveRequest]],
@@ -307,7 +307,7 @@ def _gone(requests: list[tuple[bytes, ResolveRequest]],
 
 
 def _outcome(taken: Taken) -> str:
-    """What became of a request, for logs and tests: dispatched, none or dup."""
+    """What became of a request, for logs and tests: dispatched, none, conflict or dup."""
     return "dispatched" if taken.status is TakeStatus.OK else taken.status.value
 
 

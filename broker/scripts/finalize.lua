@@ -1,9 +1,11 @@
--- finalize: record a successful outcome (applied or discarded) and reply to the resolver.
--- Fenced: a token whose lease is gone (recovered, or a duplicate) changes nothing.
+-- finalize: record an outcome that consumes its target (applied, discarded, stale, or a failed
+-- directive) and reply to the resolver. Fenced: a token whose lease is gone (recovered, or a
+-- duplicate) changes nothing.
 -- KEYS[1] inflight (hash)  KEYS[2] actions (hash)  KEYS[3] state (hash)  KEYS[4] history
 -- KEYS[5] reply (list)
 -- ARGV[1] lease token  ARGV[2] reply JSON  ARGV[3] reply ttl s  ARGV[4] history maxlen
--- ARGV[5] event (EVENT.APPLIED | EVENT.DISCARDED)  ARGV[6] action id  ARGV[7] attempt
+-- ARGV[5] event (EVENT.APPLIED | EVENT.DISCARDED | EVENT.STALE | EVENT.FAILED for a directive)
+-- ARGV[6] action id  ARGV[7] attempt  ARGV[8...] more field, value pairs for the history entry
 -- Returns: 1 when recorded, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
 check_types({'hash', 'hash', 'hash', 'stream', 'list'})
 local lease = json_field('lease', KEYS[1], ARGV[1])
@@ -19,6 +21,13 @@ if lease.kind ~= 'standing' then
 end
 redis.call('RPUSH', KEYS[5], ARGV[2])
 redis.call('EXPIRE', KEYS[5], ARGV[3])
-history(KEYS[4], ARGV[4], ARGV[5], 'id', lease.id, 'attempt', lease.attempt,
-  'request', lease.req, by_of(lease))
+local fields = {'id', lease.id, 'attempt', lease.attempt, 'request', lease.req}
+for i = 8, #ARGV do
+  fields[#fields + 1] = ARGV[i]
+end
+if lease.by and lease.by ~= '' then
+  fields[#fields + 1] = 'by'
+  fields[#fields + 1] = lease.by
+end
+history(KEYS[4], ARGV[4], ARGV[5], unpack(fields))
 return 1

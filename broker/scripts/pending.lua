@@ -1,8 +1,12 @@
 -- pending: read a session's actions in one consistent view (read only).
 -- KEYS[1] stack (list)  KEYS[2] inflight (hash)  KEYS[3] actions (hash)  KEYS[4] state (hash)
+-- KEYS[5] expiry (zset)
 -- ARGV[1] max stack entries to return
 -- Returns: flat list of triples {where, spec JSON, state JSON}; where is "in_flight" for leased
--- actions (listed first) or "pending" for stacked ones (head first).
+-- actions (listed first) or "pending" for stacked ones (head first). A stacked action past its
+-- ttl is not shown: it is gone from that moment, whether or not the sweep has ended it yet.
+redis.replicate_commands()
+local now = now_ms()
 local out = {}
 local leases = redis.call('HVALS', KEYS[2])
 for _, raw in ipairs(leases) do
@@ -19,7 +23,7 @@ end
 local ids = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 for _, id in ipairs(ids) do
   local spec = redis.call('HGET', KEYS[3], id)
-  if spec then
+  if spec and not past_ttl(KEYS[5], id, now) then
     out[#out + 1] = 'pending'
     out[#out + 1] = spec
     out[#out + 1] = redis.call('HGET', KEYS[4], id) or '{}'

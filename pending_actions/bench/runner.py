@@ -18,7 +18,7 @@ import redis
 
 from pending_actions.bench import fill, measure, scaling
 from pending_actions.bench.handlers import NOOP
-from pending_actions.bench.procs import ROOT, start_ours, start_stock
+from pending_actions.bench.procs import start_ours, start_stock
 from pending_actions.bench.progress import Progress
 from pending_actions.bench.stats import Dist
 from pending_actions.bench.stock import (
@@ -30,7 +30,8 @@ from pending_actions.bench.stock import (
     rabbitmq_unavailable,
     stock_broker,
 )
-from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 
 

@@ -19,7 +19,7 @@ ACTOR = "bench_noop"
 ENV_QUEUE = "BENCH_STOCK_QUEUE"  # one queue per run: runs sharing a RabbitMQ stay apart
 ENV_BROKER = "BENCH_STOCK_BROKER_URL"
 ENV_RESULTS = "BENCH_STOCK_RESULTS_URL"
-ENV_READY = "BENCH_STOCK_READY_KEY"
+ENV_READY = "BENCH_STOCK_READY_STREAM"  # where each stock worker process says it has booted
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 

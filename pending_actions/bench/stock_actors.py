@@ -3,7 +3,7 @@ and results through dramatiq's Results middleware (Redis backend).
 
 Run by the harness as ``python -m dramatiq pending_actions.bench.stock_actors``; the broker URL,
 the queue, the
-results URL and a readiness key come from the environment (see ``bench.stock``).
+results URL and a readiness stream come from the environment (see ``bench.stock``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Ready(dramatiq.Middleware):
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         client = redis.Redis.from_url(_results_url)
-        client.rpush(os.environ[ENV_READY], os.getpid())
+        client.xadd(os.environ[ENV_READY], {"pid": os.getpid()})
         client.close()
 
 

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
-from tests.procs import ROOT, Worker, worker_env
+from tests.support.procs import Worker, worker_env
 
 
 def free_port() -> int:

@@ -13,11 +13,11 @@ import time
 import uuid
 from pathlib import Path
 
-from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
-from tests.procs import Worker
 from tests.serve.conftest import Server
+from tests.support.procs import Worker
 
 
 def main(n: int = 300) -> None:

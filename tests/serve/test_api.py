@@ -15,11 +15,12 @@ import pytest
 import redis
 
 from pending_actions.broker.errors import Forbidden
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
-from tests.conftest import runs
-from tests.procs import ROOT, worker_env
 from tests.serve.conftest import Server
+from tests.support.procs import worker_env
+from tests.support.runs import runs
 
 
 def tenant() -> str:
@@ -154,8 +155,9 @@ def test_token_cli_revocation_and_no_plaintext_in_redis(
     assert cli(redis_server.url, "token", "revoke", name).returncode == 1
 
 
-def assert_nowhere_in_redis(client: redis.Redis, token: str) -> None:
+def assert_nowhere_in_redis(rc: redis.Redis, token: str) -> None:
     """Every key name and every value of every type: neither the token nor its secret part."""
+    client: Any = rc  # replies of every type are read as bytes below
     needles = [token.encode(), token.removeprefix("pat_").encode()]
     seen = 0
     for key in client.scan_iter(count=500):

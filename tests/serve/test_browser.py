@@ -13,8 +13,8 @@ import pytest
 
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
-from tests.conftest import runs
 from tests.serve.conftest import Server
+from tests.support.runs import runs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver") or (

@@ -9,7 +9,7 @@ import pytest
 
 from pending_actions.broker.errors import Forbidden, InvalidInput
 from pending_actions.producers import PendingActions
-from tests.conftest import runs
+from tests.support.runs import runs
 
 
 def new_session() -> str:

@@ -10,9 +10,10 @@ import uuid
 import orjson
 import redis
 
-from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
-from tests.procs import ROOT, worker_env
+from tests.support.procs import worker_env
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
-from pending_actions.broker.embedded import EmbeddedRedis
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from pending_actions.webhooks import SIGNATURE, TIMESTAMP, sign, verify
-from tests.procs import Worker
+from tests.support.procs import Worker
 
 SECRET = "s3cret-for-tests"
 
@@ -125,7 +125,8 @@ def test_stage_and_outcome_delivered_signed_with_retries(
 
 
 def _wait_dead(pa: PendingActions, session: str, n: int, timeout: float = 30) -> list[Any]:
-    key, last, found = pa.ctx.keys.webhooks_dead, "0-0", []
+    key, last = pa.ctx.keys.webhooks_dead, "0-0"
+    found: list[Any] = []
     deadline = time.monotonic() + timeout
     while len(found) < n:
         left = deadline - time.monotonic()

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import redis
 
-from pending_actions.broker.embedded import EmbeddedRedis
 from pending_actions.broker.keys import Keys
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
-from tests.procs import Worker
+from tests.support.procs import Worker
+from tests.support.replies import entries, read
+from tests.support.runs import runs
 
 K = Keys()
 # Short leases so that recovery happens within a test's patience.
@@ -38,11 +40,6 @@ def cluster(tmp: Path, workers: int = 1, fsync: str = "always",
         server.kill()
 
 
-def tail_id(rc: redis.Redis, stream: str) -> bytes:
-    last = rc.xrevrange(stream, count=1)
-    return last[0][0] if last else b"0-0"
-
-
 def wait_for(rc: redis.Redis, stream: str, match: Callable[[dict[bytes, bytes]], bool],
              since: bytes = b"0-0", timeout: float = 20.0) -> dict[bytes, bytes]:
     """Block on a stream until an entry after ``since`` matches."""
@@ -50,12 +47,10 @@ def wait_for(rc: redis.Redis, stream: str, match: Callable[[dict[bytes, bytes]],
     while True:
         left = deadline - time.monotonic()
         assert left > 0, f"no matching entry on {stream} within {timeout}s"
-        got = rc.xread({stream: since}, block=int(min(left, 2.0) * 1000))
-        for _s, entries in got or ():
-            for entry_id, fields in entries:
-                since = entry_id
-                if match(fields):
-                    return fields
+        for entry_id, fields in read(rc, stream, since, int(min(left, 2.0) * 1000)):
+            since = entry_id
+            if match(fields):
+                return fields
 
 
 def wait_history(rc: redis.Redis, session: str, event: str, since: bytes = b"0-0",
@@ -65,16 +60,11 @@ def wait_history(rc: redis.Redis, session: str, event: str, since: bytes = b"0-0
 
 
 def events(rc: redis.Redis, session: str) -> list[str]:
-    return [f[b"event"].decode() for _e, f in rc.xrange(K.history(session))]
+    return [f[b"event"].decode() for _e, f in entries(rc.xrange(K.history(session)))]
 
 
 def started_pid(rc: redis.Redis, session: str, timeout: float = 20) -> int:
     """Wait until a t.gate handler of the session has started; return its process id."""
-    import orjson
-
-    from tests.procs import runs_key
-
     got = rc.blpop([f"test:started:{session}"], timeout=timeout)
     assert got is not None, "the handler never started"
-    last = [orjson.loads(r) for r in rc.lrange(runs_key(session), 0, -1)][-1]
-    return int(last["pid"])
+    return runs(rc, session)[-1]["pid"]

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from pending_actions.supervise import ROOT, WorkerProcess
+from pending_actions.supervise import WorkerProcess
 
-__all__ = ["ROOT", "Worker", "runs_key", "worker_env"]
-
-TEST_ENV = {"PYTHONPATH": str(ROOT), "PENDING_ACTIONS_WORKER_THREADS": "8",
-            "PENDING_ACTIONS_BLOCK_MS": "1000",
+TEST_ENV = {"PENDING_ACTIONS_WORKER_THREADS": "8", "PENDING_ACTIONS_BLOCK_MS": "1000",
             # short dramatiq idle/restart delays so that stops and reconnects are quick
             "dramatiq_worker_timeout": "200", "dramatiq_restart_delay": "100"}
-
-
-def runs_key(session: str) -> str:
-    """Where tests.handlers records every handler run of a session."""
-    return f"test:runs:{session}"
 
 
 def worker_env(url: str, **overrides: str) -> dict[str, str]:
@@ -23,6 +15,6 @@ def worker_env(url: str, **overrides: str) -> dict[str, str]:
 
 
 class Worker(WorkerProcess):
-    def __init__(self, url: str, handlers: str = "tests.handlers",
+    def __init__(self, url: str, handlers: str = "tests.support.handlers",
                  overrides: dict[str, str] | None = None) -> None:
         super().__init__(url, handlers, overrides, env=TEST_ENV)

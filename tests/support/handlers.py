@@ -3,31 +3,37 @@ Redis (``test:runs:<session>``) so tests can count runs across processes."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import signal
+import threading
 from typing import Any
 
 import orjson
 import redis
 
-from pending_actions.broker.errors import ToolError
+from pending_actions.broker.errors import Stale, ToolError
 from pending_actions.broker.models import PendingAction
 from pending_actions.workers import handler
-from tests.procs import runs_key
+from tests.support.runs import Run, runs_key
 
-# no socket timeout: t.gate blocks for up to a minute on purpose
-# (TEST_RECORD_URL: where a worker running as a least-privilege user records its runs)
-_client = redis.Redis.from_url(
-    os.environ.get("TEST_RECORD_URL") or os.environ["PENDING_ACTIONS_REDIS_URL"],
-    socket_timeout=None)
+
+@functools.cache
+def client() -> redis.Redis:
+    """The worker's Redis, opened on first use: importing this module needs no environment.
+    TEST_RECORD_URL: where a worker running as a least-privilege user records its runs."""
+    # no socket timeout: t.gate blocks for up to a minute on purpose
+    return redis.Redis.from_url(
+        os.environ.get("TEST_RECORD_URL") or os.environ["PENDING_ACTIONS_REDIS_URL"],
+        socket_timeout=None)
 
 
 def record(name: str, action: PendingAction, reason: str, extra: dict[str, Any] | None,
            key: str) -> None:
-    _client.rpush(runs_key(action.session), orjson.dumps({
-        "handler": name, "id": action.id, "attempt": action.attempts, "key": key,
-        "reason": reason, "extra": extra, "payload": action.payload, "pid": os.getpid(),
-    }))
+    run: Run = {"handler": name, "id": action.id, "attempt": action.attempts, "key": key,
+                "reason": reason, "extra": extra, "payload": action.payload, "pid": os.getpid()}
+    client().rpush(runs_key(action.session), orjson.dumps(run))
 
 
 @handler("t.ok")
@@ -94,8 +100,8 @@ def gate(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
          idempotency_key: str) -> str:
     """Says it started, then waits until the test opens its gate (payload["gate"])."""
     record("t.gate:start", action, reason, extra, idempotency_key)
-    _client.rpush(f"test:started:{action.session}", action.id)
-    opened = _client.blpop([action.payload["gate"]], timeout=60)
+    client().rpush(f"test:started:{action.session}", action.id)
+    opened = client().blpop([action.payload["gate"]], timeout=60)
     if opened is None:
         raise ToolError("gate never opened")
     record("t.gate", action, reason, extra, idempotency_key)
@@ -118,8 +124,54 @@ def idem(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
     ``test:effects:<session>`` gets each action id once however often it is attempted."""
     record("t.idem", action, reason, extra, idempotency_key)
     # one atomic step, so a retried call after a lost reply cannot lose or double the effect
-    _client.eval(
+    client().eval(
         "if redis.call('SET', KEYS[1], ARGV[1], 'NX') then redis.call('RPUSH', KEYS[2], ARGV[1])"
         " end return 1", 2, f"test:effect:{idempotency_key}", f"test:effects:{action.session}",
         action.id)
     return f"done {action.id}"
+
+
+@handler("t.error_result")
+def error_result(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+                 idempotency_key: str) -> dict[str, Any]:
+    """Returns an error result (it does not raise): an outcome, so the action is consumed."""
+    record("t.error_result", action, reason, extra, idempotency_key)
+    return {"content": "nothing to do: already applied", "is_error": True}
+
+
+@handler("t.async")
+async def async_ok(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+                   idempotency_key: str) -> dict[str, Any]:
+    """An async def handler: awaits payload["sleep"] seconds on the worker thread's loop."""
+    await asyncio.sleep(float(action.payload.get("sleep", 0)))
+    loop = id(asyncio.get_running_loop())
+    record("t.async", action, reason, extra, idempotency_key)
+    return {"content": f"async {action.id}",
+            "details": {"thread": threading.get_ident(), "loop": loop}}
+
+
+@handler("t.async_toolerror")
+async def async_toolerror(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+                          idempotency_key: str) -> str:
+    await asyncio.sleep(0)
+    record("t.async_toolerror", action, reason, extra, idempotency_key)
+    raise ToolError("async refused")
+
+
+@handler("t.stale")
+def stale(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+          idempotency_key: str) -> str:
+    """Raises Stale unless the payload's "current" equals the action's fingerprint."""
+    record("t.stale", action, reason, extra, idempotency_key)
+    if action.payload.get("current") != action.fingerprint:
+        raise Stale(f"{action.payload.get('path', 'the target')} changed since the preview")
+    return "fresh"
+
+
+@handler("t.seen")
+def seen(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+         idempotency_key: str) -> dict[str, Any]:
+    """Answers with what it saw: payload, edited, fingerprint."""
+    record("t.seen", action, reason, extra, idempotency_key)
+    return {"content": "seen", "details": {"payload": action.payload, "edited": action.edited,
+                                           "fingerprint": action.fingerprint}}

@@ -77,9 +77,16 @@ class Model:
             elif kind == "action":
                 s.stack.pop()
 
+        def failed(text: str) -> Expected:
+            # a raised error keeps a stacked action pending; a directive is one shot: used up
+            # by the first resolve through it, whatever the outcome
+            if kind == "directive":
+                consume()
+            return Expected(True, text, target.label)
+
         if action == "discard":
             if target.reject == "raise":
-                return Expected(True, "reject broke", target.label)
+                return failed("reject broke")
             consume()
             if target.reject == "text":
                 return Expected(False, f"rejected {target.label} because {reason}", target.label)
@@ -88,9 +95,9 @@ class Model:
             consume()
             return Expected(False, f"applied {target.id}", target.label)
         if target.apply == "toolerror":
-            return Expected(True, "refused: no reason", target.label)
+            return failed("refused: no reason")
         if target.apply == "boom":
-            return Expected(True, texts.handler_failed(action, "kaput"), target.label)
+            return failed(texts.handler_failed(action, "kaput"))
         # crash: the worker dies; the lease runs out; back on top, or dead past the limit
         target.stalls += 1
         if kind != "standing" and target.stalls >= self.max_stalls:

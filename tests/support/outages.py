@@ -6,14 +6,14 @@ import threading
 import time
 from collections import Counter
 
-import orjson
 import redis
 
 from pending_actions.broker.errors import RedisUnavailable
-from pending_actions.broker.results import NOTHING_TO_APPLY
+from pending_actions.broker.texts import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
-from tests.faults import K
-from tests.procs import runs_key
+from tests.support.faults import K
+from tests.support.replies import byte_list, read, tail_id
+from tests.support.runs import runs
 
 TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
@@ -33,8 +33,7 @@ def drain(pa: PendingActions, rc: redis.Redis, session: str, progress: threading
             if not rc.hlen(K.inflight(session)) and not rc.llen(K.stack(session)):
                 return
             # something is in flight: wait for its next history event
-            tail = rc.xrevrange(K.history(session), count=1)
-            rc.xread({K.history(session): tail[0][0] if tail else b"0-0"}, block=2000)
+            read(rc, K.history(session), tail_id(rc, K.history(session)), 2000)
         except (RedisUnavailable, *TRANSIENT):
             time.sleep(0.05)  # Redis is down; there is nothing to wait on but time
     raise AssertionError(f"{session} not drained in time")
@@ -70,9 +69,9 @@ def check_exactly_once(rc: redis.Redis, staged: dict[str, list[str]]) -> dict[st
     run twice by the service."""
     totals = Counter[str]()
     for session, ids in staged.items():
-        effects = [x.decode() for x in rc.lrange(f"test:effects:{session}", 0, -1)]
+        effects = [x.decode() for x in byte_list(rc.lrange(f"test:effects:{session}", 0, -1))]
         assert sorted(effects) == sorted(ids), (session, Counter(effects) - Counter(ids))
-        ran = [orjson.loads(x) for x in rc.lrange(runs_key(session), 0, -1)]
+        ran = runs(rc, session)
         attempts = Counter((r["id"], r["attempt"]) for r in ran)
         assert max(attempts.values()) == 1, [k for k, v in attempts.items() if v > 1]
         assert rc.llen(K.stack(session)) == 0 and rc.hlen(K.inflight(session)) == 0

@@ -1,0 +1,38 @@
+"""Payload checks against an action's JSON Schema (``stage(schema=)``), shared by the producer,
+which checks an edit before sending it, and the worker, which checks it again before the
+handler sees it (a request written to the stream by hand never went through a producer)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from jsonschema import exceptions as schema_errors
+from jsonschema import validators
+
+from pending_actions.broker.errors import InvalidInput
+
+
+def check_schema(schema: object) -> dict[str, Any] | None:
+    """``schema`` itself is a JSON Schema (of the dialect its ``$schema`` names, else the
+    latest); raises InvalidInput naming ``schema``."""
+    if schema is None:
+        return None
+    if not isinstance(schema, dict):
+        raise InvalidInput("schema", f"must be a JSON Schema object, got {type(schema).__name__}")
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except schema_errors.SchemaError as exc:
+        raise InvalidInput("schema", f"not a valid JSON Schema: {exc.message}") from None
+    return schema
+
+
+def check_payload(payload: object, schema: dict[str, Any] | None, field: str) -> None:
+    """``payload`` meets ``schema`` (when there is one); the most relevant problem is raised
+    as InvalidInput naming ``field``."""
+    if schema is None:
+        return
+    error = schema_errors.best_match(
+        validators.validator_for(schema)(schema).iter_errors(cast(Any, payload)))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path)
+        raise InvalidInput(field, error.message + (f" (at /{where})" if where else ""))

@@ -1,0 +1,143 @@
+"""``AsyncPendingActions``: the same client for asyncio programs (agent frameworks are async).
+It drives the same plans as ``PendingActions`` (``producers/core.py``) over ``redis.asyncio``,
+so a resolve waiting on a slow handler awaits its reply without holding up the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import redis.asyncio
+
+from pending_actions.broker.backoff import Backoff
+from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, async_producer_client
+from pending_actions.broker.errors import RedisUnavailable
+from pending_actions.broker.failures import translate
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
+from pending_actions.broker.scripts import Scripts
+from pending_actions.broker.settings import Settings
+from pending_actions.producers.client import WAIT_RETRIES, redis_errors
+from pending_actions.producers.core import Batch, Core, Plan, Run, Wait
+
+T = TypeVar("T")
+
+
+class AsyncPendingActions:
+    """Client of the service for asyncio. One per event loop; every method is awaitable and
+    takes the same arguments as ``PendingActions``'s."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.client: redis.asyncio.Redis = async_producer_client(self.settings.require_url())
+        keys = Keys(self.settings.key_prefix)
+        self.core = Core(self.settings, keys, Scripts(self.client, self.settings, keys))
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> AsyncPendingActions:
+        return cls(Settings(redis_url=url, **overrides))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncPendingActions:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- the transport ---------------------------------------------------------------------
+    async def _run(self, plan: Plan[T]) -> T:
+        reply: Any = None
+        try:
+            while True:
+                step = plan.send(reply)
+                if isinstance(step, Batch):
+                    reply = await self._batch(step)
+                elif isinstance(step, Run):
+                    with redis_errors():
+                        reply = await step.call.run_async()
+                else:
+                    reply = await self._wait(step)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def _batch(self, step: Batch) -> list[Any]:
+        with redis_errors():
+            pipe = self.client.pipeline(transaction=step.transaction)
+            step.queue(pipe)
+            return await pipe.execute()
+
+    async def _wait(self, step: Wait) -> bytes | None:
+        """As ``PendingActions._wait``, awaiting instead of blocking."""
+        deadline = time.monotonic() + step.seconds
+        retry = Backoff(cap=0.5)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                got: Any = await self.client.blpop([step.key],
+                                                   timeout=max(min(left, BLOCK_CHUNK_S), 0.01))
+                if got is not None:
+                    return got[1]  # type: ignore[no-any-return]
+            except TRANSIENT as exc:
+                if retry.failures >= WAIT_RETRIES:
+                    raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                await asyncio.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
+            except redis.RedisError as exc:
+                raise translate(exc) from exc
+        return None
+
+    # --- the methods of PendingActions -----------------------------------------------------
+    async def stage_many(self, actions: Iterable[dict[str, Any]]) -> list[str]:
+        return await self._run(self.core.stage_many(actions))
+
+    async def stage(self, *, session: str, tool: str, label: str, apply: str,
+                    reject: str | None = None, payload: dict[str, Any] | None = None,
+                    ttl: float | None = None, fingerprint: str | None = None,
+                    schema: dict[str, Any] | None = None, tenant: str = DEFAULT_TENANT) -> str:
+        return (await self.stage_many([{
+            "session": session, "tool": tool, "label": label, "apply": apply, "reject": reject,
+            "payload": payload, "ttl": ttl, "fingerprint": fingerprint, "schema": schema,
+            "tenant": tenant}]))[0]
+
+    async def set_directive(self, session: str, *, tool: str, label: str, apply: str,
+                            reject: str | None = None) -> str:
+        return await self._run(self.core.set_slot(session, "directive", tool, label, apply,
+                                                  reject))
+
+    async def set_standing(self, session: str, *, tool: str, label: str, apply: str,
+                           reject: str | None = None) -> str:
+        return await self._run(self.core.set_slot(session, "standing", tool, label, apply,
+                                                  reject))
+
+    async def clear_standing(self, session: str) -> bool:
+        return await self._run(self.core.clear_slot(session, "standing"))
+
+    async def clear_directive(self, session: str) -> bool:
+        return await self._run(self.core.clear_slot(session, "directive"))
+
+    async def resolve(self, *, session: str, action: str, reason: str,
+                      extra: dict[str, Any] | None = None, timeout: float | None = None,
+                      edit: dict[str, Any] | None = None,
+                      expect_id: str | None = None, by: str | None = None) -> Result:
+        return await self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
+                                                 expect_id, by))
+
+    async def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:
+        return await self._run(self.core.pending(session, limit))
+
+    async def show(self, session: str, action_id: str) -> PendingAction | None:
+        return await self._run(self.core.show(session, action_id))
+
+    async def next_tool_choice(self, session: str) -> dict[str, Any] | None:
+        return await self._run(self.core.next_tool_choice(session))
+
+    async def history(self, session: str, count: int = 100) -> list[dict[str, Any]]:
+        return await self._run(self.core.history(session, count))
+
+    async def dead_letters(self, session: str) -> list[dict[str, Any]]:
+        return await self._run(self.core.dead_letters(session))
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._run(self.core.stats())

@@ -1,0 +1,348 @@
+"""The client's logic without I/O, shared by ``PendingActions`` and ``AsyncPendingActions``.
+
+Each operation is a generator (a ``Plan``): it validates its input, yields what it needs from
+Redis, a ``Batch`` of commands for one pipeline or a ``Wait`` on a reply list, gets the answer
+sent back, and returns the value the caller sees. The two clients only drive plans, one with
+redis-py's blocking client, one with ``redis.asyncio``: validation, request building and
+result building exist once, here."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+
+from pending_actions.broker import texts
+from pending_actions.broker.errors import Forbidden, InvalidInput, UnknownHandler
+from pending_actions.broker.events import Event
+from pending_actions.broker.feed import publish
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import (
+    DEFAULT_TENANT,
+    TOOL_RE,
+    ActionState,
+    PendingAction,
+    ResolveInput,
+    ResolveRequest,
+    Result,
+    Spec,
+    check_handler_name,
+    check_session,
+    check_tenant,
+    merge_patch,
+)
+from pending_actions.broker.payloads import check_payload, check_schema
+from pending_actions.broker.replies import Peeked, Pending
+from pending_actions.broker.results import base_details, text_result
+from pending_actions.broker.scripts import Call, Scripts, Slot
+from pending_actions.broker.settings import Settings
+from pending_actions.producers.tool import soft_requirement
+
+T = TypeVar("T")
+MAX_FINGERPRINT_CHARS = 1_000
+BY_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+
+
+def _foreign(session: str) -> Forbidden:
+    return Forbidden(f"session {session!r} belongs to another tenant")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Commands queued by ``queue(pipe)`` and sent as one pipeline; the driver sends back the
+    list of replies."""
+
+    queue: Callable[[Any], object]
+    transaction: bool = False
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Block on the list ``key`` for up to ``seconds``; the driver sends back its first item,
+    or None when the time ran out."""
+
+    key: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Run:
+    """One script on its own, sent as EVALSHA (its body only when Redis lacks it); the driver
+    sends back its decoded reply. Cheaper than a ``Batch`` of one EVAL, which sends the body."""
+
+    call: Call[Any]
+
+
+Plan = Generator[Batch | Wait | Run, Any, T]
+
+
+class Core:
+    def __init__(self, settings: Settings, keys: Keys, scripts: Scripts) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.scripts = scripts
+
+    # --- staging ---------------------------------------------------------------------------
+    def validate(self, session: object, kind: str, tool: object, label: object, apply: object,
+                 reject: object, payload: object, ttl: object = None, fingerprint: object = None,
+                 schema: object = None, tenant: object = DEFAULT_TENANT) -> dict[str, Any]:
+        """Every check that needs no Redis; returns the spec's fields (and ``ttl``)."""
+        check_session(session)
+        check_tenant(tenant)
+        if not isinstance(tool, str) or not TOOL_RE.match(tool):
+            raise InvalidInput("tool", f"must be 1-64 of A-Z a-z 0-9 . _ - (got {tool!r})")
+        if not isinstance(label, str) or not label.strip():
+            raise InvalidInput("label", "must be a non-empty string")
+        if len(label) > self.settings.max_label_chars:
+            raise InvalidInput("label", f"longer than {self.settings.max_label_chars} characters")
+        check_handler_name("apply", apply)
+        if reject is not None:
+            check_handler_name("reject", reject)
+        if payload is None:
+            payload = {}
+        if not isinstance(payload, dict):
+            raise InvalidInput("payload", f"must be a JSON object, got {type(payload).__name__}")
+        try:
+            size = len(orjson.dumps(payload))
+        except TypeError as exc:
+            raise InvalidInput("payload", f"not JSON-serialisable: {exc}") from None
+        if size > self.settings.max_payload_bytes:
+            raise InvalidInput("payload", f"{size} bytes; the limit is "
+                               f"{self.settings.max_payload_bytes}")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)
+                                or not 0 < ttl <= 10 * 365 * 86_400):
+            raise InvalidInput("ttl", f"must be a positive number of seconds (got {ttl!r})")
+        if fingerprint is not None and (not isinstance(fingerprint, str) or not fingerprint
+                                        or len(fingerprint) > MAX_FINGERPRINT_CHARS):
+            raise InvalidInput("fingerprint", f"must be a string of 1-{MAX_FINGERPRINT_CHARS} "
+                               "characters")
+        checked_schema = check_schema(schema)
+        check_payload(payload, checked_schema, "payload")
+        return {"session": session, "kind": kind, "tool": tool, "label": label,
+                "apply": apply, "reject": reject, "payload": payload, "ttl": ttl,
+                "fingerprint": fingerprint, "payload_schema": checked_schema, "tenant": tenant}
+
+    def _handler_check(self, checked: list[dict[str, Any]]) -> Plan[None]:
+        """One round trip: every handler name the validated specs use exists, and no session
+        belongs to another tenant (stage.lua checks that again, atomically)."""
+        pairs = sorted({(field, f[field]) for f in checked for field in ("apply", "reject")
+                        if f[field] is not None})
+        owners = sorted({(f["session"], f["tenant"]) for f in checked})
+
+        def queue(pipe: Any) -> None:
+            pipe.hmget(self.keys.handlers, [n for _f, n in pairs])
+            for session, _t in owners:
+                pipe.get(self.keys.tenant(session))
+
+        found, *tenants = yield Batch(queue)
+        for (field, name), value in zip(pairs, found, strict=True):
+            if value is None:
+                raise UnknownHandler(field, name)
+        for (session, tenant), owner in zip(owners, tenants, strict=True):
+            if owner is not None and owner.decode() != tenant:
+                raise _foreign(session)
+
+    @staticmethod
+    def _spec(fields: dict[str, Any], action_id: str) -> Spec:
+        now = time.time()
+        ttl = fields.get("ttl")
+        return Spec(id=action_id, created_at=now,
+                    expires_at=None if ttl is None else now + ttl,
+                    **{k: v for k, v in fields.items() if k != "ttl"})
+
+    def stage_many(self, actions: Iterable[dict[str, Any]]) -> Plan[list[str]]:
+        checked = [self.validate(a.get("session"), "action", a.get("tool"), a.get("label"),
+                                 a.get("apply"), a.get("reject"), a.get("payload"),
+                                 a.get("ttl"), a.get("fingerprint"), a.get("schema"),
+                                 a.get("tenant", DEFAULT_TENANT))
+                   for a in actions]
+        if not checked:
+            return []
+        yield from self._handler_check(checked)
+        last, = yield Batch(lambda p: p.incrby(self.keys.seq, len(checked)))
+        specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}")
+                 for seq, f in enumerate(checked, start=int(last) - len(checked) + 1)]
+
+        queued = []
+
+        def queue(pipe: Any) -> None:
+            for spec, fields in zip(specs, checked, strict=True):
+                ttl = fields["ttl"]
+                # depth 0 needs no look: an id staged already was staged by a retry of this
+                queued.append(self.scripts.stage(
+                    spec.session, spec.id, orjson.dumps(spec.model_dump()), spec.tenant,
+                    None if ttl is None else int(ttl * 1000)).on(pipe))
+                if spec.expires_at is not None:
+                    # the sweep's index, on the same pipeline as the stage (like a lease's)
+                    pipe.zadd(self.keys.expiries, {Keys.lease_member(spec.session, spec.id):
+                                                   int(spec.expires_at * 1000)})
+                publish(pipe, self.keys, Event.STAGED, spec)
+            pipe.sadd(self.keys.sessions, *{s.session for s in specs})
+            for tenant in {s.tenant for s in specs}:
+                pipe.sadd(self.keys.tenant_sessions(tenant),
+                          *{s.session for s in specs if s.tenant == tenant})
+
+        replies = yield Batch(queue)
+        for spec, one in zip(specs, queued, strict=True):
+            if one.get(replies).depth < 0:  # another tenant took the session meanwhile
+                raise _foreign(spec.session)
+        return [s.id for s in specs]
+
+    def set_slot(self, session: str, slot: Slot, tool: object, label: object, apply: object,
+                 reject: object) -> Plan[str]:
+        fields = self.validate(session, slot, tool, label, apply, reject, None)
+        yield from self._handler_check([fields])
+        seq, = yield Batch(lambda p: p.incr(self.keys.seq))
+        spec = self._spec(fields, f"{slot}:{tool}:{seq}")
+
+        def queue(pipe: Any) -> None:
+            self.scripts.set_slot(session, slot, spec.id, orjson.dumps(spec.model_dump())).on(pipe)
+            pipe.sadd(self.keys.sessions, session)
+
+        yield Batch(queue)
+        return spec.id
+
+    def clear_slot(self, session: str, slot: Slot) -> Plan[bool]:
+        check_session(session)
+        got = yield Run(self.scripts.clear_slot(session, slot))
+        return got.previous is not None
+
+    # --- resolving -------------------------------------------------------------------------
+    def resolve(self, session: str, action: object, reason: object, extra: object,
+                timeout: object, edit: object = None, expect_id: object = None,
+                by: object = None) -> Plan[Result]:
+        check_session(session)
+        given = ResolveInput.parse(action, reason, extra)
+        if len(given.reason) > self.settings.max_reason_chars:
+            raise InvalidInput("reason", f"{len(given.reason)} characters; the limit is "
+                               f"{self.settings.max_reason_chars}")
+        if given.extra is not None and (size := len(orjson.dumps(given.extra))) > \
+                self.settings.max_extra_bytes:
+            raise InvalidInput("extra", f"{size} bytes as JSON; the limit is "
+                               f"{self.settings.max_extra_bytes}")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, int | float) or timeout <= 0):
+            raise InvalidInput("timeout", "must be a positive number of seconds")
+        if expect_id is not None and (not isinstance(expect_id, str) or not expect_id
+                                      or len(expect_id) > 300):
+            raise InvalidInput("expect_id", "must be an action id")
+        if by is not None and (not isinstance(by, str) or not BY_RE.match(by)):
+            raise InvalidInput("by", "must be 1-128 characters of A-Z a-z 0-9 . _ : @ -")
+        if edit is not None:
+            if not isinstance(edit, dict):
+                raise InvalidInput("edit", "must be a JSON Merge Patch object")
+            if given.action != "apply":
+                raise InvalidInput("edit", "only an apply can edit the payload")
+            expect_id = yield from self._check_edit(session, edit, expect_id)
+        wait = float(timeout or self.settings.resolve_timeout_s)
+        req = uuid.uuid4().hex
+        request = ResolveRequest(req=req, session=session, action=given.action,
+                                 reason=given.reason, extra=given.extra,
+                                 timeout_ms=int(wait * 1000),
+                                 deadline_ms=int((time.time() + wait) * 1000),
+                                 expect_id=expect_id, by=by, edit=edit)
+        yield Batch(lambda p: p.xadd(self.keys.requests, request.to_fields()))
+        got = yield Wait(self.keys.reply(session, req), wait)
+        if got is None:
+            details = base_details(given.action, given.reason, given.extra)
+            return text_result(texts.timed_out(wait), details, is_error=True)
+        return Result.model_validate_json(got)
+
+    def _check_edit(self, session: str, edit: dict[str, Any],
+                    expect_id: str | None) -> Plan[str]:
+        """An edit is checked here, against the target it will meet, and goes only with that
+        target: the request carries its id as ``expect_id`` (the caller's own when given)."""
+        target = yield from self._target(session)
+        if target is None:
+            raise InvalidInput("edit", "there is no pending action to edit")
+        if expect_id is not None and expect_id != target.id:
+            raise InvalidInput("expect_id", f"{expect_id} is not the current target "
+                               f"({target.id} is); nothing was changed")
+        try:
+            edited = merge_patch(target.payload, edit)
+            size = len(orjson.dumps(edited))
+        except TypeError as exc:
+            raise InvalidInput("edit", f"not JSON-serialisable: {exc}") from None
+        if size > self.settings.max_payload_bytes:
+            raise InvalidInput("edit", f"the edited payload is {size} bytes; the limit is "
+                               f"{self.settings.max_payload_bytes}")
+        check_payload(edited, target.payload_schema, "edit")
+        return target.id
+
+    def _target(self, session: str) -> Plan[Spec | None]:
+        got: Peeked = yield Run(self.scripts.peek(session))
+        if got.directive is not None:
+            return got.directive
+        if got.head is None:
+            return None
+        head = got.head
+        raw, = yield Batch(lambda p: p.hget(self.keys.actions(session), head))
+        return Spec.model_validate_json(raw) if raw else None
+
+    # --- reading ---------------------------------------------------------------------------
+    def pending(self, session: str, limit: int = 1000) -> Plan[list[PendingAction]]:
+        check_session(session)
+        got: Pending = yield Run(self.scripts.pending(session, limit))
+        return got.actions
+
+    def show(self, session: str, action_id: str) -> Plan[PendingAction | None]:
+        found = next((a for a in (yield from self.pending(session)) if a.id == action_id), None)
+        if found is not None:
+            return found
+        k = self.keys
+
+        def queue(pipe: Any) -> None:
+            pipe.hget(k.actions(session), action_id)
+            pipe.hget(k.state(session), action_id)
+
+        raw, st = yield Batch(queue, transaction=True)
+        if raw is None:
+            return None
+        spec = Spec.model_validate_json(raw)
+        if spec.expires_at is not None and spec.expires_at <= time.time():
+            return None  # past its ttl: gone, as pending() says, whether or not it is swept
+        return PendingAction.build(spec, ActionState.model_validate_json(st or b"{}"))
+
+    def next_tool_choice(self, session: str) -> Plan[dict[str, Any] | None]:
+        check_session(session)
+        got: Peeked = yield Run(self.scripts.peek(session))
+        if got.directive is not None:
+            return {"type": "directive",
+                    **got.directive.model_dump(
+                        exclude={"payload", "kind", "fingerprint", "payload_schema"})}
+        return soft_requirement(got.head) if got.head is not None else None
+
+    def history(self, session: str, count: int = 100) -> Plan[list[dict[str, Any]]]:
+        check_session(session)
+        entries, = yield Batch(lambda p: p.xrevrange(self.keys.history(session), count=count))
+        return [{"at": e.decode(), **{k.decode(): v.decode() for k, v in f.items()}}
+                for e, f in reversed(entries)]
+
+    def dead_letters(self, session: str) -> Plan[list[dict[str, Any]]]:
+        check_session(session)
+        items, = yield Batch(lambda p: p.lrange(self.keys.dead(session), 0, -1))
+        return [orjson.loads(x) for x in items]
+
+    def stats(self) -> Plan[dict[str, Any]]:
+        k = self.keys
+
+        def queue(pipe: Any) -> None:
+            pipe.scard(k.sessions)
+            pipe.xlen(k.requests)
+            pipe.zcard(k.leases)
+            pipe.hkeys(k.handlers)
+            pipe.get(k.seq)
+            pipe.xlen(k.requests_dead)
+            pipe.xlen(k.task_queue(self.settings.queue))
+            pipe.zcard(k.expiries)
+
+        sessions, requests, leased, handlers, seq, bad, tasks, expiring = yield Batch(queue)
+        return {"sessions": sessions, "requests_waiting": requests,
+                "leases": leased, "handlers": sorted(h.decode() for h in handlers),
+                "staged_total": int(seq or 0), "malformed_requests": bad,
+                "tasks_queued": tasks, "expiring": expiring}

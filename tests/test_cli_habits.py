@@ -1,0 +1,120 @@
+"""The command line as people type it (issue 11, item 7): options after the subcommand,
+payloads from a file or stdin, --version, readable history times, one-line errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pending_actions.embedded import EmbeddedRedis, free_port
+from pending_actions.procs import ROOT
+from tests.support.procs import Worker, worker_env
+
+
+def run(url: str | None, *args: str, stdin: str | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = worker_env(url or "")
+    if not url:
+        env.pop("PENDING_ACTIONS_REDIS_URL")
+    return subprocess.run([sys.executable, "-m", "pending_actions", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, input=stdin)
+
+
+def test_json_and_redis_url_after_the_subcommand(redis_server: EmbeddedRedis, worker: Worker,
+                                                 session: str) -> None:
+    staged = run(None, "stage", "--session", session, "--tool", "edit", "--label", "L",
+                 "--apply", "t.ok", "--redis-url", redis_server.url, "--json")
+    assert staged.returncode == 0, staged.stderr
+    action_id = orjson.loads(staged.stdout)["id"]
+    listed = run(None, "ls", "--session", session, "--json", "--redis-url", redis_server.url)
+    assert listed.returncode == 0, listed.stderr
+    assert [a["id"] for a in orjson.loads(listed.stdout)] == [action_id]
+    # before the subcommand still works, and both places together
+    both = run(None, "--json", "--redis-url", redis_server.url, "ls", "--session", session,
+               "--json")
+    assert [a["id"] for a in orjson.loads(both.stdout)] == [action_id]
+
+
+def test_payload_from_a_file_and_from_stdin(redis_server: EmbeddedRedis, worker: Worker,
+                                            session: str, tmp_path: Path) -> None:
+    big = {"content": "x" * 200_000, "path": "big.txt"}  # larger than a comfortable argv
+    path = tmp_path / "payload.json"
+    path.write_bytes(orjson.dumps(big))
+    url = redis_server.url
+    from_file = run(url, "stage", "--session", session, "--tool", "edit", "--label", "file",
+                    "--apply", "t.ok", "--payload", f"@{path}")
+    assert from_file.returncode == 0, from_file.stderr
+    from_stdin = run(url, "stage", "--session", session, "--tool", "edit", "--label", "stdin",
+                     "--apply", "t.ok", "--payload", "-", stdin='{"from": "stdin"}')
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    shown = orjson.loads(run(url, "show", "--session", session, from_file.stdout.strip(),
+                             "--json").stdout)
+    assert shown["payload"] == big
+    shown = orjson.loads(run(url, "show", "--session", session, from_stdin.stdout.strip(),
+                             "--json").stdout)
+    assert shown["payload"] == {"from": "stdin"}
+    missing = run(url, "stage", "--session", session, "--tool", "edit", "--label", "x",
+                  "--apply", "t.ok", "--payload", f"@{tmp_path / 'nope.json'}")
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_version() -> None:
+    out = run(None, "--version")
+    assert out.returncode == 0 and re.match(r"pending-actions, version \d+\.\d+", out.stdout)
+
+
+def test_history_has_readable_times(redis_server: EmbeddedRedis, worker: Worker,
+                                    session: str) -> None:
+    url = redis_server.url
+    run(url, "stage", "--session", session, "--tool", "edit", "--label", "L", "--apply",
+        "t.ok", "--ttl", "3600")
+    run(url, "resolve", "--session", session, "--action", "apply", "--reason", "r")
+    out = run(url, "history", "--session", session)
+    lines = out.stdout.splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
+    assert [line.split()[2] for line in lines] == ["staged", "taken", "applied"]
+    assert all(re.match(stamp, line) for line in lines), lines
+    assert re.search(f"expires_at={stamp}", lines[0]), lines[0]
+    as_json = orjson.loads(run(url, "history", "--session", session, "--json").stdout)
+    assert re.match(stamp, as_json[0]["time"]) and "-" in as_json[0]["at"]
+
+
+@pytest.mark.parametrize(("args", "code", "needle"), [
+    (["--redis-url", "nonsense://x", "ls", "--session", "s"], 2, "bad Redis URL"),
+    (["ls", "--session", "s", "--redis-url", "http://localhost:1"], 2, "bad Redis URL"),
+    (["--redis-url", "redis://127.0.0.1:{port}/0", "ls", "--session", "s"], 1,
+     "Redis is unavailable"),
+    (["--redis-url", "redis://127.0.0.1:{port}/0", "resolve", "--session", "s", "--action",
+      "apply", "--reason", "r", "--edit", "[1]"], 2, "--edit"),
+])
+def test_errors_are_one_line(args: list[str], code: int, needle: str) -> None:
+    port = str(free_port())
+    out = run(None, *[a.replace("{port}", port) for a in args], timeout=60)
+    assert out.returncode == code, out.stderr
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) <= 2, \
+        out.stderr
+
+
+def test_edit_and_expect_id_from_the_command_line(redis_server: EmbeddedRedis, worker: Worker,
+                                                  session: str) -> None:
+    url = redis_server.url
+    first = run(url, "stage", "--session", session, "--tool", "edit", "--label", "A",
+                "--apply", "t.seen", "--payload", '{"n": 1}',
+                "--schema", '{"type": "object", "properties": {"n": {"type": "integer"}}}')
+    action_id = first.stdout.strip()
+    bad = run(url, "resolve", "--session", session, "--action", "apply", "--reason", "r",
+              "--edit", '{"n": "one"}')
+    assert bad.returncode == 2 and "invalid edit" in bad.stderr, bad.stderr
+    wrong = run(url, "resolve", "--session", session, "--action", "apply", "--reason", "r",
+                "--expect-id", "pending-action:edit:0", "--json")
+    assert wrong.returncode == 1 and "expect_id" in orjson.loads(wrong.stdout)["details"]
+    good = run(url, "resolve", "--session", session, "--action", "apply", "--reason", "r",
+               "--edit", '{"n": 2}', "--expect-id", action_id, "--json")
+    assert good.returncode == 0, good.stderr
+    assert orjson.loads(good.stdout)["details"]["sourceResultDetails"]["payload"] == {"n": 2}

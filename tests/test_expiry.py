@@ -1,0 +1,147 @@
+"""Expiry (stage(ttl=)) across real processes: past its ttl an action is gone for every reader at
+once, and the resolve worker's recovery loop ends it with the outcome ``expired`` even while
+every handler thread is busy; no handler runs for it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from pending_actions.broker import Keys
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.producers import PendingActions
+from pending_actions.producers.tool import render
+from tests.support.procs import Worker
+from tests.support.replies import read
+from tests.support.runs import runs
+
+PREFIX = "pa"
+
+
+@pytest.fixture(scope="module")
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(directory=Path(tmp_path_factory.mktemp("redis-expiry"))).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def busy_worker(own_redis: EmbeddedRedis) -> Iterator[Worker]:
+    """One handler thread only (so one gated handler keeps it busy) and a quick recovery loop,
+    on a Redis of its own so no other worker serves its requests."""
+    w = Worker(own_redis.url, overrides={"worker_threads": "1",
+                                         "recovery_interval_ms": "100"}).start()
+    yield w
+    w.stop()
+
+
+@pytest.fixture(scope="module")
+def epa(own_redis: EmbeddedRedis, busy_worker: Worker) -> Iterator[PendingActions]:
+    client = PendingActions.from_url(own_redis.url, resolve_timeout_s=30)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def erc(own_redis: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own_redis.url)
+    yield client
+    client.close()
+
+
+def wait_for_event(rc: redis.Redis, key: str, event: str, timeout: float = 10.0) -> dict[str, str]:
+    """Block on the history stream (XREAD) until an entry with ``event`` arrives."""
+    last, deadline = b"0-0", time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        for entry_id, fields in read(rc, key, last, max(int(left * 1000), 1)):
+            last = entry_id
+            decoded = {k.decode(): v.decode() for k, v in fields.items()}
+            if decoded["event"] == event:
+                return decoded
+    raise AssertionError(f"no {event} entry in {key} within {timeout}s")
+
+
+def test_expires_with_every_handler_thread_busy(epa: PendingActions, erc: redis.Redis) -> None:
+    rc = erc
+    busy, session = f"busy-{uuid.uuid4().hex[:8]}", f"exp-{uuid.uuid4().hex[:8]}"
+    gate = f"test:gate:{busy}"
+    epa.stage(session=busy, tool="edit", label="gated", apply="t.gate", payload={"gate": gate})
+    held = threading.Thread(target=epa.resolve,
+                            kwargs={"session": busy, "action": "apply", "reason": "hold"})
+    held.start()
+    try:
+        assert rc.blpop([f"test:started:{busy}"], timeout=20) is not None  # the thread is busy
+        action_id = epa.stage(session=session, tool="edit", label="Short-lived",
+                              apply="t.ok", reject="t.reject_text", ttl=0.3)
+        staged = epa.pending(session)[0]
+        assert staged.expires_at is not None and staged.expires_at > staged.created_at
+        choice = epa.next_tool_choice(session)
+        assert choice is not None and choice["id"] == action_id
+        ended = wait_for_event(rc, Keys(PREFIX).history(session), "expired")
+        assert ended["id"] == action_id and int(ended["expires_at"]) > 0
+        assert epa.pending(session) == [] and epa.next_tool_choice(session) is None
+        assert epa.show(session, action_id) is None
+        # no handler ran: neither apply nor reject
+        assert runs(rc, session) == []
+        # a resolver that targets it is told it expired, and nothing changes
+        res = epa.resolve(session=session, action="apply", reason="late click",
+                          expect_id=action_id)
+        assert res.is_error and res.text.startswith(f"Expired: {action_id}")
+        assert res.details["expect_id"] == action_id
+        assert render(res).startswith("Failed:")
+        # its keys are gone but the history (expires_at of the staged entry included)
+        assert not rc.hexists(Keys(PREFIX).actions(session), action_id)
+        assert rc.zscore(Keys(PREFIX).expiries, f"{session}/{action_id}") is None
+        assert [e["event"] for e in epa.history(session)] == ["staged", "expired"]
+    finally:
+        rc.rpush(gate, "open")
+        held.join(30)
+    assert not held.is_alive()
+
+
+def test_past_ttl_is_gone_for_readers_before_any_sweep(redis_server: EmbeddedRedis,
+                                                       rc: redis.Redis) -> None:
+    """No resolve worker serves this prefix, so nobody sweeps: readers alone must hide it."""
+    prefix, session = f"nw{uuid.uuid4().hex[:6]}", "s1"
+    rc.hset(f"{prefix}:handlers", "t.ok", "{}")
+    pa = PendingActions.from_url(redis_server.url, key_prefix=prefix)
+    try:
+        keep = pa.stage(session=session, tool="edit", label="Keep", apply="t.ok")
+        short = pa.stage(session=session, tool="edit", label="Short", apply="t.ok", ttl=0.2)
+        choice = pa.next_tool_choice(session)
+        assert choice is not None and choice["id"] == short
+        time.sleep(0.3)  # the passing of time is what is tested here
+        assert [a.id for a in pa.pending(session)] == [keep]
+        choice = pa.next_tool_choice(session)
+        assert choice is not None and choice["id"] == keep
+        assert pa.show(session, short) is None
+        assert [e["event"] for e in pa.history(session)] == ["staged", "staged"]
+    finally:
+        pa.close()
+
+
+def test_resolve_after_expiry_targets_what_pending_shows(epa: PendingActions, erc: redis.Redis,
+                                                         session: str) -> None:
+    rc = erc
+    keep = epa.stage(session=session, tool="edit", label="Keep", apply="t.ok")
+    short = epa.stage(session=session, tool="edit", label="Short", apply="t.ok", ttl=0.2)
+    wait_for_event(rc, Keys(PREFIX).history(session), "expired")
+    res = epa.resolve(session=session, action="apply", reason="r")
+    assert (res.is_error, res.details["label"]) == (False, "Keep")
+    assert [r["id"] for r in runs(rc, session)] == [keep]
+    assert short not in {r["id"] for r in runs(rc, session)}
+
+
+@pytest.mark.parametrize("ttl", [0, -1, "10", True])
+def test_bad_ttl_is_refused(pa: PendingActions, session: str, ttl: object) -> None:
+    from pending_actions.broker.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as err:
+        pa.stage(session=session, tool="edit", label="L", apply="t.ok", ttl=ttl)  # type: ignore[arg-type]
+    assert err.value.field == "ttl"

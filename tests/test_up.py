@@ -1,0 +1,96 @@
+"""`up` cannot mislead: a port in use is an error naming it, and nothing `up` or `worker`
+started outlives them, whatever kills them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from pending_actions.embedded import EmbeddedRedis, free_port
+from pending_actions.procs import ExitWatch
+from tests.support.procs import Worker
+from tests.support.up import await_up, spawn_up, up_children
+
+
+def test_port_in_use_is_an_error_naming_it(redis_server: EmbeddedRedis,
+                                           tmp_path: Path) -> None:
+    """Another Redis on the port: `up` must neither use it nor say it started its own."""
+    other: Any = redis.Redis.from_url(redis_server.url)
+    other.set("someone-elses", "data")
+    keys_before = set(other.keys())
+    proc = spawn_up(tmp_path / "data", redis_server.port, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # a no-op unless it went on to run against the other server
+    assert proc.returncode == 2, (out, err)
+    assert out == ""  # no export line: nothing was started
+    errors = [line for line in err.splitlines() if "rror" in line]
+    assert len(errors) == 1 and f"port {redis_server.port} is already in use" in errors[0], err
+    assert "Traceback" not in err and "embedded redis-server" not in err
+    assert set(other.keys()) == keys_before
+    other.close()
+
+
+def _run_up(tmp_path: Path) -> tuple[subprocess.Popen[str], str, dict[str, list[int]]]:
+    port = free_port()
+    proc = spawn_up(tmp_path / "data", port)
+    try:
+        url = await_up(proc, port)
+        children = up_children(proc, url)
+    except BaseException:
+        proc.kill()
+        raise
+    assert children["redis-server"] and len(children["dramatiq"]) >= 2  # master + a worker
+    return proc, url, children
+
+
+@contextlib.contextmanager
+def _killed_at_end(proc: subprocess.Popen[str]) -> Iterator[None]:
+    """If the test fails, stop whatever it started; SIGTERM, which `up` passes on."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
+def test_nothing_outlives_up(tmp_path: Path, how: str) -> None:
+    """SIGKILL (no chance to clean up) and SIGHUP to the job's process group (the terminal was
+    closed): redis-server, the dramatiq master and its worker processes all end."""
+    proc, url, children = _run_up(tmp_path)
+    with _killed_at_end(proc), ExitWatch([p for pids in children.values() for p in pids]) as exits:
+        if how == "SIGKILL":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGHUP)
+        code = proc.wait(timeout=60)
+        assert exits.wait(timeout=60) == [], children
+    proc.communicate()  # only now: an orphan would hold the pipes open
+    assert code == (-signal.SIGKILL if how == "SIGKILL" else 0)
+    client = redis.Redis.from_url(url)
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+
+
+def test_nothing_outlives_worker(redis_server: EmbeddedRedis) -> None:
+    """SIGKILL of the `worker` command alone: its dramatiq processes stop too."""
+    worker = Worker(redis_server.url).start()
+    try:
+        below = worker.tree()[1:]
+        assert len(below) >= 2  # the dramatiq master and a worker process
+        with ExitWatch(below) as exits:
+            os.kill(worker.pid, signal.SIGKILL)
+            assert exits.wait(timeout=60) == []
+    finally:
+        worker.kill()
