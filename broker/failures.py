@@ -42,7 +42,7 @@ def translate(exc: BaseException, url: str = "") -> PendingActionsError:
         return RedisFull(f"Redis{where} is full (maxmemory reached); nothing was changed")
     if isinstance(exc, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError):
         return Forbidden(f"Redis{where} refused the credentials: {exc}")
-    if isinstance(exc, rx.NoPermissionError):
+    if isinstance(exc, rx.NoPermissionError) or "can't run this command" in str(exc):
         return Forbidden(f"the Redis user lacks a permission: {exc} "
                          "(see `pending-actions acl --role ...`)")
     if isinstance(exc, rx.InvalidResponse) or "Protocol error" in str(exc):

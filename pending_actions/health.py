@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -11,12 +12,17 @@ import orjson
 
 from pending_actions.broker.errors import PendingActionsError
 
-# Commands every script runs inside Redis (ACL checks each one against the caller's user),
-# and what runs the scripts.
-SCRIPTS = ("eval", "evalsha", "script|load", "script|exists", "get", "set", "del", "type",
-           "exists", "expire", "pexpire", "persist", "pttl", "time", "hget", "hset", "hsetnx",
-           "hdel", "hexists", "hkeys", "hvals", "hlen", "lpop", "lpush", "rpush", "lindex",
-           "lrange", "llen", "lrem", "xadd", "zadd", "zremrangebyscore")
+
+def script_commands() -> set[str]:
+    """Every command a script runs inside Redis (ACL checks each against the caller's user),
+    read from the scripts themselves so the rules cannot fall behind them."""
+    from pending_actions.broker.scripts import NAMES, source
+
+    found = {m.lower() for name in NAMES
+             for m in re.findall(r"redis\.call\('([A-Za-z]+)'", source(name))}
+    return found | {"eval", "evalsha", "script|load", "script|exists"}
+
+
 CONNECTION = ("ping", "hello", "client|setname", "select", "multi", "exec",
               "discard")
 # producers, and the operator's views (ls --all, dead --all, stats, top, health)
@@ -34,7 +40,7 @@ def acl_rules(role: str, prefix: str = "pa", password: str = "<password>") -> li
     """The rules, in order: no command but those named, no key outside the prefix, no pub/sub.
     Deliberately absent: FLUSH*, KEYS, CONFIG, DEBUG, CLIENT KILL, MONITOR, SHUTDOWN and every
     other @dangerous command but INFO (workers read the run id and the eviction policy)."""
-    commands = sorted({*SCRIPTS, *CONNECTION, *ROLES[role]})
+    commands = sorted({*script_commands(), *CONNECTION, *ROLES[role]})
     return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "resetchannels", "-@all",
             *(f"+{c}" for c in commands)]
 

@@ -53,6 +53,8 @@ end
 -- an action's counters {attempts, stalls, last_error}, decoded (POISON when they do not parse)
 local function counters(state_key, id)
   return json_field('state', state_key, id) or cjson.decode(NEW_STATE)
+end
+
 -- whether an action staged with a ttl is past it at server time ``now`` (ms): from that moment
 -- every reader treats it as gone, whether or not the sweep has ended it yet
 local function past_ttl(expiry_key, id, now)
