@@ -344,8 +344,9 @@ class _Server:
             if entries:
                 w.handle(entries)
         except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
+            if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
                 raise
-            # the stream or its group was deleted (or Redis came back empty): recreate it
+            # the stream or its group was deleted (or Redis came back empty; UNBLOCKED: while
+            # we were blocked on it): recreate it
             log.warning("request group missing; recreating it")
             self.grouped = False
