@@ -28,7 +28,10 @@ class Context:
     @classmethod
     def create(cls, settings: Settings, *, role: str = "producer") -> Context:
         url = settings.require_url()
-        client = worker_client(url) if role == "worker" else producer_client(url)
+        worker = role == "worker"
+        client = worker_client(url) if worker else producer_client(url)
         keys = Keys(settings.key_prefix)
-        return cls(settings, keys, client, Scripts(client, settings, keys))
+        # workers send the Redis 7 script flags when the server reads them (asked on first use)
+        scripts = Scripts(client, settings, keys, None if worker else False)
+        return cls(settings, keys, client, scripts)
 

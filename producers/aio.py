@@ -33,7 +33,7 @@ class AsyncPendingActions:
         self.settings = settings or Settings()
         self.client: redis.asyncio.Redis = async_producer_client(self.settings.require_url())
         keys = Keys(self.settings.key_prefix)
-        self.core = Core(self.settings, keys, Scripts(self.client, self.settings, keys))
+        self.core = Core(self.settings, keys, Scripts(self.client, self.settings, keys, False))
 
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> AsyncPendingActions:
