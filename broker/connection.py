@@ -86,6 +86,16 @@ def cluster_client(url: str, **options: Any) -> redis.Redis:
 
 
 def _client(url: str, backoff_cap: float, retries: int, **extra: int) -> redis.Redis:
+    if not url.startswith(("redis://", "rediss://", "unix://")) and not is_cluster_url(url):
+        raise ConfigError(f"bad Redis URL {url.split('@')[-1]!r}: it must start with "
+                          "redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://")
+    try:
+        return _from_url(url, backoff_cap, retries, **extra)
+    except ValueError as exc:
+        raise ConfigError(f"bad Redis URL {url.split('@')[-1]!r}: {exc}") from None
+
+
+def _from_url(url: str, backoff_cap: float, retries: int, **extra: int) -> redis.Redis:
     options: dict[str, Any] = dict(
         socket_connect_timeout=2.0,
         socket_timeout=SOCKET_TIMEOUT_S,
@@ -111,7 +121,7 @@ def worker_client(url: str, max_connections: int = 64) -> redis.Redis:
 
 
 def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[Any]], T]],
-          replicas: int, timeout_ms: int) -> T:
+          replicas: int, timeout_ms: int, raise_on_error: bool = True) -> T:
     """Run the commands ``build`` queues on a pipeline and, with ``replicas`` > 0, ``WAIT`` for
     that many replicas to have them before returning (else ``NotReplicated``). ``build`` returns
     how to read its answer from the pipeline's replies.
@@ -119,11 +129,12 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
     WAIT covers the writes of its own connection, so on a cluster the pipeline goes straight
     to the master of ``key``'s slot over one connection (every command queued must be in that
     slot); a failover in between shows up as a connection error, and the caller's retry finds
-    the new master."""
+    the new master. ``raise_on_error=False``: a command's error is left in its reply, for the
+    reader to weigh (some replies matter less than others)."""
     if not replicas:
         pipe = client.pipeline(transaction=False)
         read = build(pipe)
-        return read(pipe.execute())
+        return read(pipe.execute(raise_on_error=raise_on_error))
     if is_cluster(client):
         cluster = cast(Any, client)
         node = cluster.get_node_from_key(key)
@@ -131,7 +142,7 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
             pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
             read = build(pipe)
             pipe.execute_command("WAIT", replicas, timeout_ms)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=raise_on_error)
         except TRANSIENT:
             cluster.nodes_manager.initialize()  # a dead master: learn the new layout
             raise
@@ -142,7 +153,9 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
         pipe = client.pipeline(transaction=False)
         read = build(pipe)
         pipe.execute_command("WAIT", replicas, timeout_ms)  # type: ignore[no-untyped-call]
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=raise_on_error)
+    if isinstance(replies[-1], Exception):
+        raise replies[-1]
     if int(replies[-1]) < replicas:
         short = NotReplicated(f"{replies[-1]} of {replicas} replicas confirmed in {timeout_ms} ms")
         short.result = read(replies[:-1])

@@ -3,10 +3,11 @@ dramatiq side (``broker.tasks``) is kept apart so that producers never import dr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
+from pending_actions.broker.clock import RedisClock
 from pending_actions.broker.connection import producer_client, worker_client
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.scripts import Scripts
@@ -19,11 +20,18 @@ class Context:
     keys: Keys
     client: redis.Redis
     scripts: Scripts
+    clock: RedisClock = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.clock = RedisClock(self.client)
 
     @classmethod
     def create(cls, settings: Settings, *, role: str = "producer") -> Context:
         url = settings.require_url()
-        client = worker_client(url) if role == "worker" else producer_client(url)
+        worker = role == "worker"
+        client = worker_client(url) if worker else producer_client(url)
         keys = Keys(settings.key_prefix, settings.partitions)
-        return cls(settings, keys, client, Scripts(client, settings, keys))
+        # workers send the Redis 7 script flags when the server reads them (asked on first use)
+        scripts = Scripts(client, settings, keys, None if worker else False)
+        return cls(settings, keys, client, scripts)
 

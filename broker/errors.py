@@ -42,6 +42,19 @@ class RedisUnavailable(PendingActionsError):
     """Redis could not be reached; nothing was changed by this call."""
 
 
+class RedisFull(PendingActionsError):
+    """Redis is at its memory limit (``maxmemory`` with ``noeviction``) and refused to store
+    more; nothing was changed by this call. Work already in flight still ends."""
+
+
+class Poison(PendingActionsError):
+    """A stored record that does not parse (corrupt, or of a key of the wrong type). Workers
+    park it (the session's dead letters) and carry on; ``what`` names the kind of record."""
+
+    def __init__(self, what: str, key: str, field: str) -> None:
+        super().__init__(f"unreadable {what} at {key} {field}".rstrip())
+        self.what, self.key, self.field = what, key, field
+
 
 class Forbidden(PendingActionsError):
     """Refused by authorization: e.g. staging into a session that belongs to another tenant."""

@@ -23,6 +23,7 @@ class Event(StrEnum):
     LATE_REFUSED = "late-refused"  # finalize/readd.lua: an outcome came after its lease ended
     RECOVERED = "recovered"  # recover.lua: a lease expired; the target went back
     DEAD_LETTERED = "dead-lettered"  # recover.lua: lost max_stalls times; moved to the dead list
+    PARKED = "parked"  # park.lua: a record that does not parse moved to the dead list, raw
     EXPIRED = "expired"  # expire.lua or take.lua: past its ttl, ended unresolved; no handler ran
     STALE = "stale"  # finalize.lua: the handler raised Stale; consumed, nothing applied
 

@@ -215,3 +215,20 @@ class Keys:
     def webhooks_dead(self) -> str:
         """STREAM of webhook deliveries given up after their retries, with the last error."""
         return f"{self.prefix}:webhooks:dead"
+
+    # --- liveness of worker loops (broker/loops.py): one slot, read by ``health`` ----------
+    @property
+    def beat_procs(self) -> str:
+        """ZSET process name -> its last beat (Redis time, ms)."""
+        return f"{self.prefix}:{{beats}}:procs"
+
+    def beats(self, proc: str) -> str:
+        """HASH loop name -> {"at","every"} JSON, and "" -> the process's host/pid/role; it
+        expires unless the process's pulse renews it."""
+        return f"{self.prefix}:{{beats}}:proc:{proc}"
+
+    @property
+    def housekeeping_lock(self) -> str:
+        """STRING with a TTL: the resolve worker retiring the next page of sessions."""
+        return f"{self.prefix}:housekeeping-lock"
+

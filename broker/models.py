@@ -62,9 +62,10 @@ def _first_error(exc: ValidationError) -> InvalidInput:
 
 
 class Spec(BaseModel):
-    """A staged action, directive or standing handler, as stored in the actions hash."""
+    """A staged action, directive or standing handler, as stored in the actions hash. Fields
+    a newer version added are ignored, so an older worker still serves its specs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     id: str
     session: str
@@ -149,14 +150,18 @@ class ResolveRequest(BaseModel):
     by producers, read by resolve workers."""
 
     FIELD: ClassVar[bytes] = b"r"
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")  # a newer producer's fields: still served
 
     req: str = Field(pattern=r"^[0-9a-f]{32}$")
     session: str
     action: ResolveAction
     reason: str
     extra: dict[str, Any] | None = None
-    deadline_ms: int
+    # how long the caller waits, measured by the caller; the request expires that long after
+    # its stream entry's id, which is Redis time. deadline_ms (the caller's wall clock) is
+    # only for workers older than timeout_ms
+    timeout_ms: int | None = Field(default=None, gt=0)
+    deadline_ms: int = 0
     expect_id: str | None = Field(default=None, max_length=300)
     by: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@-]{1,128}$")
     # a JSON Merge Patch for the payload, checked by the producer against the target's schema
@@ -166,6 +171,12 @@ class ResolveRequest(BaseModel):
     @classmethod
     def _session(cls, v: str) -> str:
         return check_session(v)
+
+    def expires_ms(self, entry_id: bytes) -> int:
+        """When this request, read from stream entry ``entry_id``, expires (Redis time)."""
+        if self.timeout_ms is None:
+            return self.deadline_ms
+        return int(entry_id.split(b"-")[0]) + self.timeout_ms
 
     def to_fields(self) -> dict[FieldT, EncodableT]:
         return {self.FIELD: self.model_dump_json().encode()}

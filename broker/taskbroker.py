@@ -18,6 +18,7 @@ consumer). Correctness never rests on that: every handler run is fenced by its l
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -37,6 +38,8 @@ from dramatiq.message import Message
 
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.keys import TASK_GROUP, Keys
+
+log = logging.getLogger("pending_actions.taskbroker")
 
 FIELD = b"m"  # take.lua writes the same field name
 ACKED = "acked_with_outcome"  # message option: the actor already acked it (see ack_with)
@@ -195,7 +198,7 @@ class StreamConsumer(Consumer):
         pipe = self.client.pipeline(transaction=False)
         if park is not None:
             fields: dict[Any, Any] = {**park, b"entry": entry}
-            pipe.xadd(f"{stream}:dead", fields, maxlen=10_000, approximate=True)
+            pipe.xadd(f"{stream}:dead", fields, maxlen=10_000, approximate=True)  # capped
         pipe.xack(stream, TASK_GROUP, entry)
         pipe.xdel(stream, entry)
         pipe.execute()
@@ -206,6 +209,9 @@ class StreamConsumer(Consumer):
                 self._remove(*self._where(message))
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
+        except redis.RedisError as exc:  # Redis full: the entry is claimed again later, and
+            # its second delivery is fenced off by the lease token (begin.lua: stale)
+            log.warning("ack of %s refused (%s); it will be redelivered", message, exc)
         finally:
             self._done()
 
@@ -214,6 +220,8 @@ class StreamConsumer(Consumer):
             self._remove(*self._where(message), {FIELD: message.encode()})
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
+        except redis.RedisError as exc:
+            log.warning("nack of %s refused (%s); it will be redelivered", message, exc)
         finally:
             self._done()
 

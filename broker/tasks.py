@@ -26,7 +26,7 @@ class TaskMessage(BaseModel):
     """The keyword arguments of the ``run_attempt`` task: one attempt of one resolve, named by
     the token of its lease. Sent by the resolve worker, read by the actor."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True)  # a newer sender's fields: ignored
 
     session: str
     token: str

@@ -6,6 +6,7 @@ SIGTERM (see ``procs``), and dramatiq passes it on to its worker processes."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -18,6 +19,8 @@ from dramatiq.cli import RET_IMPORT, RET_PIDFILE
 
 from pending_actions.broker import backoff
 from pending_actions.broker.context import Context
+from pending_actions.broker.loops import EXIT_LOOP_DIED
+from pending_actions.broker.policy import preflight
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.tasks import task_broker
 from pending_actions.embedded import EmbeddedRedis
@@ -76,10 +79,21 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
         # second signal as "kill now", so it must get exactly one, the SIGTERM sent below
         return Child("dramatiq", command, env=env).spawn()
 
+    ctx = Context.create(settings, role="worker")
+    # credentials, permissions, eviction policy: refused at once with one clear line, before
+    # anything starts (never a worker that retries a wrong password for ever)
+    preflight(ctx)
+    died: list[int] = []
+
+    def on_fatal(loop: str, exc: BaseException) -> None:
+        log.critical("loop %s cannot go on (%s); stopping so that this worker is restarted",
+                     loop, exc)
+        died.append(EXIT_LOOP_DIED)
+        stop.set()
+
     proc = spawn()
     try:
-        ctx = Context.create(settings, role="worker")
-        resolver = ResolveWorker(ctx, task_broker(ctx)).start()
+        resolver = ResolveWorker(ctx, task_broker(ctx), on_fatal=on_fatal).start()
     except BaseException:
         proc.stop(shutdown_s + 5)
         raise
@@ -105,7 +119,9 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
     proc.terminate()  # dramatiq lets running handlers finish, bounded
     resolver.shutdown()
     proc.stop(shutdown_s + 5)
-    return code
+    with contextlib.suppress(Exception):
+        ctx.client.delete(ctx.keys.beats(resolver.name))  # stopped: not a dead loop
+    return died[0] if died else code
 
 
 def embedded_for(data_dir: Path, port: int) -> EmbeddedRedis:

@@ -32,10 +32,12 @@ K = Keys()
 
 class Soak:
     def __init__(self, seconds: float, sessions: int, actions: int, workers: int,
-                 fail_rate: float, kill_every: float, restart_redis: bool, seed: int) -> None:
+                 fail_rate: float, kill_every: float, restart_redis: bool, seed: int,
+                 redis_faults: bool = False) -> None:
         self.seconds, self.n_sessions, self.max_actions = seconds, sessions, actions
         self.n_workers, self.fail_rate, self.kill_every = workers, fail_rate, kill_every
         self.restart_redis, self.rng = restart_redis, random.Random(seed)
+        self.redis_faults = redis_faults
         self.dir = Path(tempfile.mkdtemp(prefix="pa-soak-"))
         self.server = EmbeddedRedis(directory=self.dir / "redis", fsync="always")
         self.workers: list[WorkerProcess] = []
@@ -91,6 +93,9 @@ class Soak:
                 restarted = True
                 self.count("redis restarts")
                 continue
+            if self.redis_faults and self.rng.random() < 0.5:
+                self.redis_fault()
+                continue
             i = self.rng.randrange(len(self.workers))
             victim = self.workers[i]
             if self.rng.random() < 0.5 and victim.kill_one_handler_process():
@@ -99,6 +104,35 @@ class Soak:
                 victim.kill()
                 self.workers[i] = self._worker()
                 self.count("whole workers killed")
+
+    def redis_fault(self) -> None:
+        """One of issue 13's faults on Redis itself: a CLIENT KILL of every connection, a
+        SCRIPT FLUSH, the global keys deleted, or two seconds at the memory limit."""
+        rc: Any = redis.Redis.from_url(self.server.url)
+        try:
+            fault = self.rng.choice(["client kill", "script flush", "global keys deleted",
+                                     "redis full 2s"])
+            if fault == "client kill":
+                rc.client_kill_filter(_type="normal", skipme=True)
+            elif fault == "script flush":
+                rc.script_flush()
+            elif fault == "global keys deleted":
+                # the shared keys a process rebuilds; not the lease indexes, which only the
+                # scripts that keep a lease write (no sweep rebuilds them)
+                rc.delete(*(K.requests(p) for p in range(K.partitions)),
+                          *(K.sessions(p) for p in range(K.partitions)), K.workers)
+            else:
+                for n in range(40):
+                    rc.set(f"soak:junk:{n}", b"x" * 50_000)
+                rc.config_set("maxmemory", int(rc.info("memory")["used_memory"]) - 1_000_000)
+                self.stop.wait(2.0)
+                rc.delete(*(f"soak:junk:{n}" for n in range(40)))
+                rc.config_set("maxmemory", 0)
+            self.count(fault)
+        except redis.RedisError:
+            self.count("redis fault not applied (Redis down)")
+        finally:
+            rc.close()
 
     def run(self) -> dict[str, Any]:
         self.server.start()
@@ -188,16 +222,20 @@ class Soak:
               help="Mean seconds between SIGKILLs of a worker or a dramatiq process.")
 @click.option("--redis-restart/--no-redis-restart", default=True, show_default=True,
               help="SIGKILL and restart Redis (AOF, fsync always) half way through.")
+@click.option("--redis-faults/--no-redis-faults", default=True, show_default=True,
+              help="Also CLIENT KILL, SCRIPT FLUSH, delete the global keys, fill Redis to "
+                   "its memory limit for 2 s, at random.")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the tally as JSON.")
 def soak(seconds: float, sessions: int, actions: int, workers: int, fail_rate: float,
-         kill_every: float, redis_restart: bool, seed: int, as_json: bool) -> None:
+         kill_every: float, redis_restart: bool, redis_faults: bool, seed: int,
+         as_json: bool) -> None:
     """Soak the service on this machine with faults, then print staged / applied / discarded /
     pending / dead-lettered / lost / applied-twice. Exits 1 if anything was lost or applied
     twice. Starts its own Redis and workers; needs no configuration."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     tally = Soak(seconds, sessions, actions, workers, fail_rate, kill_every, redis_restart,
-                 seed).run()
+                 seed, redis_faults).run()
     if as_json:
         click.echo(orjson.dumps(tally, option=orjson.OPT_INDENT_2).decode())
     else:

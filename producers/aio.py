@@ -19,6 +19,7 @@ from pending_actions.broker.connection import (
     is_cluster_url,
 )
 from pending_actions.broker.errors import ConfigError, RedisUnavailable
+from pending_actions.broker.failures import translate
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.scripts import Scripts
@@ -41,7 +42,7 @@ class AsyncPendingActions:
         if cluster and self.settings.replica_wait:
             raise ConfigError("REPLICA_WAIT with AsyncPendingActions on a Redis Cluster is not "
                               "supported yet; use PendingActions there")
-        self.core = Core(self.settings, keys, Scripts(self.client, self.settings, keys),
+        self.core = Core(self.settings, keys, Scripts(self.client, self.settings, keys, False),
                          cluster=cluster)
 
     @classmethod
@@ -102,6 +103,8 @@ class AsyncPendingActions:
                 if retry.failures >= WAIT_RETRIES:
                     raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
                 await asyncio.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
+            except redis.RedisError as exc:
+                raise translate(exc) from exc
         return None
 
     # --- the methods of PendingActions -----------------------------------------------------

@@ -15,6 +15,7 @@ from pending_actions.broker.backoff import Backoff, retry
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisUnavailable
+from pending_actions.broker.failures import translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.pools import LiveView
 from pending_actions.broker.settings import Settings
@@ -35,10 +36,12 @@ def _queued(step: Batch) -> Callable[[Any], Callable[[list[Any]], list[Any]]]:
 
 @contextmanager
 def redis_errors() -> Iterator[None]:
+    """Every redis-py error as the package's: RedisUnavailable, RedisFull, Forbidden,
+    ConfigError (a wrong database), Poison; never a raw redis-py exception."""
     try:
         yield
-    except TRANSIENT as exc:
-        raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+    except redis.RedisError as exc:
+        raise translate(exc) from exc
 
 
 class PendingActions:
@@ -109,6 +112,8 @@ class PendingActions:
                 if retry.failures >= WAIT_RETRIES:
                     raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
                 time.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
+            except redis.RedisError as exc:
+                raise translate(exc) from exc
         return None
 
     # --- staging ---------------------------------------------------------------------------

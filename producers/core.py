@@ -304,6 +304,13 @@ class Core:
                 by: object = None) -> Plan[Result]:
         check_session(session)
         given = ResolveInput.parse(action, reason, extra)
+        if len(given.reason) > self.settings.max_reason_chars:
+            raise InvalidInput("reason", f"{len(given.reason)} characters; the limit is "
+                               f"{self.settings.max_reason_chars}")
+        if given.extra is not None and (size := len(orjson.dumps(given.extra))) > \
+                self.settings.max_extra_bytes:
+            raise InvalidInput("extra", f"{size} bytes as JSON; the limit is "
+                               f"{self.settings.max_extra_bytes}")
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, int | float) or timeout <= 0):
             raise InvalidInput("timeout", "must be a positive number of seconds")
@@ -322,6 +329,7 @@ class Core:
         req = uuid.uuid4().hex
         request = ResolveRequest(req=req, session=session, action=given.action,
                                  reason=given.reason, extra=given.extra,
+                                 timeout_ms=int(wait * 1000),
                                  deadline_ms=int((time.time() + wait) * 1000),
                                  expect_id=expect_id, by=by, edit=edit)
         requests = self.keys.requests(self.keys.partition(session))

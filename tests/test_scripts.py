@@ -59,5 +59,7 @@ def test_a_misspelt_code_fails_the_script(rc: redis.Redis) -> None:
         rc.eval(prelude() + "return EVENT.STAGD", 0)
     assert rc.eval(prelude() + "return EVENT.LATE_REFUSED", 0) == b"late-refused"
     # a script gets only the definitions it uses, and those they need
-    assert source("renew").startswith(prelude("now_ms()"))
+    shebang, rest = source("renew").split("\n", 1)
+    assert shebang == "#!lua flags=allow-oom"
+    assert rest.startswith(prelude("now_ms()"))
     assert "EVENT" not in source("renew") and "local STRICT" in prelude("TAKE.OK")

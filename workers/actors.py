@@ -15,13 +15,14 @@ import uuid
 from typing import Any
 
 import dramatiq
+import redis
 from dramatiq.middleware import CurrentMessage
 
 from pending_actions.broker import pools
-from pending_actions.broker.backoff import Backoff
-from pending_actions.broker.connection import TRANSIENT, is_cluster
+from pending_actions.broker.connection import is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import WorkerEvent
+from pending_actions.broker.loops import PULSE_S, Beats, Loop
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage, pool_queue, task_broker
@@ -35,13 +36,16 @@ class Registration(dramatiq.Middleware):
     """Serves the queues of this process's pool (its handler set, known once every handler
     module is imported, at worker boot), keeps the pool live with a heartbeat every third of
     ``POOL_TTL_MS`` (so a process that dies silently drops out within that), and removes it at
-    clean shutdown. Runs in a thread so a worker that boots while Redis is down keeps trying."""
+    clean shutdown. The heartbeat is a loop of ``broker.loops`` (so a worker that boots while
+    Redis is down keeps trying); it also starts this process's lease renewer and its pulse, so
+    that every loop beats from the start."""
 
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.names: list[str] = []
         self.pool = ""
+        self.first = True
 
     def before_worker_boot(self, broker: Any, worker: Any) -> None:
         self.names = registry.names()
@@ -49,7 +53,12 @@ class Registration(dramatiq.Middleware):
         serve_pool(broker, self.pool)
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
-        threading.Thread(target=self._run, name="registration", daemon=True).start()
+        every_s = ctx.settings.pool_ttl_ms / 1000
+        Loop("registration", self._publish, self.stop, pause_s=every_s / 3, every_s=every_s,
+             beats=beats).thread().start()
+        Loop("pulse", lambda: beats.beat("pulse", PULSE_S * 3, force=True), self.stop,
+             pause_s=PULSE_S, every_s=PULSE_S * 3).thread().start()
+        renewer.start()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self.stop.set()
@@ -58,26 +67,20 @@ class Registration(dramatiq.Middleware):
             ctx.client.xadd(ctx.keys.workers, {"role": "dramatiq", "event": WorkerEvent.STOPPING,
                                                "pid": os.getpid()}, maxlen=1000,
                             approximate=True)
-        except TRANSIENT:
+            ctx.client.delete(ctx.keys.beats(beats.proc))  # gone: not a dead loop
+        except redis.RedisError:
             log.warning("could not announce shutdown; Redis is unavailable")
 
-    def _run(self) -> None:
-        first, retry = True, Backoff()
-        ttl = ctx.settings.pool_ttl_ms
-        while not self.stop.is_set():
-            try:
-                pools.heartbeat(ctx.client, ctx.keys, self.pool, self.names, self.instance, ttl)
-                if first:
-                    ctx.client.xadd(ctx.keys.workers,
-                                    {"role": "dramatiq", "event": WorkerEvent.READY,
-                                     "pid": os.getpid(), "pool": self.pool,
-                                     "handlers": ",".join(self.names)},
-                                    maxlen=1000, approximate=True)
-                first = False
-                retry.reset()
-                self.stop.wait(ttl / 3000)
-            except TRANSIENT as exc:
-                retry.wait(self.stop, exc, "cannot register handlers yet")
+    def _publish(self) -> None:
+        pools.heartbeat(ctx.client, ctx.keys, self.pool, self.names, self.instance,
+                        ctx.settings.pool_ttl_ms)
+        if self.first:
+            ctx.client.xadd(ctx.keys.workers,
+                            {"role": "dramatiq", "event": WorkerEvent.READY,
+                             "pid": os.getpid(), "pool": self.pool,
+                             "handlers": ",".join(self.names)},
+                            maxlen=1000, approximate=True)
+        self.first = False
 
 
 def serve_pool(broker: Any, pool: str) -> None:
@@ -99,11 +102,12 @@ def serve_pool(broker: Any, pool: str) -> None:
         broker.declare_queue(pool_queue(base, pool))
 
 
+beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq")
 broker = task_broker(ctx)
 broker.add_middleware(Registration())
 broker.add_middleware(CurrentMessage())
 dramatiq.set_broker(broker)
-renewer = attempt.Renewer(ctx)
+renewer = attempt.Renewer(ctx, beats)
 
 
 @dramatiq.actor(

@@ -8,26 +8,32 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import orjson
+import redis
+from pydantic import ValidationError
 
 from pending_actions.broker import failpoints, texts
-from pending_actions.broker.backoff import retry
-from pending_actions.broker.connection import TRANSIENT, NotReplicated, acked, is_cluster
+from pending_actions.broker.backoff import Backoff, retry
+from pending_actions.broker.connection import NotReplicated, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import Stale, ToolError
 from pending_actions.broker.events import Event
+from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
-from pending_actions.broker.models import PendingAction, Result, Spec
+from pending_actions.broker.loops import Beats, Loop
+from pending_actions.broker.models import Lease, PendingAction, Result, Spec
 from pending_actions.broker.payloads import check_payload
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
-from pending_actions.broker.scripts import Call
+from pending_actions.broker.scripts import Call, Queued
 from pending_actions.broker.tasks import TaskMessage
 from pending_actions.workers import aio, registry
+from pending_actions.workers.poison import park_poison, park_spec
 
 log = logging.getLogger("pending_actions.attempt")
+R = TypeVar("R")
 
 try:  # dramatiq interrupts a thread (time limit, shutdown) with a BaseException subclass
     from dramatiq.middleware import Interrupt
@@ -36,40 +42,74 @@ except ImportError:  # pragma: no cover
 
 
 class Renewer:
-    """Extends the lease of every running attempt of this process, every lease/3."""
+    """Extends the lease of every running attempt of this process, every lease/3: a loop of
+    ``broker.loops`` (it beats, and survives every error, Redis full included)."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, beats: Beats | None = None) -> None:
         self.ctx = ctx
+        self.beats = beats
         self.tokens: dict[str, str] = {}
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
 
+    def start(self) -> None:
+        with self.lock:
+            if self.thread is not None:
+                return
+            lease_s = self.ctx.settings.lease_ms / 1000
+            # a renewal late by a lease loses the lease: back off at most a sixth of one
+            loop = Loop("lease-renewer", self._renew, self.wake, pause_s=lease_s / 3,
+                        every_s=lease_s, beats=self.beats, backoff=Backoff(0.02, lease_s / 6))
+            self.thread = loop.thread()
+            self.thread.start()
+
     def add(self, session: str, token: str) -> None:
         with self.lock:
             self.tokens[token] = session
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
-                self.thread.start()
+        self.start()
 
     def discard(self, token: str) -> None:
         with self.lock:
             self.tokens.pop(token, None)
 
-    def _run(self) -> None:
-        interval = self.ctx.settings.lease_ms / 3000
-        while not self.wake.wait(interval):
-            with self.lock:
-                items = list(self.tokens.items())
-            if not items:
-                continue
-            try:
-                pipe = self.ctx.client.pipeline(transaction=False)
-                for token, session in items:
-                    self.ctx.scripts.renew(session, token).on(pipe)
-                pipe.execute()
-            except TRANSIENT as exc:
-                log.warning("lease renewal failed (%s); retrying", exc)
+    def _renew(self) -> None:
+        with self.lock:
+            items = list(self.tokens.items())
+        if not items:
+            return
+        ctx = self.ctx
+        pipe = ctx.client.pipeline(transaction=False)
+        # renew.lua moves the lease's index entry too
+        renewals = [ctx.scripts.renew(session, token).on(pipe) for token, session in items]
+        replies = pipe.execute(raise_on_error=False)
+        failed = [r for r in replies if isinstance(r, Exception)]
+        for (token, session), queued in zip(items, renewals, strict=True):
+            if poison_of(replies[queued.index]) is not None:
+                # recovery parks it when it comes due; renewing it again cannot help
+                log.error("lease %s of %s does not parse; no longer renewed", token, session)
+                self.discard(token)
+        if failed and any(poison_of(r) is None for r in failed):
+            raise next(r for r in failed if poison_of(r) is None)
+
+
+def _own(queued: Queued[R]) -> Callable[[list[Any]], R]:
+    """A reader of ``queued``'s reply that raises the reply's own error (other replies of the
+    pipeline may have failed; they are weighed by whoever reads them)."""
+    def read(replies: list[Any]) -> R:
+        if isinstance(replies[queued.index], Exception):
+            raise replies[queued.index]
+        return queued.get(replies)
+    return read
+
+
+def _outcome(replies: list[Any], done: Queued[Concluded], session: str) -> bool:
+    recorded = _own(done)(replies).recorded
+    failed = [r for r in replies if isinstance(r, Exception)]
+    if failed:
+        log.warning("outcome of %s recorded; its feed entry or ack was refused: %s",
+                    session, failed[0])
+    return recorded
 
 
 def idempotency_key(spec: Spec, req: str) -> str:
@@ -103,9 +143,9 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         # claimant is told OK again where its claim holds, and a master that took over without
         # it says whether another delivery claimed the attempt meanwhile (RUNNING)
         def build(pipe: Any) -> Callable[[list[Any]], Begun]:
-            return ctx.scripts.begin(session, token, claimant).on(pipe).get
+            return _own(ctx.scripts.begin(session, token, claimant).on(pipe))
 
-        return acked(ctx.client, where, build, replicas, wait_ms)
+        return acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False)
 
     # the feed is on another slot: on a cluster, a pipeline that WAITs on the session's master
     # cannot carry it, so it follows in a round trip of its own there
@@ -123,7 +163,9 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                 publish(pipe, ctx.keys, event, spec, by=by)
             if settle is not None:
                 settle(pipe)
-            return lambda replies: done.get(replies).recorded
+            # the outcome is what matters; a feed entry refused (Redis full) is logged, not
+            # retried (the ack is too, see taskbroker: a redelivery is fenced by the token)
+            return lambda replies: _outcome(replies, done, session)
 
         def send() -> bool:
             # an outcome recorded on a master that then failed to replicate it is sent again
@@ -131,7 +173,8 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
             # one finds the lease gone, which is no refusal of ours
             nonlocal recorded
             try:
-                return acked(ctx.client, where, build, replicas, wait_ms) or recorded
+                return (acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False)
+                        or recorded)
             except NotReplicated as exc:
                 recorded = recorded or bool(exc.result)
                 raise
@@ -142,7 +185,10 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         return done
 
     failpoints.hit("before-begin", ctx.client, ctx.keys)
-    begun = retry(claim, budget)
+    try:
+        begun = retry(claim, budget)
+    except (redis.ResponseError, ValidationError) as exc:
+        return _unreadable(ctx, task, exc)
     if begun.status is BeginStatus.STALE:
         # routine: the task of a resolve that found nothing to target ends here too
         log.debug("attempt %s of %s is no longer leased; nothing run", token, session)
@@ -184,6 +230,30 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                     spec.id, view.attempts)
         return "stale"
     return outcome.value
+
+
+def _unreadable(ctx: Context, task: TaskMessage, exc: Exception) -> str:
+    """begin found a record of this attempt that does not parse: park it, tell the resolver,
+    run nothing. Anything else Redis refused goes to the caller (dramatiq's retry)."""
+    reply = text_result(f"Could not resolve: {exc}; it was moved to the session's dead "
+                        "letters", base_details(task.action, task.reason, task.extra),
+                        is_error=True).to_json()
+    if isinstance(exc, ValidationError):  # the spec is JSON, but not a spec we can read
+        lease = ctx.client.hget(ctx.keys.inflight(task.session), task.token)
+        try:
+            action_id = Lease.model_validate_json(lease).id if lease else ""
+        except ValidationError:
+            action_id = ""
+        raw = ctx.client.hget(ctx.keys.actions(task.session), action_id) if action_id else None
+        if isinstance(raw, bytes):
+            park_spec(ctx, task.session, action_id, raw, f"spec does not parse: {exc}"[:500],
+                      req=task.req, reply=reply, token=task.token)
+        return "parked"
+    found = poison_of(exc)
+    if found is None:
+        raise exc
+    park_poison(ctx, task.session, found, task.req, reply, task.token)
+    return "parked"
 
 
 class Ran(NamedTuple):

@@ -10,20 +10,25 @@ sessions is ever needed."""
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from pending_actions.broker import texts
-from pending_actions.broker.backoff import Backoff
-from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import Event
+from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Lease, Spec
+from pending_actions.broker.policy import check_policy
 from pending_actions.broker.replies import ExpireOutcome, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
+from pending_actions.workers.poison import park_poison
+from pending_actions.workers.retention import Retirement
 
 log = logging.getLogger("pending_actions.resolver")
 
@@ -38,29 +43,30 @@ class Recovery:
         self.name = name
         self.stop = stop
         self.recovered = 0  # by the last read, for tests and logs
+        s = ctx.settings
+        self.shortest = min(s.lease_ms, s.dispatch_timeout_ms) / 1000
+        self.next_read = 0.0
+        every = s.policy_check_s
+        self.next_check = time.monotonic() + random.uniform(0, every)  # spread out
+        self.retire = Retirement(ctx)
 
-    def run(self) -> None:
-        """Every ``recovery_interval_ms``, but reading the indexes only when a lease may be due:
-        at the earliest deadline the last read saw, and at the latest a shortest lease after
-        it (a lease made since then cannot end sooner). An idle deployment reads them once a
+    def step(self) -> None:
+        """One round of the recovery loop (run by ``broker.loops.Loop`` every
+        ``recovery_interval_ms``), reading the lease indexes only when a lease may be due: at
+        the earliest deadline the last read saw, and at the latest a shortest lease after it (a
+        lease made since then cannot end sooner). An idle deployment reads them once a
         LEASE_MS, not once an interval."""
-        retry = Backoff()
-        s = self.ctx.settings
-        interval, shortest = s.recovery_interval_ms / 1000, min(s.lease_ms,
-                                                                 s.dispatch_timeout_ms) / 1000
-        next_read = 0.0
-        while not self.stop.wait(interval):
-            try:
-                # an action may be staged with any ttl at any time: its index is read each round
-                self.expire_due()
-                if time.monotonic() >= next_read:
-                    earliest = self.recover_due()
-                    # the server's clock said when; the wait is on ours, a little early is fine
-                    wait = shortest if earliest is None else min(shortest, earliest / 1000)
-                    next_read = time.monotonic() + wait
-                retry.reset()
-            except TRANSIENT as exc:
-                retry.wait(self.stop, exc, "Redis unavailable")
+        # an action may be staged with any ttl at any time: its index is read each round
+        self.expire_due()
+        if time.monotonic() >= self.next_read:
+            earliest = self.recover_due()
+            # the server's clock said when; the wait is on ours, a little early is fine
+            wait = self.shortest if earliest is None else min(self.shortest, earliest / 1000)
+            self.next_read = time.monotonic() + wait
+        if time.monotonic() >= self.next_check:
+            self.next_check = time.monotonic() + self.ctx.settings.policy_check_s
+            check_policy(self.ctx.client.info("memory"))
+        self.retire.step()
 
     def _now_ms(self) -> int:
         sec, usec = self.ctx.client.time()
@@ -93,7 +99,7 @@ class Recovery:
         fix = ctx.client.pipeline(transaction=False)
         queued = []
         for (session, token), raw in zip(due, pipe.execute(), strict=True):
-            lease = Lease.model_validate_json(raw) if raw else None
+            lease = self._lease(session, token, raw)
             if lease is not None and lease.deadline <= now:
                 replies = self._recovery_replies(session, lease)
                 errors = (texts.worker_lost_error(lease.attempt),
@@ -103,10 +109,17 @@ class Recovery:
             req = lease.req if lease is not None else "-"
             queued.append((lease, ctx.scripts.recover(session, token, req, replies,
                                                       errors).on(fix)))
-        replies_all = fix.execute()
+        replies_all = fix.execute(raise_on_error=False)
         recovered = 0
         feed = ctx.client.pipeline(transaction=False)
         for (session, _t), (lease, got_q) in zip(due, queued, strict=True):
+            reply = replies_all[got_q.index]
+            if isinstance(reply, Exception):
+                found = poison_of(reply)
+                if found is None:
+                    raise reply
+                park_poison(ctx, session, found)  # the next read recovers the lease
+                continue
             got = got_q.get(replies_all)
             if lease is None or got.outcome in (RecoverOutcome.GONE, RecoverOutcome.LIVE):
                 continue
@@ -153,9 +166,25 @@ class Recovery:
         fix.execute()
         return ended
 
+    def _lease(self, session: str, token: str, raw: bytes | None) -> Lease | None:
+        """The lease, or None when there is none; one that does not parse is parked (the
+        action it held goes back where it was, its index entry goes)."""
+        if raw is None:
+            return None
+        try:
+            return Lease.model_validate_json(raw)
+        except ValidationError as exc:
+            reason = f"lease does not parse: {exc.errors()[0]['msg']}"
+            self.ctx.scripts.park(session, "lease", token, raw, reason).run()
+            log.warning("session %s: unreadable lease %s parked (%s)", session, token, reason)
+            return None
+
     def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
         raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
-        spec = Spec.model_validate_json(raw) if raw else None
+        try:
+            spec = Spec.model_validate_json(raw) if raw else None
+        except ValidationError:
+            spec = None  # parked by the worker that next begins it
         details = base_details(lease.action, lease.reason, lease.extra_value, spec)
 
         def reply(text: str) -> bytes:

@@ -5,6 +5,7 @@ recovers attempts whose lease expired."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -18,11 +19,13 @@ import redis
 from pydantic import ValidationError
 
 from pending_actions.broker import failpoints, texts
-from pending_actions.broker.backoff import Backoff
-from pending_actions.broker.connection import TRANSIENT, is_cluster
+from pending_actions.broker.connection import is_cluster
 from pending_actions.broker.context import Context
+from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.events import WorkerEvent
+from pending_actions.broker.failures import poison_of, translate
 from pending_actions.broker.keys import RESOLVER_GROUP
+from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.pools import Live, LiveView
 from pending_actions.broker.replies import Taken, TakeStatus
@@ -35,6 +38,7 @@ from pending_actions.broker.results import (
 )
 from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import TaskMessage, pool_queue
+from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
 
 log = logging.getLogger("pending_actions.resolver")
@@ -44,12 +48,15 @@ Entry = tuple[str, bytes, dict[bytes, bytes]]  # request stream, entry id, field
 
 class ResolveWorker:
 
-    def __init__(self, ctx: Context, tasks: Any, name: str | None = None) -> None:
+    def __init__(self, ctx: Context, tasks: Any, name: str | None = None,
+                 on_fatal: Fatal | None = None) -> None:
         self.ctx = ctx
         self.tasks = tasks
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.on_fatal = on_fatal
+        self.beats = Beats(ctx, self.name, "resolver")
         self.recovery = Recovery(ctx, self.name, self.stop)
         self.live = LiveView(ctx.client, ctx.keys)
         # on our streams broker in the same Redis, take.lua enqueues the task itself
@@ -64,15 +71,23 @@ class ResolveWorker:
     def start(self) -> ResolveWorker:
         # several serve threads, each its own consumer in the group: a request's round trips
         # are sequential, so one thread would cap throughput at 1 / (round trips x latency)
-        for i, group in enumerate(self.groups):
-            self._thread(lambda g=group: self.serve(g), f"resolve-{i}")
-        self._thread(self.recovery.run, "recover")
+        s = self.ctx.settings
+        block_s = s.block_ms / 1000
+        loops = [Loop(f"resolve-{i}", _Server(self, f"resolve-{i}", group).step, self.stop,
+                      every_s=3 * block_s + 2, beats=self.beats, on_fatal=self.on_fatal)
+                 for i, group in enumerate(self.groups)]
+        interval = s.recovery_interval_ms / 1000
+        loops.append(Loop("recover", self.recovery.step, self.stop, pause_s=interval,
+                          every_s=3 * interval + 2, beats=self.beats,
+                          on_fatal=self.on_fatal))
+        loops.append(Loop("pulse", lambda: self.beats.beat("pulse", PULSE_S * 3, force=True),
+                          self.stop, pause_s=PULSE_S, every_s=PULSE_S * 3,
+                          on_fatal=self.on_fatal))
+        for loop in loops:
+            thread = loop.thread()
+            thread.start()
+            self.threads.append(thread)
         return self
-
-    def _thread(self, target: Any, name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        self.threads.append(thread)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self.stop.set()
@@ -88,40 +103,6 @@ class ResolveWorker:
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
-
-    def serve(self, partitions: list[int] | None = None) -> None:
-        streams = [self.ctx.keys.requests(p)
-                   for p in (partitions if partitions is not None else self.groups[0])]
-        consumer = f"{self.name}:{threading.current_thread().name}"
-        retry = Backoff()
-        announced = threading.current_thread().name != "resolve-0"
-        next_claim = 0.0
-        while not self.stop.is_set():
-            try:
-                self._ensure_groups(streams)
-                if not announced:
-                    self.ctx.client.xadd(self.ctx.keys.workers,
-                                         {"role": "resolver", "event": WorkerEvent.READY,
-                                          "pid": os.getpid(), "name": self.name},
-                                         maxlen=1000, approximate=True)
-                    announced = True
-                while not self.stop.is_set():
-                    entries = []
-                    if time.monotonic() >= next_claim:
-                        # half the idle time: a stuck request waits at most 1.5x claim_idle
-                        next_claim = time.monotonic() + self.ctx.settings.claim_idle_ms / 2000
-                        entries = self._claim(consumer, streams)
-                    if not entries:
-                        entries = self._read(consumer, streams)
-                    if entries:
-                        self.handle(entries)
-                    retry.reset()
-            except TRANSIENT as exc:
-                retry.wait(self.stop, exc, "Redis unavailable")
-            except redis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):  # Redis came back empty: recreate the group
-                    raise
-                log.warning("request group missing; recreating it")
 
     def _read(self, consumer: str, streams: list[str]) -> list[Entry]:
         reply: Any = self.ctx.client.xreadgroup(
@@ -149,16 +130,17 @@ class ResolveWorker:
             pipe.xack(stream, RESOLVER_GROUP, *ids)
             pipe.xdel(stream, *ids)
 
-    def _dead(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes],
-              reason: str) -> None:
-        log.warning("malformed resolve request %s: %s", entry_id, reason)
+    def _dead(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], reason: str,
+              ack: bool = True) -> None:
+        log.warning("resolve request %s parked: %s", entry_id, reason)
         pipe = self.ctx.client.pipeline(transaction=False)
         pipe.xadd(f"{stream}:dead",
                   {b"entry": entry_id, b"reason": reason[:500],
                    b"data": orjson.dumps({k.decode(errors="replace"): v.decode(errors="replace")
                                           for k, v in fields.items()})},
                   maxlen=10_000, approximate=True)
-        self._queue_ack(pipe, [(stream, entry_id)])
+        if ack:
+            self._queue_ack(pipe, [(stream, entry_id)])
         pipe.execute()
 
     def handle(self, entries: list[Entry]) -> list[str]:
@@ -176,45 +158,58 @@ class ResolveWorker:
         if not requests:
             return []
         failpoints.hit("after-read", self.ctx.client, self.ctx.keys)
-        now_ms = time.time() * 1000
-        live = [r for _e, r in requests if now_ms <= r.deadline_ms]  # else the caller gave up
-        outcomes = ["expired"] * (len(requests) - len(live))
+        ctx = self.ctx
+        now_ms = ctx.clock.now_ms()  # Redis time, like the entry ids the timeouts count from
+        live = [(e, r) for e, r in requests if now_ms <= r.expires_ms(e[1])]
+        acks = [e for e, r in requests if now_ms > r.expires_ms(e[1])]  # the caller gave up
+        outcomes = ["expired"] * len(acks)
         view = self.live.get()
-        # inline: every take (with its task) and the request acks, one round trip
-        taken = self._take_all(live, view, now_ms, [e for e, _r in requests])
-        refused = [(r, t) for r, t in zip(live, taken, strict=True)
-                   if t.status is TakeStatus.NO_WORKER]
+        taken = self._take_all(live, view, now_ms)
+        views = [view] * len(live)  # the view each take routed by (its pool numbers)
+        refused = [i for i, t in enumerate(taken)
+                   if isinstance(t, Taken) and t.status is TakeStatus.NO_WORKER]
         if refused:
             # our view of live workers may be a moment old: look again once before refusing
             fresh = self.live.get(fresh=True)
-            retaken = (self._take_all([r for r, _t in refused], fresh, now_ms, [])
-                       if fresh != view else [t for _r, t in refused])
-            again = dict(zip([r.req for r, _t in refused], retaken, strict=True))
-            taken = [again.get(r.req, t) for r, t in zip(live, taken, strict=True)]
-            self._refuse([(r, t) for r, t in zip(live, taken, strict=True)
-                          if t.status is TakeStatus.NO_WORKER])
-            view = fresh
-        if not self.inline:
-            for request, got in zip(live, taken, strict=True):
-                if got.status is TakeStatus.OK:
-                    queue = pool_queue(self.ctx.settings.queue, view.pools[got.pool - 1])
-                    self.tasks.enqueue(TaskMessage.for_lease(request, got.token).to_message(queue))
-            pipe = self.ctx.client.pipeline(transaction=False)
-            self._queue_ack(pipe, [e for e, _r in requests])
+            if fresh != view:
+                retaken = self._take_all([live[i] for i in refused], fresh, now_ms)
+                for i, t in zip(refused, retaken, strict=True):
+                    taken[i], views[i] = t, fresh
+            self._refuse([(live[i][1], t) for i in refused
+                          if isinstance(t := taken[i], Taken)
+                          and t.status is TakeStatus.NO_WORKER])
+        for (entry, request), got, seen in zip(live, taken, views, strict=True):
+            if isinstance(got, Exception):
+                if self._failed_take(entry, request, got):
+                    acks.append(entry)
+                outcomes.append("refused")
+                continue
+            if not self.inline and got.status is TakeStatus.OK:
+                queue = pool_queue(ctx.settings.queue, seen.pools[got.pool - 1])
+                self.tasks.enqueue(TaskMessage.for_lease(request, got.token).to_message(queue))
+            acks.append(entry)
+            outcomes.append(_outcome(got))
+        if acks:
+            # after the takes, not beside them: a take Redis refused for memory leaves its
+            # request pending, to be claimed again once memory is back
+            pipe = ctx.client.pipeline(transaction=False)
+            self._queue_ack(pipe, acks)
             pipe.execute()
-        return outcomes + [_outcome(t) for t in taken]
+        return outcomes
 
-    def _take_all(self, requests: list[ResolveRequest], view: Live, now_ms: float,
-                  acks: list[tuple[str, bytes]]) -> list[Taken]:
+    def _take_all(self, requests: list[tuple[tuple[str, bytes], ResolveRequest]], view: Live,
+                  now_ms: int) -> list[Taken | Exception]:
+        """Every take (each with its lease's index entry and, inline, its task) in one round
+        trip; a take Redis refused is its error."""
         ctx = self.ctx
         pipe = ctx.client.pipeline(transaction=False)
         queued = []
-        for request in requests:
+        for (_stream, entry_id), request in requests:
             token = uuid.uuid4().hex
             # the marker must outlive every redelivery of this request, which stops at its
-            # deadline
-            marker_ttl = max(ctx.settings.reply_ttl_s,
-                             int(request.deadline_ms / 1000 - now_ms / 1000) + 60)
+            # expiry
+            expires = request.expires_ms(entry_id)
+            marker_ttl = max(ctx.settings.reply_ttl_s, (expires - now_ms) // 1000 + 60)
             none = nothing_to_target(request.action, request.reason, request.extra).to_json()
             message = (TaskMessage.for_lease(request, token).to_message(ctx.settings.queue)
                        .encode() if self.inline else None)
@@ -226,12 +221,37 @@ class ResolveWorker:
                 request.session, request.req, request.action, token, request.reason,
                 orjson.dumps(request.extra), marker_ttl, none, view, message,
                 request.expect_id or "", request.by or "", conflict, gone).on(pipe))
-        if self.inline:
-            self._queue_ack(pipe, acks)
         if not len(pipe):
             return []
-        replies = pipe.execute()
-        return [q.get(replies) for q in queued]
+        replies = pipe.execute(raise_on_error=False)
+        return [r if isinstance(r := replies[q.index], Exception) else q.get(replies)
+                for q in queued]
+
+    def _failed_take(self, entry: tuple[str, bytes], request: ResolveRequest,
+                     exc: Exception) -> bool:
+        """A take that Redis refused. Returns whether the request may be acked: not when
+        Redis is full (it stays pending and is claimed again once memory is back). A poison
+        record in the way is parked and the caller told; any other refusal parks the request
+        in the dead requests, its caller told too."""
+        found = poison_of(exc)
+        why = f"{found}; it was moved to the session's dead letters" if found else ""
+        if found is not None and park_poison(self.ctx, request.session, found, request.req,
+                                             not_served(request, why)):
+            return True
+        if found is None and isinstance(translate(exc), RedisFull):
+            log.warning("Redis is full; request %s of %s waits", request.req, request.session)
+            return False
+        log.error("take for %s failed: %s", request.session, exc)
+        self._dead(entry[0], entry[1], {ResolveRequest.FIELD: request.model_dump_json().encode()},
+                   f"take failed: {exc}"[:500], ack=False)
+        reply = not_served(request, f"this resolve could not be served: {exc}")
+        with contextlib.suppress(redis.RedisError):
+            key = self.ctx.keys.reply(request.session, request.req)
+            pipe = self.ctx.client.pipeline(transaction=False)
+            pipe.rpush(key, reply)
+            pipe.expire(key, self.ctx.settings.reply_ttl_s)
+            pipe.execute()
+        return True
 
     def _refuse(self, refused: list[tuple[ResolveRequest, Taken]]) -> None:
         """Tell each resolver at once that no live worker has its target's handler; nothing
@@ -258,3 +278,45 @@ def _text(raw: Any) -> str:
 def _outcome(taken: Taken) -> str:
     """What became of a request, for logs and tests: dispatched, none, dup or no-worker."""
     return "dispatched" if taken.status is TakeStatus.OK else taken.status.value
+
+
+class _Server:
+    """One serve loop's state: its partitions' request streams, its consumer name, whether the
+    groups are known to exist, when to claim abandoned requests next."""
+
+    def __init__(self, worker: ResolveWorker, thread: str, partitions: list[int]) -> None:
+        self.w = worker
+        self.streams = [worker.ctx.keys.requests(p) for p in partitions]
+        self.consumer = f"{worker.name}:{thread}"
+        self.announce = thread == "resolve-0"
+        self.grouped = False
+        self.next_claim = 0.0
+
+    def step(self) -> None:
+        w = self.w
+        try:
+            if not self.grouped:
+                w._ensure_groups(self.streams)
+                self.grouped = True
+            if self.announce:
+                w.ctx.client.xadd(w.ctx.keys.workers,
+                                  {"role": "resolver", "event": WorkerEvent.READY,
+                                   "pid": os.getpid(), "name": w.name},
+                                  maxlen=1000, approximate=True)
+                self.announce = False
+            entries = []
+            if time.monotonic() >= self.next_claim:
+                # half the idle time: a stuck request waits at most 1.5x claim_idle
+                self.next_claim = time.monotonic() + w.ctx.settings.claim_idle_ms / 2000
+                entries = w._claim(self.consumer, self.streams)
+            if not entries:
+                entries = w._read(self.consumer, self.streams)
+            if entries:
+                w.handle(entries)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
+                raise
+            # the stream or its group was deleted (or Redis came back empty; UNBLOCKED: while
+            # we were blocked on it): recreate it
+            log.warning("request group missing; recreating it")
+            self.grouped = False

@@ -9,11 +9,11 @@
 -- Returns: {BEGIN.OK, spec JSON, state JSON, lease JSON} | {BEGIN.STALE} (no such lease)
 --          | {BEGIN.RUNNING} (already claimed) | {BEGIN.GONE, lease JSON} (spec replaced)
 redis.replicate_commands()
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
+check_types({'hash', 'hash', 'hash', 'zset'})
+local lease, raw = json_field('lease', KEYS[1], ARGV[1])
+if not lease then
   return {BEGIN.STALE}
 end
-local lease = cjson.decode(raw)
 if lease.state ~= 'dispatched' and lease.claimant ~= ARGV[4] then
   return {BEGIN.RUNNING}
 end
@@ -21,6 +21,7 @@ local spec = redis.call('HGET', KEYS[2], lease.id)
 if not spec then
   return {BEGIN.GONE, raw}
 end
+counters(KEYS[3], lease.id)  -- POISON before the write below
 lease.state = 'running'
 lease.claimant = ARGV[4]
 lease.deadline = now_ms() + tonumber(ARGV[2])

@@ -2,6 +2,7 @@
 -- KEYS[1] slot (string)   KEYS[2] actions (hash)   KEYS[3] state (hash)   KEYS[4] history
 -- ARGV[1] event (EVENT.DIRECTIVE_CLEARED | EVENT.STANDING_CLEARED)   ARGV[2] history maxlen
 -- Returns: the removed id, or false when the slot was empty.
+check_types({'string', 'hash', 'hash', 'stream'})
 local old = redis.call('GET', KEYS[1])
 if not old then
   return false

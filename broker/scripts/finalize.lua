@@ -8,13 +8,13 @@
 -- ARGV[6] action id  ARGV[7] attempt  ARGV[8] index member "<session>/<token>"
 -- ARGV[9...] more field, value pairs for the history entry
 -- Returns: 1 when recorded, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
+check_types({'hash', 'hash', 'hash', 'stream', 'list', 'zset'})
+local lease = json_field('lease', KEYS[1], ARGV[1])
+if not lease then
   history(KEYS[4], ARGV[4], EVENT.LATE_REFUSED, 'id', ARGV[6], 'attempt', ARGV[7],
     'outcome', ARGV[5])
   return 0
 end
-local lease = cjson.decode(raw)
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[8])
 if lease.kind ~= 'standing' then

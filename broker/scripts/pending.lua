@@ -10,8 +10,8 @@ local now = now_ms()
 local out = {}
 local leases = redis.call('HVALS', KEYS[2])
 for _, raw in ipairs(leases) do
-  local lease = cjson.decode(raw)
-  if lease.kind == 'action' then
+  local ok, lease = pcall(cjson.decode, raw)  -- an unreadable lease is parked by its worker
+  if ok and type(lease) == 'table' and lease.kind == 'action' then
     local spec = redis.call('HGET', KEYS[3], lease.id)
     if spec then
       out[#out + 1] = 'in_flight'

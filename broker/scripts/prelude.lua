@@ -15,11 +15,6 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- an action's counters {attempts, stalls, last_error}, decoded
-local function counters(state_key, id)
-  return cjson.decode(redis.call('HGET', state_key, id) or NEW_STATE)
-end
-
 -- the ('by', name) pair of a lease resolved by someone who said who (serve's token name), for
 -- the end of a history entry; nothing otherwise
 local function by_of(lease)
@@ -35,6 +30,35 @@ end
 -- append an event to a session's history, trimmed to about maxlen entries
 local function history(key, maxlen, event, ...)
   redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'event', event, ...)
+end
+
+-- Redis keeps what a script wrote before an error stopped it, so a script reads and checks
+-- everything before its first write, and stops with POISON (nothing changed) on a record that
+-- does not parse: the caller parks it (park.lua) and carries on
+local function poison(what, key, field)
+  error({err = 'POISON ' .. what .. ' ' .. key .. ' ' .. (field or '')})
+end
+
+-- the JSON at field of a hash, decoded; nil when absent, POISON when it does not parse
+local function json_field(what, key, field)
+  local raw = redis.call('HGET', key, field)
+  if not raw then return nil, nil end
+  local ok, value = pcall(cjson.decode, raw)
+  if not ok or type(value) ~= 'table' then poison(what, key, field) end
+  return value, raw
+end
+
+-- every key given (KEYS index -> type) is of that type or absent; else POISON, before any write
+local function check_types(expected)
+  for i, want in pairs(expected) do
+    local found = redis.call('TYPE', KEYS[i]).ok
+    if found ~= 'none' and found ~= want then poison('type', KEYS[i], found) end
+  end
+end
+
+-- an action's counters {attempts, stalls, last_error}, decoded (POISON when they do not parse)
+local function counters(state_key, id)
+  return json_field('state', state_key, id) or cjson.decode(NEW_STATE)
 end
 
 -- whether an action staged with a ttl is past it at server time ``now`` (ms): from that moment

@@ -8,16 +8,17 @@
 -- ARGV[5] history maxlen  ARGV[6] action id  ARGV[7] attempt
 -- ARGV[8] index member "<session>/<token>"
 -- Returns: 1 when re-added, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
+check_types({'hash', 'list', 'string', 'hash', 'hash', 'stream', 'list', 'zset'})
+local lease = json_field('lease', KEYS[1], ARGV[1])
+if not lease then
   history(KEYS[6], ARGV[5], EVENT.LATE_REFUSED, 'id', ARGV[6], 'attempt', ARGV[7],
     'outcome', EVENT.FAILED)
   return 0
 end
-local lease = cjson.decode(raw)
+local kept = redis.call('HEXISTS', KEYS[4], lease.id) == 1
+local st = kept and counters(KEYS[5], lease.id)  -- POISON before the first write
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[8], ARGV[8])
-local kept = redis.call('HEXISTS', KEYS[4], lease.id) == 1
 if kept and lease.kind == 'action' then
   redis.call('LPUSH', KEYS[2], lease.id)
 elseif kept and lease.kind == 'directive' then
@@ -29,7 +30,6 @@ elseif kept and lease.kind == 'directive' then
   end
 end
 if kept then
-  local st = counters(KEYS[5], lease.id)
   st.last_error = ARGV[2]
   redis.call('HSET', KEYS[5], lease.id, cjson.encode(st))
 end

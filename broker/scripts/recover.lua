@@ -14,26 +14,26 @@
 -- recovered already), RETURNED, DEAD_LETTERED, UNSTARTED, or LIVE (nothing done; the deadline
 -- says when to look again).
 redis.replicate_commands()
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
+check_types({'hash', 'list', 'string', 'hash', 'hash', 'stream', 'list', 'list', 'zset'})
+local lease = json_field('lease', KEYS[1], ARGV[1])
+if not lease then
   redis.call('ZREM', KEYS[9], ARGV[10])
   return {RECOVER.GONE, 0}
 end
-local lease = cjson.decode(raw)
 local now = now_ms()
 if lease.deadline > now then
   redis.call('ZADD', KEYS[9], lease.deadline, ARGV[10])
   return {RECOVER.LIVE, lease.deadline}
 end
+local spec = redis.call('HGET', KEYS[4], lease.id)
+local st = spec and counters(KEYS[5], lease.id)  -- POISON before the first write
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[9], ARGV[10])
-local spec = redis.call('HGET', KEYS[4], lease.id)
 local outcome = RECOVER.RETURNED
 if lease.state == 'dispatched' then
   outcome = RECOVER.UNSTARTED
 end
 if spec then
-  local st = counters(KEYS[5], lease.id)
   if outcome == RECOVER.RETURNED then
     st.stalls = (st.stalls or 0) + 1
     st.last_error = ARGV[8]

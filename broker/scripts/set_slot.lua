@@ -4,12 +4,14 @@
 -- ARGV[1] new id   ARGV[2] spec JSON   ARGV[3] event (EVENT.DIRECTIVE_SET | EVENT.STANDING_SET)
 -- ARGV[4] history maxlen
 -- Returns: the replaced id, or false when the slot was empty.
+check_types({'string', 'hash', 'hash', 'stream'})
 local old = redis.call('GET', KEYS[1])
 if old then
   redis.call('HDEL', KEYS[2], old)
   redis.call('HDEL', KEYS[3], old)
 end
 redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PERSIST', KEYS[4])  -- live again (retire.lua also lifts the tenant claim's ttl)
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[1], NEW_STATE)
 history(KEYS[4], ARGV[4], ARGV[3], 'id', ARGV[1])

@@ -13,6 +13,7 @@
 -- Returns: the stack depth after the push, 0 when the id is staged already (a retried call
 -- whose first try went through: ids come from a counter, so it is ours) and nothing changed,
 -- -1 when the session belongs to another tenant (nothing changed).
+check_types({'list', 'hash', 'stream', 'string', 'zset'})
 redis.replicate_commands()
 local owner = redis.call('GET', KEYS[4])
 if owner and owner ~= ARGV[4] then
@@ -25,6 +26,9 @@ if not owner then
   redis.call('SET', KEYS[4], ARGV[4])
   redis.call('SADD', KEYS[6], ARGV[6])
 end
+-- live again: what retire.lua set to expire stays (PERSIST is a no-op on a key without a ttl)
+redis.call('PERSIST', KEYS[4])
+redis.call('PERSIST', KEYS[3])
 local depth = redis.call('LPUSH', KEYS[1], ARGV[1])
 if ARGV[5] ~= '' then
   local at = now_ms() + tonumber(ARGV[5])

@@ -22,6 +22,7 @@
 -- ARGV[16] by: who resolves ("" for unsaid), kept in the lease and the history
 -- ARGV[17] reply JSON for "expect_id is not the target"
 -- ARGV[18] reply JSON for "expect_id expired"  ARGV[19] expired memory ms
+-- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
 --          | {TAKE.NONE} (replied here) | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 --          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
@@ -30,8 +31,13 @@
 -- its earlier answer back while that is still actionable (the same lease if no worker has
 -- started it, whose task is enqueued again; NONE again), else DUP.
 -- A stacked action past its ttl is gone for take as for every reader: passed over, and ended
--- here (history "expired") when popped on the way.
+-- here (history "expired") when it lay above the target.
 redis.replicate_commands()
+-- every key, the task streams included, is checked before the first write (POISON)
+local types = {'string', 'list', 'string', 'hash', 'hash', 'hash', 'stream', 'string', 'list',
+               'zset', 'zset', 'zset'}
+for i = 13, #KEYS do types[i] = 'stream' end
+check_types(types)
 local now = now_ms()
 local routes = cjson.decode(ARGV[12])
 local npools = tonumber(ARGV[13])
@@ -71,18 +77,15 @@ if prev == 'none' then
 elseif prev == 'conflict' then
   return {TAKE.CONFLICT}
 elseif prev then
-  local raw = redis.call('HGET', KEYS[6], prev)
-  if raw then
-    local lease = cjson.decode(raw)
-    -- taken before any ttl passed: its spec is all it needs to be dispatched again
-    local spec = redis.call('HGET', KEYS[4], lease.id)
-    if lease.state == 'dispatched' and spec then
-      local pool = route(spec)
-      if pool then
-        enqueue(pool, prev)
-        return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt),
-                tostring(lease.deadline), prev, pool}
-      end
+  local lease = json_field('lease', KEYS[6], prev)
+  -- taken before any ttl passed: its spec is all it needs to be dispatched again
+  local spec = lease and redis.call('HGET', KEYS[4], lease.id)
+  if lease and lease.state == 'dispatched' and spec then
+    local pool = route(spec)
+    if pool then
+      enqueue(pool, prev)
+      return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt),
+              tostring(lease.deadline), prev, pool}
     end
   end
   return {TAKE.DUP}
@@ -90,52 +93,63 @@ end
 
 -- the spec of an id that is still there to take: not gone, not past a ttl
 local function live_spec(id)
+  if not id then return nil end
   local spec = redis.call('HGET', KEYS[4], id)
   if spec and not past_ttl(KEYS[11], id, now) then return spec end
-  return nil, spec
-end
-
--- the target (a stack head comes off the stack here, see untake); a stale slot or stack entry
--- (its spec gone) is dropped, a stacked action past its ttl ended
-local function find()
-  local id = redis.call('GET', KEYS[1])
-  if id then
-    local spec = live_spec(id)
-    if spec then return id, 'directive', spec end
-    redis.call('DEL', KEYS[1])
-  end
-  while true do
-    -- popped here (one command less than a look first); put back below if not taken
-    id = redis.call('LPOP', KEYS[2])
-    if not id then break end
-    local spec, stale = live_spec(id)
-    if spec then return id, 'action', spec end
-    if stale then
-      end_expired(KEYS[4], KEYS[5], KEYS[11], KEYS[12], KEYS[7], ARGV[6], ARGV[19], id, now)
-    end
-  end
-  id = redis.call('GET', KEYS[3])
-  if id then
-    local spec = live_spec(id)
-    if spec then return id, 'standing', spec end
-  end
   return nil
 end
 
--- the target goes back where it was: not taken after all (in the same atomic step, so no one
--- ever sees it missing)
-local function untake(id, kind)
-  if kind == 'action' then redis.call('LPUSH', KEYS[2], id) end
+-- the target, read before anything changes (scripts check before they write): its id, its
+-- kind, its spec, whether a stale directive is in the slot, and how many stale stack entries
+-- lie above it
+local function target()
+  local id = redis.call('GET', KEYS[1])
+  local stale_directive = id ~= false
+  local spec = live_spec(id)
+  if spec then return id, 'directive', spec, false, 0 end
+  local i = 0
+  while true do
+    id = redis.call('LINDEX', KEYS[2], i)
+    if not id then break end
+    spec = live_spec(id)
+    if spec then return id, 'action', spec, stale_directive, i end
+    i = i + 1
+  end
+  id = redis.call('GET', KEYS[3])
+  spec = live_spec(id)
+  if spec then return id, 'standing', spec, stale_directive, i end
+  return nil, nil, nil, stale_directive, i
 end
 
-local id, kind, spec = find()
+local id, kind, spec, stale_directive, skipped = target()
 if ARGV[15] ~= '' and id ~= ARGV[15] then
-  untake(id, kind)
   redis.call('SET', KEYS[8], 'conflict', 'EX', ARGV[5])
   local gone = redis.call('ZSCORE', KEYS[12], ARGV[15]) or past_ttl(KEYS[11], ARGV[15], now)
   redis.call('RPUSH', KEYS[9], gone and ARGV[18] or ARGV[17])
   redis.call('EXPIRE', KEYS[9], ARGV[10])
   return {TAKE.CONFLICT}
+end
+local st = id and counters(KEYS[5], id)  -- POISON here changes nothing
+local pool, name
+if id then
+  pool, name = route(spec)
+  if not pool then
+    return {TAKE.NO_WORKER, id, name, spec}  -- nothing changed
+  end
+end
+if stale_directive or kind == 'directive' then
+  redis.call('DEL', KEYS[1])
+end
+if skipped > 0 then
+  -- stale entries above the target: an expired action among them ends here
+  for _, x in ipairs(redis.call('LPOP', KEYS[2], skipped)) do
+    if redis.call('HEXISTS', KEYS[4], x) == 1 then
+      end_expired(KEYS[4], KEYS[5], KEYS[11], KEYS[12], KEYS[7], ARGV[6], ARGV[19], x, now)
+    end
+  end
+end
+if kind == 'action' then
+  redis.call('LPOP', KEYS[2])
 end
 if not id then
   redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
@@ -143,16 +157,7 @@ if not id then
   redis.call('EXPIRE', KEYS[9], ARGV[10])
   return {TAKE.NONE}
 end
-local pool, name = route(spec)
-if not pool then
-  untake(id, kind)
-  return {TAKE.NO_WORKER, id, name, spec}
-end
-if kind == 'directive' then
-  redis.call('DEL', KEYS[1])
-end
 redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
-local st = counters(KEYS[5], id)
 st.attempts = (st.attempts or 0) + 1
 redis.call('HSET', KEYS[5], id, cjson.encode(st))
 local deadline = now + tonumber(ARGV[4])

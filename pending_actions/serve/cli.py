@@ -9,7 +9,7 @@ from dataclasses import asdict
 import click
 
 from pending_actions.broker.errors import PendingActionsError
-from pending_actions.cli import Obj, _fail
+from pending_actions.cli.base import Obj, fail
 from pending_actions.serve.auth import ROLES, Tokens
 
 
@@ -53,7 +53,7 @@ def create(obj: Obj, tenant: str, role: str, name: str | None) -> None:
     try:
         secret, who = Tokens(pa.client, pa.ctx.keys).create(tenant, role, name)
     except PendingActionsError as exc:
-        _fail(exc)
+        fail(exc)
     obj.out({"token": secret, **asdict(who)}, secret)
     if not obj.as_json:
         click.echo(f"name={who.name} tenant={who.tenant} role={who.role} "

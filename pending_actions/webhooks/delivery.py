@@ -22,9 +22,10 @@ import orjson
 import redis
 
 from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.loops import Loop
 from pending_actions.broker.settings import Settings
 from pending_actions.webhooks import DELIVERY, SIGNATURE, TIMESTAMP, sign
-from pending_actions.workers.actors import broker, ctx
+from pending_actions.workers.actors import beats, broker, ctx
 
 log = logging.getLogger("pending_actions.webhooks")
 GROUP = "webhooks"
@@ -91,26 +92,24 @@ class Dispatcher(dramatiq.Middleware):
 
     def _run(self) -> None:
         consumer = f"{os.getpid()}-{threading.get_ident()}"
-        next_claim, delay = 0.0, 0.05
-        while not self.stop.is_set():
-            try:
-                _group()
-                entries: list[Any] = []
-                if time.monotonic() >= next_claim:
-                    next_claim = time.monotonic() + self.CLAIM_IDLE_MS / 2000
-                    claimed: Any = ctx.client.xautoclaim(
-                        ctx.keys.events, GROUP, consumer, self.CLAIM_IDLE_MS, "0-0", count=100)
-                    entries = [e for e in claimed[1] if e[1]]
-                if not entries:
-                    got: Any = ctx.client.xreadgroup(GROUP, consumer, {ctx.keys.events: ">"},
-                                                     count=100, block=1000)
-                    entries = [e for _s, es in got or () for e in es]
-                self.dispatch(entries)
-                delay = 0.05
-            except TRANSIENT as exc:
-                log.warning("webhook dispatch: %s; retrying", exc)
-                self.stop.wait(delay)
-                delay = min(delay * 2, 2.0)
+        next_claim = [0.0]
+
+        def step() -> None:
+            _group()
+            entries: list[Any] = []
+            if time.monotonic() >= next_claim[0]:
+                next_claim[0] = time.monotonic() + self.CLAIM_IDLE_MS / 2000
+                claimed: Any = ctx.client.xautoclaim(
+                    ctx.keys.events, GROUP, consumer, self.CLAIM_IDLE_MS, "0-0", count=100)
+                entries = [e for e in claimed[1] if e[1]]
+            if not entries:
+                got: Any = ctx.client.xreadgroup(GROUP, consumer, {ctx.keys.events: ">"},
+                                                 count=100, block=1000)
+                entries = [e for _s, es in got or () for e in es]
+            self.dispatch(entries)
+
+        # a loop of broker.loops: survives every error (a deleted feed included), beats
+        Loop("webhook-feed", step, self.stop, every_s=15.0, beats=beats).run()
 
     def dispatch(self, entries: list[Any]) -> None:
         if not entries:

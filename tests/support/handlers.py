@@ -23,9 +23,10 @@ from tests.support.runs import Run, runs_key
 @functools.cache
 def client() -> redis.Redis:
     """The worker's Redis (one server or a cluster), opened on first use: importing this module
-    needs no environment."""
+    needs no environment. TEST_RECORD_URL: where a worker running as a least-privilege user
+    records its runs."""
     # no socket timeout: t.gate blocks for up to a minute on purpose
-    url = os.environ["PENDING_ACTIONS_REDIS_URL"]
+    url = os.environ.get("TEST_RECORD_URL") or os.environ["PENDING_ACTIONS_REDIS_URL"]
     if is_cluster_url(url):
         return cluster_client(url, socket_timeout=None)
     return redis.Redis.from_url(url, socket_timeout=None)

@@ -1,0 +1,77 @@
+"""What redis-py raises, turned into this package's errors (``broker/errors.py``), so that no
+raw redis-py exception reaches a caller of the library or a user of the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+from redis import exceptions as rx
+
+from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.errors import (
+    ConfigError,
+    Forbidden,
+    PendingActionsError,
+    Poison,
+    RedisFull,
+    RedisUnavailable,
+)
+
+POISON_PREFIX = "POISON "
+
+
+def poison_of(exc: BaseException) -> Poison | None:
+    """The Poison a script stopped with (prelude's ``poison()``), if that is what ``exc`` is."""
+    text = str(exc)
+    if not isinstance(exc, rx.ResponseError) or POISON_PREFIX not in text:
+        return None
+    # Redis may add the script's name and line after the message
+    parts = text[text.index(POISON_PREFIX) + len(POISON_PREFIX):].split(" ")
+    what, key, field = [*parts, "", "", ""][:3]
+    return Poison(what, key, field)
+
+
+def translate(exc: BaseException, url: str = "") -> PendingActionsError:
+    """The package error for a redis-py (or URL parsing) error."""
+    where = f" at {_safe(url)}" if url else ""
+    if isinstance(exc, PendingActionsError):
+        return exc
+    if isinstance(exc, rx.OutOfMemoryError) or str(exc).startswith("OOM "):
+        return RedisFull(f"Redis{where} is full (maxmemory reached); nothing was changed")
+    if isinstance(exc, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError):
+        return Forbidden(f"Redis{where} refused the credentials: {exc}")
+    if isinstance(exc, rx.NoPermissionError) or "can't run this command" in str(exc):
+        return Forbidden(f"the Redis user lacks a permission: {exc} "
+                         "(see `pending-actions acl --role ...`)")
+    if isinstance(exc, rx.InvalidResponse) or "Protocol error" in str(exc):
+        return RedisUnavailable(f"the server{where} does not speak the Redis protocol ({exc})")
+    if isinstance(exc, TRANSIENT):
+        return RedisUnavailable(f"Redis{where} is unavailable: {exc}")
+    if "DB index is out of range" in str(exc) or "invalid DB index" in str(exc):
+        return ConfigError(f"the database number in the Redis URL{where} does not exist "
+                           f"on that server ({exc})")
+    if isinstance(exc, ValueError):  # redis-py's URL parser
+        return ConfigError(f"bad Redis URL {_safe(url)!r}: {exc}")
+    found = poison_of(exc)
+    if found is not None:
+        return found
+    return RedisUnavailable(f"Redis{where} answered with an error: {exc}")
+
+
+@contextmanager
+def redis_errors(url: str = "") -> Iterator[None]:
+    """Raise every redis-py error inside as the package error ``translate`` gives."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise translate(exc, url) from exc
+
+
+def _safe(url: str) -> str:
+    """The URL without its password."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"

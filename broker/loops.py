@@ -1,0 +1,184 @@
+"""The one way a worker runs a long-lived loop: every loop (request serving, recovery, lease
+renewal, registration, the webhook feed) goes round through ``Loop.run``, which
+
+- survives every error it can: logs it once with the loop's name (a repeat only as a count,
+  once a minute), waits out a backoff, and goes round again;
+- ends the process (exit code ``EXIT_LOOP_DIED``) on what it cannot handle: a Redis that
+  refuses our credentials or permissions, a bad configuration, or errors other than an outage
+  that keep coming for ``give_up_s``. Its supervisor (``up``, ``worker``, compose, systemd)
+  restarts it. Never a live process with a dead loop;
+- beats: after each round that went through, at most every third of its interval, it writes
+  its beat to Redis (beat.lua, server time), which ``pending-actions health`` checks.
+
+A ``Pulse`` per process keeps its beats alive; a killed process's beats expire with it, so
+health looks only at live processes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis
+
+from pending_actions.broker.backoff import Backoff
+from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.errors import ConfigError, Forbidden, RedisFull
+from pending_actions.broker.failures import translate
+
+log = logging.getLogger("pending_actions.loops")
+
+EXIT_LOOP_DIED = 3  # a loop met an error it cannot handle; restart the process
+PULSE_S = 1.0  # a process whose pulse is 3 s late is gone; health skips it
+PROC_TTL_MS = 10_000  # a process that stopped pulsing this long ago is gone
+
+Fatal = Callable[[str, BaseException], None]
+
+
+def exit_process(loop: str, exc: BaseException) -> None:
+    """The default on a fatal error: end the whole process at once, non-zero."""
+    log.critical("loop %s cannot go on (%s); exiting with %d so that it is restarted",
+                 loop, exc, EXIT_LOOP_DIED)
+    logging.shutdown()
+    os._exit(EXIT_LOOP_DIED)
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Errors that waiting cannot fix: credentials, permissions, configuration."""
+    if isinstance(exc, Forbidden | ConfigError):
+        return True
+    # (redis-py's AuthenticationError is a ConnectionError: translated first, not retried)
+    return isinstance(exc, redis.RedisError) and isinstance(translate(exc),
+                                                             Forbidden | ConfigError)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Redis away or full: wait as long as it takes, never give up on these."""
+    if isinstance(exc, (*TRANSIENT, RedisFull)):
+        return True
+    return isinstance(exc, redis.RedisError) and isinstance(translate(exc), RedisFull)
+
+
+class Beats:
+    """This process's beats: who it is, and the client and scripts to write them with."""
+
+    def __init__(self, ctx: Any, proc: str, role: str) -> None:
+        self.ctx = ctx
+        self.proc = proc
+        self.info = orjson.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                  "role": role})
+        self.last: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def beat(self, loop: str, every_s: float, force: bool = False) -> None:
+        """Write ``loop``'s beat unless it wrote one less than a third of its interval ago.
+        Never raises: a beat that cannot be written shows as late, which is the truth."""
+        now = time.monotonic()
+        with self.lock:
+            if not force and now - self.last.get(loop, -1e9) < every_s / 3:
+                return
+            self.last[loop] = now
+        try:
+            self.ctx.scripts.beat(self.proc, loop, int(every_s * 1000), PROC_TTL_MS,
+                                  self.info).run()
+        except Exception as exc:  # a beat must never stop its loop
+            log.debug("beat of %s not written: %s", loop, exc)
+            with self.lock:
+                self.last.pop(loop, None)
+
+
+class Loop:
+    """One long-lived loop. ``step`` does one round (it may block, e.g. on XREADGROUP);
+    ``pause_s`` is waited between rounds; ``every_s`` is the longest a healthy round takes
+    between two beats."""
+
+    def __init__(self, name: str, step: Callable[[], object], stop: threading.Event, *,
+                 every_s: float, pause_s: float = 0.0, beats: Beats | None = None,
+                 on_fatal: Fatal | None = None, give_up_s: float = 300.0,
+                 backoff: Backoff | None = None) -> None:
+        self.name = name
+        self.step = step
+        self.stop = stop
+        self.every_s = every_s
+        self.pause_s = pause_s
+        self.beats = beats
+        self.on_fatal = on_fatal or exit_process
+        self.give_up_s = give_up_s
+        self.backoff = backoff or Backoff(first=0.05, cap=5.0)
+        self.rounds = 0
+        self.errors = 0
+
+    def thread(self) -> threading.Thread:
+        return threading.Thread(target=self.run, name=self.name, daemon=True)
+
+    def run(self) -> None:
+        if self.beats is not None:
+            self.beats.beat(self.name, self.every_s, force=True)
+        while not self.stop.is_set():
+            try:
+                self.step()
+            except BaseException as exc:  # the point of this class
+                try:
+                    go_on = self._failed(exc)
+                except BaseException as worse:  # never a dead loop in a live process
+                    go_on = False
+                    self.on_fatal(self.name, worse)
+                if not go_on:
+                    return
+                self.stop.wait(self.backoff.next())
+                continue
+            self.rounds += 1
+            self.backoff.reset()
+            self._failing_since, self._said = None, None
+            if self.beats is not None:
+                self.beats.beat(self.name, self.every_s)
+            if self.pause_s:
+                self.stop.wait(self.pause_s)
+
+    _failing_since: float | None = None  # first of the non-outage errors in a row
+    _said: tuple[type, str] | None = None
+    _repeats = 0
+    _said_at = 0.0
+
+    def _failed(self, exc: BaseException) -> bool:
+        """Log ``exc`` (once, then a count a minute) and say whether to go on; on what
+        cannot be handled, call ``on_fatal``."""
+        if not isinstance(exc, Exception) or is_fatal(exc):
+            self.on_fatal(self.name, exc)
+            return False
+        self.errors += 1
+        now = time.monotonic()
+        outage = is_outage(exc)
+        if not outage:
+            self._failing_since = self._failing_since or now
+            if now - self._failing_since > self.give_up_s:
+                self.on_fatal(self.name, exc)
+                return False
+        what = (type(exc), str(exc)[:200])
+        if what != self._said:
+            self._said, self._repeats, self._said_at = what, 0, now
+            if outage:
+                log.warning("%s: %s; retrying", self.name, translate(exc))
+            else:
+                log.error("%s: %s: %s; retrying", self.name, type(exc).__name__, exc,
+                          exc_info=exc)
+        else:
+            self._repeats += 1
+            if now - self._said_at > 60:
+                log.warning("%s: the same error %d more times", self.name, self._repeats)
+                self._repeats, self._said_at = 0, now
+        return True
+
+
+def start_pulse(beats: Beats, stop: threading.Event) -> Loop:
+    """The loop that keeps this process's beats from expiring while it lives."""
+    every = PULSE_S * 3
+    loop = Loop("pulse", lambda: beats.beat("pulse", every, force=True), stop, every_s=every,
+                pause_s=PULSE_S)
+    loop.thread().start()
+    return loop

@@ -1,0 +1,101 @@
+"""``pending-actions``: run the service and talk to it from a shell.
+
+Exit codes: 0 success, 1 an error result (or Redis unavailable), 2 bad usage or bad input.
+Every error is one line on stderr, never a traceback. ``--json`` and ``--redis-url`` go
+before or after the subcommand, as people type them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from pending_actions.broker.errors import ConfigError, InvalidInput, PendingActionsError
+from pending_actions.cli.base import Obj
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pending-actions", prog_name="pending-actions")
+@click.option("--redis-url", envvar="PENDING_ACTIONS_REDIS_URL",
+              help="Redis holding the state [env PENDING_ACTIONS_REDIS_URL].")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+@click.option("-v", "--verbose", is_flag=True, help="Log more.")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool) -> None:
+    """Stage, approve and apply AI agent tool actions, on Redis and dramatiq.
+
+    An agent's tool stages a pending action; `resolve` later applies or discards the newest one
+    of the session. A failed apply keeps the action pending under the same id."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pika").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    ctx.obj = Obj(redis_url, as_json)
+
+
+def _register() -> None:
+    from pending_actions.bench.__main__ import bench
+    from pending_actions.cli import actions, service
+    from pending_actions.health import acl, health
+    from pending_actions.ops import top
+    from pending_actions.serve.cli import serve, token
+    from pending_actions.soak import soak
+
+    for command in (service.up, service.worker, actions.stage, actions.resolve, actions.ls_,
+                    actions.show, actions.history, actions.dead, actions.stats,
+                    soak, bench, serve, token, top, health, acl):
+        cli.add_command(command)
+
+
+_register()
+
+
+def _late_options(command: click.Command) -> None:
+    """Give ``command`` (and its subcommands) ``--json`` and ``--redis-url`` too, so they are
+    accepted after the subcommand as well as before it."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _late_options(sub)
+    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
+
+    def set_json(ctx: click.Context, _p: click.Parameter, value: bool) -> None:
+        obj = ctx.find_object(Obj)
+        if value and obj is not None:
+            obj.as_json = True
+
+    def set_url(ctx: click.Context, _p: click.Parameter, value: str | None) -> None:
+        obj = ctx.find_object(Obj)
+        if value and obj is not None:
+            obj.redis_url = value
+
+    if "--json" not in taken:
+        command.params.append(click.Option(["--json", "late_json"], is_flag=True,
+                                           expose_value=False, callback=set_json,
+                                           help="Machine-readable JSON output."))
+    if "--redis-url" not in taken:
+        command.params.append(click.Option(["--redis-url", "late_redis_url"],
+                                           expose_value=False, callback=set_url,
+                                           help="Redis holding the state."))
+
+
+for _command in cli.commands.values():
+    _late_options(_command)
+
+
+def main() -> None:
+    """The program: one line on stderr for any error, never a traceback."""
+    import redis
+
+    from pending_actions.broker.failures import translate
+
+    try:
+        cli(prog_name="pending-actions")
+    except (PendingActionsError, redis.RedisError) as exc:
+        err = translate(exc)  # a raw redis-py error a command let through: ours
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2 if isinstance(err, InvalidInput | ConfigError) else 1)
+    except Exception as exc:  # a bug or an unexpected failure: still one line
+        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+

@@ -1,0 +1,106 @@
+"""``pending-actions health`` (is every loop of every live worker going round?) and
+``pending-actions acl`` (the Redis ACL rules of a least-privilege user per role)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import click
+import orjson
+
+from pending_actions.broker.errors import PendingActionsError
+
+
+def script_commands() -> set[str]:
+    """Every command a script runs inside Redis (ACL checks each against the caller's user),
+    read from the scripts themselves so the rules cannot fall behind them."""
+    from pending_actions.broker.scripts import NAMES, source
+
+    found = {m.lower() for name in NAMES
+             for m in re.findall(r"redis\.call\('([A-Za-z]+)'", source(name))}
+    return found | {"eval", "evalsha", "script|load", "script|exists"}
+
+
+CONNECTION = ("ping", "hello", "client|setname", "select", "multi", "exec",
+              "discard")
+# producers, and the operator's views (ls --all, dead --all, stats, top, health)
+PRODUCER = ("incr", "incrby", "hmget", "sadd", "blpop", "xrevrange", "xrange", "scard",
+            "sscan", "smembers", "xlen", "zcard", "zcount", "zrange", "zrangebyscore",
+            "hgetall", "hvals", "hlen", "hkeys", "llen", "lrange", "xinfo|consumers",
+            "xinfo|groups", "xinfo|stream")
+WORKER = (*PRODUCER, "xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "zrem",
+          "srem", "scan", "info", "unlink", "xread")
+SERVE = (*PRODUCER, "xread", "unlink", "scan")  # tokens: the scripts' hset/hdel/hsetnx
+ROLES: dict[str, tuple[str, ...]] = {"producer": PRODUCER, "worker": WORKER, "serve": SERVE}
+
+
+def acl_rules(role: str, prefix: str = "pa", password: str = "<password>") -> list[str]:
+    """The rules, in order: no command but those named, no key outside the prefix, no pub/sub.
+    Deliberately absent: FLUSH*, KEYS, CONFIG, DEBUG, CLIENT KILL, MONITOR, SHUTDOWN and every
+    other @dangerous command but INFO (workers read the run id and the eviction policy)."""
+    commands = sorted({*script_commands(), *CONNECTION, *ROLES[role]})
+    return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "resetchannels", "-@all",
+            *(f"+{c}" for c in commands)]
+
+
+@click.command()
+@click.option("--role", type=click.Choice(sorted(ROLES)), required=True)
+@click.option("--user", help="User name [default: pa-ROLE].")
+@click.option("--password", default="<password>", show_default=True)
+@click.pass_obj
+def acl(obj: Any, role: str, user: str | None, password: str) -> None:
+    """Print the Redis ACL SETUSER command for a least-privilege user of ROLE: a producer
+    (an agent runtime staging and resolving), a worker (`pending-actions worker`), or serve
+    (the HTTP API). Only the key prefix and the commands that role sends."""
+    name = user or f"pa-{role}"
+    rules = acl_rules(role, obj.settings().key_prefix, password)
+    obj.out({"user": name, "rules": rules}, f"ACL SETUSER {name} " + " ".join(rules))
+
+
+def beats(pa: Any) -> tuple[int, list[dict[str, Any]]]:
+    """Redis time, and every loop of every live worker process with its last beat."""
+    client, keys = pa.client, pa.ctx.keys
+    sec, usec = client.time()
+    now = int(sec) * 1000 + int(usec) // 1000
+    procs = [p.decode() for p in client.zrange(keys.beat_procs, 0, -1)]
+    pipe = client.pipeline(transaction=False)
+    for proc in procs:
+        pipe.hgetall(keys.beats(proc))
+    rows = []
+    for proc, fields in zip(procs, pipe.execute(), strict=True):
+        if not fields:
+            continue  # its pulse stopped: the process is gone
+        about = orjson.loads(fields.pop(b"", b"{}"))
+        ages = {loop.decode(): (now - int(b["at"]), int(b["every"]))
+                for loop, b in ((k, orjson.loads(v)) for k, v in fields.items())}
+        pulse = ages.get("pulse")
+        if pulse is None or pulse[0] > pulse[1]:
+            continue  # its pulse stopped: the process is gone (or going), not a dead loop
+        for loop, (age, every) in sorted(ages.items()):
+            rows.append({"process": proc, "role": about.get("role"), "loop": loop,
+                         "age_ms": age, "every_ms": every, "ok": age <= every})
+    return now, rows
+
+
+@click.command()
+@click.pass_obj
+def health(obj: Any) -> None:
+    """Exit 0 when every loop of every live worker has beaten within its interval; 1 when
+    one has not, or when no worker is alive. Lists each loop's last beat."""
+    from pending_actions.broker.failures import redis_errors
+
+    try:
+        pa = obj.client()
+        with redis_errors():
+            _now, rows = beats(pa)
+    except PendingActionsError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    healthy = bool(rows) and all(r["ok"] for r in rows)
+    lines = [f"{r['process']}  {r['loop']:<14} {r['age_ms'] / 1000:7.1f}s ago "
+             f"(every {r['every_ms'] / 1000:g}s)  {'ok' if r['ok'] else 'LATE'}" for r in rows]
+    obj.out({"healthy": healthy, "loops": rows},
+            "\n".join(lines) if rows else "no live worker")
+    sys.exit(0 if healthy else 1)

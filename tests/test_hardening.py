@@ -1,0 +1,366 @@
+"""Issue 13 faults, each with real worker processes and a real Redis: global keys deleted under
+load, CLIENT KILL storms, SCRIPT FLUSH, a corrupt session, Redis full then freed, a worker
+clock two minutes off either way. After each: every other session resolves within 20 s,
+nothing staged is lost, nothing is applied twice, and every loop still beats (``health``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from pending_actions.broker.errors import RedisFull
+from pending_actions.broker.pools import heartbeat
+from pending_actions.procs import ROOT
+from pending_actions.producers import PendingActions
+from pending_actions.supervise import WorkerProcess
+from tests.support.faults import FAST, K, cluster, started_pid
+from tests.support.procs import TEST_ENV, worker_env
+from tests.support.replies import byte_list, entries
+
+pool = ThreadPoolExecutor(max_workers=8)
+
+
+def health(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pending_actions", "--json", "health"],
+                          env=worker_env(url), cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def wait_healthy(url: str, timeout: float = 20.0) -> dict[str, Any]:
+    """Poll ``health`` (a CLI: there is no event to await) until it passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = health(url)
+        if got.returncode == 0:
+            return dict(orjson.loads(got.stdout))
+        assert time.monotonic() < deadline, f"never healthy: {got.stdout}{got.stderr}"
+        time.sleep(0.5)
+
+
+def still_healthy(url: str) -> None:
+    """Every loop went round after the fault: wait out the longest interval of a test worker
+    (serve: 3 x BLOCK_MS + 2 s = 5 s), then one check. A loop that died stays dead, so its
+    beat is late by then."""
+    time.sleep(5.5)
+    got = health(url)
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
+def effects(rc: redis.Redis, session: str) -> list[str]:
+    return [x.decode() for x in byte_list(rc.lrange(f"test:effects:{session}", 0, -1))]
+
+
+def others_resolve(pa: PendingActions, rc: redis.Redis, n: int = 4,
+                   within: float = 20.0) -> None:
+    """Fresh sessions stage and resolve, each within ``within`` s, each applied once."""
+    sessions = [f"other-{uuid.uuid4().hex[:8]}" for _ in range(n)]
+    ids = {s: pa.stage(session=s, tool="t", label="L", apply="t.idem") for s in sessions}
+    started = time.monotonic()
+    results = [pool.submit(pa.resolve, session=s, action="apply", reason="r", timeout=within)
+               for s in sessions]
+    for s, fut in zip(sessions, results, strict=True):
+        result = fut.result(timeout=within + 5)
+        assert not result.is_error, result.text
+        assert effects(rc, s) == [ids[s]]
+    assert time.monotonic() - started < within
+
+
+class Load:
+    """Sessions staging t.idem actions and resolving them in a loop, until stopped; then
+    ``check`` says every action staged ended applied once or is still pending."""
+
+    def __init__(self, pa: PendingActions, sessions: int = 4) -> None:
+        self.pa = pa
+        self.sessions = [f"load-{uuid.uuid4().hex[:8]}" for _ in range(sessions)]
+        self.staged: dict[str, list[str]] = {s: [] for s in self.sessions}
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._run, args=(s,)) for s in self.sessions]
+
+    def _run(self, session: str) -> None:
+        while not self.stop.is_set():
+            try:
+                self.staged[session].append(
+                    self.pa.stage(session=session, tool="t", label="L", apply="t.idem"))
+                self.pa.resolve(session=session, action="apply", reason="r", timeout=5)
+            except Exception as exc:
+                self.errors.append(repr(exc))
+                self.stop.wait(0.05)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+    def check(self, rc: redis.Redis, within: float = 20.0) -> None:
+        """Drain: resolve what is left; every staged id applied exactly once."""
+        for s in self.sessions:
+            deadline = time.monotonic() + within
+            while self.pa.pending(s):
+                assert time.monotonic() < deadline, f"{s} still has {self.pa.pending(s)}"
+                self.pa.resolve(session=s, action="apply", reason="drain", timeout=within)
+            done = effects(rc, s)
+            assert sorted(done) == sorted(self.staged[s]), s  # none lost, none twice
+            assert len(set(done)) == len(done)
+
+
+def test_global_keys_deleted_under_load(tmp_path: Path) -> None:
+    with cluster(tmp_path) as (server, _w, pa):
+        rc = redis.Redis.from_url(server.url)
+        wait_healthy(server.url)
+        with Load(pa) as load:
+            time.sleep(1.0)  # let the load run before the fault (no event marks "running")
+            # every partition's request stream, task streams and sessions set: not its lease
+            # index, which a lease and its entry share a script to write (see below)
+            for p in range(K.partitions):
+                tasks = list(rc.scan_iter(match=K.task_queue(p, "*"), _type="stream"))
+                rc.delete(K.requests(p), K.sessions(p), *tasks)
+            rc.delete(K.workers, K.beat_procs)
+            time.sleep(1.0)
+        others_resolve(pa, rc)
+        load.check(rc)
+        still_healthy(server.url)
+
+
+def test_lease_index_and_sessions_deleted_then_worker_killed(tmp_path: Path) -> None:
+    """The lease index and the sessions set deleted while a handler runs, then its process
+    killed. No sweep: every script that keeps a lease keeps its index entry, so the running
+    attempt's next renewal (renew.lua) writes the entry back, and once its process is killed
+    the lease is recovered as usual."""
+    with cluster(tmp_path) as (server, _w, pa):
+        rc = redis.Redis.from_url(server.url)
+        with gated(pa, rc, "lost"):
+            pid = int(orjson.loads(byte_list(rc.lrange("test:runs:lost", -1, -1))[0])["pid"])
+            index = K.leases(K.partition("lost"))
+            rc.delete(index, K.sessions(K.partition("lost")))
+            deadline = time.monotonic() + 20
+            while not rc.zcard(index):  # the renewal writes it back
+                assert time.monotonic() < deadline, "the renewal never indexed its lease"
+                time.sleep(0.05)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while rc.hlen(K.inflight("lost")):
+                assert time.monotonic() < deadline, "the lease was never recovered"
+                time.sleep(0.2)
+        assert [a.label for a in pa.pending("lost")] == ["gated"]
+        others_resolve(pa, rc)
+        wait_healthy(server.url)
+
+
+def test_client_kill_storm_and_script_flush(tmp_path: Path) -> None:
+    with cluster(tmp_path) as (server, _w, pa):
+        rc = redis.Redis.from_url(server.url)
+        with Load(pa) as load:
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                rc.client_kill_filter(_type="normal", skipme=True)
+                rc.script_flush()
+                time.sleep(0.1)
+        others_resolve(pa, rc)
+        load.check(rc)
+        still_healthy(server.url)
+
+
+@contextmanager
+def gated(pa: PendingActions, rc: redis.Redis, session: str) -> Iterator[str]:
+    """An action of ``session`` in flight (t.gate started); yields its lease token."""
+    gate = f"gate:{uuid.uuid4().hex}"
+    pa.stage(session=session, tool="t", label="gated", apply="t.gate", payload={"gate": gate})
+    pool.submit(pa.resolve, session=session, action="apply", reason="r", timeout=30)
+    started_pid(rc, session)
+    [token] = byte_list(rc.hkeys(K.inflight(session)))
+    yield token.decode()
+    # (a flagged script: opens the gate even while Redis is full)
+    rc.eval("#!lua flags=allow-oom\nreturn redis.call('RPUSH', KEYS[1], 'open')", 1, gate)
+
+
+CORRUPT: dict[str, Callable[[redis.Redis, str, str], object]] = {
+    "spec": lambda rc, s, i: rc.hset(K.actions(s), i, b"{not json\xff"),
+    "spec-shape": lambda rc, s, i: rc.hset(K.actions(s), i, b'{"id": 5}'),
+    "state": lambda rc, s, i: rc.hset(K.state(s), i, b"\x00garbage"),
+    "stack": lambda rc, s, i: (rc.delete(K.stack(s)), rc.hset(K.stack(s), "x", "y")),
+    "history": lambda rc, s, i: (rc.delete(K.history(s)), rc.set(K.history(s), "junk")),
+}
+
+
+@pytest.mark.parametrize("field", sorted(CORRUPT))
+def test_corrupt_field_of_one_session(tmp_path: Path, field: str) -> None:
+    """The corrupt session's resolve is answered with an error (nothing hangs, nothing half
+    done); a record that does not parse is parked with its raw bytes; every loop lives."""
+    with cluster(tmp_path) as (server, _w, pa):
+        rc = redis.Redis.from_url(server.url)
+        below = pa.stage(session="bad", tool="t", label="below", apply="t.idem")
+        head = pa.stage(session="bad", tool="t", label="head", apply="t.idem")
+        CORRUPT[field](rc, "bad", head)
+        result = pa.resolve(session="bad", action="apply", reason="r", timeout=20)
+        assert result.is_error, result.text
+        others_resolve(pa, rc)
+        wait_healthy(server.url)
+        dead = [orjson.loads(x) for x in byte_list(rc.lrange(K.dead("bad"), 0, -1))]
+        if field in ("spec", "spec-shape", "state"):
+            assert "moved to the session's dead letters" in result.text
+            assert [d["field"] for d in dead] == [head]  # the raw bytes kept, with the reason
+            assert dead[0]["raw"]
+        if field.startswith("spec"):
+            # the action under it is served next, the parked one never
+            again = pa.resolve(session="bad", action="apply", reason="r", timeout=20)
+            assert not again.is_error, again.text
+            assert effects(rc, "bad") == [below]
+        if field == "state":  # counters are parked, the action itself carries on
+            again = pa.resolve(session="bad", action="apply", reason="r", timeout=20)
+            assert not again.is_error and effects(rc, "bad") == [head]
+        if field in ("stack", "history"):  # a key of another type: refused, nothing changed
+            assert "type" in result.text
+            assert rc.hlen(K.actions("bad")) == 2 and not rc.hlen(K.inflight("bad"))
+
+
+def test_corrupt_lease_is_parked_and_its_action_returns(tmp_path: Path) -> None:
+    with cluster(tmp_path) as (server, _w, pa):
+        rc = redis.Redis.from_url(server.url)
+        with gated(pa, rc, "bad") as token:
+            rc.hset(K.inflight("bad"), token, b"[1, 2")
+            # the renewer stops renewing it, recovery parks it once due, and the action
+            # goes back on the stack (its handler may still finish: fenced, late-refused)
+            deadline = time.monotonic() + 20
+            while not rc.llen(K.dead("bad")):
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        [parked] = [orjson.loads(x) for x in byte_list(rc.lrange(K.dead("bad"), 0, -1))]
+        assert parked["poison"] == "lease" and parked["raw"] == "[1, 2"
+        assert [a.label for a in pa.pending("bad")] == ["gated"]
+        others_resolve(pa, rc)
+        wait_healthy(server.url)
+
+
+def test_ls_skips_an_unreadable_spec(tmp_path: Path) -> None:
+    with cluster(tmp_path, workers=0) as (server, _w, pa):
+        rc = redis.Redis.from_url(server.url)
+        heartbeat(rc, K, "p", ["t.idem"], "by-hand", 60_000)  # t.idem live, no worker
+        ok = pa.stage(session="s", tool="t", label="ok", apply="t.idem")
+        bad = pa.stage(session="s", tool="t", label="bad", apply="t.idem")
+        rc.hset(K.actions("s"), bad, "nope")
+        assert [a.id for a in pa.pending("s")] == [ok]
+        # a spec from a newer producer, with a field this version does not know, is served
+        newer = pa.stage(session="s", tool="t", label="newer", apply="t.idem")
+        spec = orjson.loads(rc.hget(K.actions("s"), newer) or b"")
+        rc.hset(K.actions("s"), newer, orjson.dumps({**spec, "from_the_future": 1}))
+        assert [a.id for a in pa.pending("s")] == [newer, ok]
+
+
+def fill(rc: redis.Redis) -> None:
+    """Write 4 MB of junk, then set maxmemory 2 MB below what is used: Redis refuses every
+    write that may grow memory until the junk is deleted."""
+    for n in range(80):
+        rc.set(f"junk:{n}", b"x" * 50_000)
+    rc.config_set("maxmemory", int(rc.info("memory")["used_memory"]) - 2_000_000)
+
+
+def test_redis_full_then_freed(tmp_path: Path) -> None:
+    """Full: a new stage or resolve raises RedisFull; requests already queued are read but
+    their takes refused up front (nothing popped, nothing in flight that recovery cannot see,
+    the requests left unacked); the attempt in flight still ends; once memory is freed the
+    queued resolves go through, each action applied once."""
+    with cluster(tmp_path) as (server, workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        sessions = [f"full-{i}" for i in range(4)]
+        staged = {s: pa.stage(session=s, tool="t", label="L", apply="t.idem") for s in sessions}
+        resolver = workers[0].pid
+        with gated(pa, rc, "running"):
+            os.kill(resolver, signal.SIGSTOP)  # requests queue up unread
+            waiting = [pool.submit(pa.resolve, session=s, action="apply", reason="r",
+                                   timeout=60) for s in sessions]
+            deadline = time.monotonic() + 10
+            while sum(rc.xlen(K.requests(p)) for p in range(K.partitions)) < len(sessions):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            fill(rc)
+            os.kill(resolver, signal.SIGCONT)
+            with pytest.raises(RedisFull):
+                pa.stage(session="x", tool="t", label="L", apply="t.idem")
+            with pytest.raises(RedisFull):
+                pa.resolve(session="x", action="apply", reason="r")
+        time.sleep(2.0)  # full for a while: the resolver reads the queued requests
+        pending: Any = [rc.xpending(K.requests(p), K.RESOLVER_GROUP)
+                        for p in {K.partition(s) for s in sessions}]
+        assert sum(x["pending"] for x in pending) == len(sessions)  # read, refused, not acked
+        assert all(rc.llen(K.stack(s)) == 1 for s in sessions)  # nothing popped
+        assert not any(rc.hlen(K.inflight(s)) for s in sessions)
+        # the attempt in flight ended while full: t.gate's own record (an RPUSH to this
+        # Redis) was refused, so it raised, and readd.lua (allow-oom) put it back at the head
+        assert [f[b"event"] for _e, f in entries(rc.xrange(K.history("running")))][-1] == \
+            b"failed"
+        assert not rc.hlen(K.inflight("running")) and rc.llen(K.stack("running")) == 1
+        rc.delete(*(f"junk:{n}" for n in range(80)))
+        for s, fut in zip(sessions, waiting, strict=True):
+            result = fut.result(timeout=60)
+            assert not result.is_error, result.text
+            assert effects(rc, s) == [staged[s]]
+        others_resolve(pa, rc)
+        wait_healthy(server.url)
+
+
+def test_evicting_policy_is_refused(tmp_path: Path) -> None:
+    with cluster(tmp_path, workers=0) as (server, _w, _pa):
+        rc = redis.Redis.from_url(server.url)
+        rc.config_set("maxmemory-policy", "allkeys-lru")
+        proc = subprocess.run([sys.executable, "-m", "pending_actions", "worker", "--handlers",
+                               "tests.support.handlers"], env=worker_env(server.url), cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0
+        assert "maxmemory-policy is allkeys-lru" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+SITE = '''import os, time
+_shift = float(os.environ.get("TEST_CLOCK_SHIFT_S", "0"))
+_time, _time_ns = time.time, time.time_ns
+time.time = lambda: _time() + _shift
+time.time_ns = lambda: _time_ns() + int(_shift * 1e9)
+'''
+
+
+@pytest.mark.parametrize("shift", [120, -120])
+def test_worker_clock_off_by_two_minutes(tmp_path: Path, shift: int) -> None:
+    """A worker (resolver and handlers) whose wall clock is 120 s off: a resolve with a 20 s
+    timeout is served, and a crashed handler is recovered after its lease (1 s), not 120 s
+    later or sooner."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE)
+    with cluster(tmp_path, workers=0) as (server, workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        env = {**TEST_ENV, "PYTHONPATH": f"{site}:{ROOT}", "TEST_CLOCK_SHIFT_S": str(shift)}
+        skewed = WorkerProcess(server.url, "tests.support.handlers", FAST, env=env).start()
+        try:
+            probe = subprocess.run([sys.executable, "-c", "import time; print(time.time())"],
+                                   env={**worker_env(server.url), **env}, cwd=ROOT,
+                                   capture_output=True, text=True, check=True)
+            assert abs(float(probe.stdout) - time.time() - shift) < 5  # the shift is real
+            others_resolve(pa, rc)
+            pa.stage(session="crash", tool="t", label="L", apply="t.crash")
+            started = time.monotonic()
+            result = pa.resolve(session="crash", action="apply", reason="r", timeout=20)
+            assert result.is_error and "worker" in result.text.lower(), result.text
+            assert time.monotonic() - started < 10
+        finally:
+            skewed.kill()
+        del workers

