@@ -177,9 +177,13 @@ class Scripts:
 
     def _scripts(self) -> dict[str, Any]:
         if self._flags is None:
-            assert isinstance(self._client, redis.Redis), "an asyncio client passes flags"
-            version = str(self._client.info("server")["redis_version"])
-            self._flags = int(version.split(".")[0]) >= 7
+            assert not isinstance(self._client, (redis.asyncio.Redis,
+                                                 redis.asyncio.RedisCluster)), \
+                "an asyncio client passes flags"
+            info: Any = self._client.info("server")
+            # a cluster may answer per node: the oldest server decides
+            found = ([info] if "redis_version" in info else list(info.values()))
+            self._flags = min(int(str(i["redis_version"]).split(".")[0]) for i in found) >= 7
         return self._fn[self._flags]
 
     def load_all(self) -> None:
