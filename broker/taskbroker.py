@@ -289,7 +289,9 @@ class StreamConsumer(Consumer):
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):  # stream deleted (flush) or Redis restarted empty
+            # stream deleted (flush), or Redis restarted empty; UNBLOCKED: while we were
+            # blocked on it
+            if "NOGROUP" in str(exc) or "UNBLOCKED" in str(exc):
                 self.broker._groups.difference_update(self.streams)
                 return None
             raise

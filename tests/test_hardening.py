@@ -61,7 +61,7 @@ def still_healthy(url: str) -> None:
 
 
 def effects(rc: redis.Redis, session: str) -> list[str]:
-    return [x.decode() for x in byte_list(rc.lrange(f"test:effects:{session}", 0, -1))]
+    return [x.decode() for x in byte_list(rc.lrange(f"test:effects:{{{session}}}", 0, -1))]
 
 
 def others_resolve(pa: PendingActions, rc: redis.Redis, n: int = 4,
