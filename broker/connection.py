@@ -109,6 +109,14 @@ def _from_url(url: str, backoff_cap: float, retries: int, **extra: int) -> redis
     return redis.Redis.from_url(url, retry_on_error=list(TRANSIENT), **options)
 
 
+def server_info(client: Any, section: str) -> dict[str, Any]:
+    """INFO ``section``; on a cluster from every node, as node name -> its INFO (a cluster
+    client asks one node only unless told)."""
+    if is_cluster(client):
+        return cast(dict[str, Any], client.info(section, target_nodes=RedisCluster.ALL_NODES))
+    return cast(dict[str, Any], client.info(section))
+
+
 def producer_client(url: str) -> redis.Redis:
     """A client that retries a dropped connection a few times, then raises: producers fail
     fast."""

@@ -17,7 +17,12 @@ SAFE_POLICIES = frozenset({"noeviction"})
 
 
 def check_policy(info: dict[str, Any]) -> None:
-    """Raise ConfigError unless ``INFO``'s ``maxmemory_policy`` is safe."""
+    """Raise ConfigError unless ``INFO``'s ``maxmemory_policy`` is safe; on a cluster, where
+    INFO answers per node, on every node."""
+    if "maxmemory_policy" not in info and all(isinstance(v, dict) for v in info.values()):
+        for node in info.values():
+            check_policy(node)
+        return
     policy = str(info.get("maxmemory_policy", "noeviction"))
     if policy not in SAFE_POLICIES:
         raise ConfigError(
@@ -31,10 +36,11 @@ def preflight(ctx: Any) -> None:
     read the clock. Raises the package's errors (Forbidden for credentials or a missing
     permission, ConfigError for a policy, RedisUnavailable for no Redis) so that the worker
     exits at once with one clear line instead of retrying for ever."""
+    from pending_actions.broker.connection import server_info
     from pending_actions.broker.failures import redis_errors
 
     with redis_errors(ctx.settings.redis_url or ""):
         ctx.client.ping()
-        check_policy(ctx.client.info("memory"))
+        check_policy(server_info(ctx.client, "memory"))
         ctx.scripts.load_all()
         ctx.clock.sync()

@@ -26,6 +26,7 @@ import orjson
 import redis
 import redis.asyncio
 
+from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.pools import Live
@@ -180,7 +181,7 @@ class Scripts:
             assert not isinstance(self._client, (redis.asyncio.Redis,
                                                  redis.asyncio.RedisCluster)), \
                 "an asyncio client passes flags"
-            info: Any = self._client.info("server")
+            info = server_info(self._client, "server")
             # a cluster may answer per node: the oldest server decides
             found = ([info] if "redis_version" in info else list(info.values()))
             self._flags = min(int(str(i["redis_version"]).split(".")[0]) for i in found) >= 7

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pending_actions.broker import texts
+from pending_actions.broker.connection import server_info
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import Event
 from pending_actions.broker.failures import poison_of
@@ -65,7 +66,7 @@ class Recovery:
             self.next_read = time.monotonic() + wait
         if time.monotonic() >= self.next_check:
             self.next_check = time.monotonic() + self.ctx.settings.policy_check_s
-            check_policy(self.ctx.client.info("memory"))
+            check_policy(server_info(self.ctx.client, "memory"))
         self.retire.step()
 
     def _now_ms(self) -> int:
