@@ -25,11 +25,21 @@ def _cmd(client: redis.Redis, *args: Any) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too; Redis wants it <= 55535."""
+    """A free port whose cluster bus port (+10000) is free too, both below the kernel's
+    ephemeral range: a client socket's local port is drawn from that range and could take a
+    bus port between this check and the node's start."""
     rng = random.Random()
+    top = min(_ephemeral_low(), 55_535) - 10_000
     while True:
-        port = rng.randrange(20_000, 45_000)
+        port = rng.randrange(10_000, max(top, 10_001))
         try:
             for p in (port, port + 10_000):
                 with socket.socket() as s:
