@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -153,7 +154,8 @@ class Soak:
         try:
             for t in threads:
                 t.start()
-            with click.progressbar(length=int(self.seconds), label="soaking") as bar:
+            with click.progressbar(length=int(self.seconds), label="soaking",
+                                   file=sys.stderr) as bar:
                 for _ in range(int(self.seconds)):
                     if self.stop.wait(1.0):
                         break
