@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,35 @@ from pending_actions.producers.client import PendingActions
 from pending_actions.supervise import WorkerProcess
 
 K = Keys()
+
+
+
+@dataclass
+class Histories:
+    """What the sessions' own records say became of every action: staged and outcomes from the
+    history streams (each state change writes them in the same Lua step), pending from the
+    stacks and leases, dead from the dead letters. The soak's tally and the compose test's
+    both read this."""
+
+    staged: set[str]
+    outcomes: dict[str, list[str]]  # id -> "applied" / "discarded", in order
+    pending: set[str]
+    dead: set[str]
+
+    @classmethod
+    def read(cls, client: Any, sessions: list[str]) -> Histories:
+        found = cls(set(), {}, set(), set())
+        for s in sessions:
+            for _e, f in client.xrange(K.history(s)):
+                event, action_id = f[b"event"].decode(), f[b"id"].decode()
+                if event == "staged":
+                    found.staged.add(action_id)
+                elif event in ("applied", "discarded"):
+                    found.outcomes.setdefault(action_id, []).append(event)
+            found.pending.update(x.decode() for x in client.lrange(K.stack(s), 0, -1))
+            found.pending.update(orjson.loads(v)["id"] for v in client.hvals(K.inflight(s)))
+            found.dead.update(orjson.loads(x)["id"] for x in client.lrange(K.dead(s), 0, -1))
+        return found
 
 
 class Soak:
@@ -179,20 +209,8 @@ class Soak:
 
     def tally(self, sessions: list[str]) -> dict[str, Any]:
         client: Any = redis.Redis.from_url(self.server.url)
-        staged: set[str] = set()
-        outcomes: dict[str, list[str]] = {}
-        pending: set[str] = set()
-        dead: set[str] = set()
-        for s in sessions:
-            for _e, f in client.xrange(K.history(s)):
-                event, action_id = f[b"event"].decode(), f[b"id"].decode()
-                if event == "staged":
-                    staged.add(action_id)
-                elif event in ("applied", "discarded"):
-                    outcomes.setdefault(action_id, []).append(event)
-            pending.update(x.decode() for x in client.lrange(K.stack(s), 0, -1))
-            pending.update(orjson.loads(v)["id"] for v in client.hvals(K.inflight(s)))
-            dead.update(orjson.loads(x)["id"] for x in client.lrange(K.dead(s), 0, -1))
+        found = Histories.read(client, sessions)
+        staged, outcomes, pending, dead = found.staged, found.outcomes, found.pending, found.dead
         applied = {a for a, o in outcomes.items() if o[0] == "applied"}
         discarded = {a for a, o in outcomes.items() if o[0] == "discarded"}
         completions = {k.decode(): int(v) for k, v in client.hgetall("soak:completions").items()}

@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
 import pytest
 import redis
 
@@ -24,6 +23,7 @@ from pending_actions.broker.errors import PendingActionsError
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.texts import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
+from pending_actions.soak import Histories
 from tests.compose_support import Compose, Dockerd, free_port, unavailable
 
 pytestmark = pytest.mark.slow
@@ -155,18 +155,8 @@ def drain(pa: PendingActions, rc: Any, session: str, timeout: float = 120) -> No
 
 
 def tally(rc: Any, sessions: list[str], acknowledged: set[str]) -> dict[str, int]:
-    staged: set[str] = set()
-    outcomes: dict[str, list[str]] = {}
-    pending: set[str] = set()
-    for s in sessions:
-        for _id, f in rc.xrange(K.history(s)):
-            event, action_id = f[b"event"].decode(), f[b"id"].decode()
-            if event == "staged":
-                staged.add(action_id)
-            elif event in ("applied", "discarded"):
-                outcomes.setdefault(action_id, []).append(event)
-        pending.update(x.decode() for x in rc.lrange(K.stack(s), 0, -1))
-        pending.update(orjson.loads(v)["id"] for v in rc.hvals(K.inflight(s)))
+    found = Histories.read(rc, sessions)
+    staged, outcomes, pending = found.staged, found.outcomes, found.pending
     ended = set(outcomes) | pending
     return {"staged": len(staged), "acknowledged": len(acknowledged),
             "applied": sum(1 for o in outcomes.values() if o[0] == "applied"),
