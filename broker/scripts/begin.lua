@@ -6,10 +6,11 @@
 -- KEYS[4] the partition's lease index (zset)
 -- ARGV[1] lease token      ARGV[2] lease ms      ARGV[3] index member "<session>/<token>"
 -- ARGV[4] claimant (one per delivery run)
--- Returns: {BEGIN.OK, spec JSON, state JSON, lease JSON} | {BEGIN.STALE} (no such lease)
---          | {BEGIN.RUNNING} (already claimed) | {BEGIN.GONE, lease JSON} (spec replaced)
+-- Returns: {BEGIN.OK, spec JSON, counters JSON (attempts: this attempt's number), lease JSON}
+--          | {BEGIN.STALE} (no such lease) | {BEGIN.RUNNING} (already claimed)
+--          | {BEGIN.GONE, lease JSON} (spec replaced)
+-- Every key is read before the first write (the index, written with call_on): no TYPE checks.
 redis.replicate_commands()
-check_types({'hash', 'hash', 'hash', 'zset'})
 local lease, raw = json_field('lease', KEYS[1], ARGV[1])
 if not lease then
   return {BEGIN.STALE}
@@ -17,16 +18,17 @@ end
 if lease.state ~= 'dispatched' and lease.claimant ~= ARGV[4] then
   return {BEGIN.RUNNING}
 end
-local spec = redis.call('HGET', KEYS[2], lease.id)
+local spec = call_on('HGET', KEYS[2], lease.id)
 if not spec then
   return {BEGIN.GONE, raw}
 end
-counters(KEYS[3], lease.id)  -- POISON before the write below
+-- take keeps an action's counters in its lease while it is in flight (POISON before a write)
+local st = counters(KEYS[3], lease.id)
+st.attempts = lease.attempt
 lease.state = 'running'
 lease.claimant = ARGV[4]
 lease.deadline = now_ms() + tonumber(ARGV[2])
 raw = cjson.encode(lease)
+call_on('ZADD', KEYS[4], lease.deadline, ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], raw)
-redis.call('ZADD', KEYS[4], lease.deadline, ARGV[3])
-local st = redis.call('HGET', KEYS[3], lease.id) or NEW_STATE
-return {BEGIN.OK, spec, st, raw}
+return {BEGIN.OK, spec, cjson.encode(st), raw}

@@ -8,21 +8,21 @@
 -- ARGV[6] action id  ARGV[7] attempt  ARGV[8] index member "<session>/<token>"
 -- ARGV[9...] more field, value pairs for the history entry
 -- Returns: 1 when recorded, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
-check_types({'hash', 'hash', 'hash', 'stream', 'list', 'zset'})
 local lease = json_field('lease', KEYS[1], ARGV[1])
 if not lease then
   history(KEYS[4], ARGV[4], EVENT.LATE_REFUSED, 'id', ARGV[6], 'attempt', ARGV[7],
     'outcome', ARGV[5])
   return 0
 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[6], ARGV[8])
-if lease.kind ~= 'standing' then
-  redis.call('HDEL', KEYS[2], lease.id)
-  redis.call('HDEL', KEYS[3], lease.id)
+local consumed = lease.kind ~= 'standing'
+-- the history entry is the first write; every other key written is checked before it. An
+-- action's counters are in the state hash only if it had gone back before (take: counted)
+local expected = {[5] = 'list', [6] = 'zset'}
+if consumed then
+  expected[2] = 'hash'
+  if lease.counted ~= false then expected[3] = 'hash' end
 end
-redis.call('RPUSH', KEYS[5], ARGV[2])
-redis.call('EXPIRE', KEYS[5], ARGV[3])
+check_types(expected)
 local fields = {'id', lease.id, 'attempt', lease.attempt, 'request', lease.req}
 for i = 9, #ARGV do
   fields[#fields + 1] = ARGV[i]
@@ -32,4 +32,12 @@ if lease.by and lease.by ~= '' then
   fields[#fields + 1] = lease.by
 end
 history(KEYS[4], ARGV[4], ARGV[5], unpack(fields))
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[8])
+if consumed then
+  redis.call('HDEL', KEYS[2], lease.id)
+  if lease.counted ~= false then redis.call('HDEL', KEYS[3], lease.id) end
+end
+redis.call('RPUSH', KEYS[5], ARGV[2])
+redis.call('EXPIRE', KEYS[5], ARGV[3])
 return 1

@@ -16,7 +16,11 @@ for _, raw in ipairs(leases) do
     if spec then
       out[#out + 1] = 'in_flight'
       out[#out + 1] = spec
-      out[#out + 1] = redis.call('HGET', KEYS[4], lease.id) or '{}'
+      -- in flight, an action's counters are its lease's (take.lua)
+      local ok2, st = pcall(cjson.decode, redis.call('HGET', KEYS[4], lease.id) or '{}')
+      if not ok2 or type(st) ~= 'table' then st = {} end
+      st.attempts = lease.attempt
+      out[#out + 1] = cjson.encode(st)
     end
   end
 end

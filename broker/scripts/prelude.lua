@@ -27,11 +27,6 @@ local function add_task(key, message)
   redis.call('XADD', key, '*', 'm', message)
 end
 
--- append an event to a session's history, trimmed to about maxlen entries
-local function history(key, maxlen, event, ...)
-  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'event', event, ...)
-end
-
 -- Redis keeps what a script wrote before an error stopped it, so a script reads and checks
 -- everything before its first write, and stops with POISON (nothing changed) on a record that
 -- does not parse: the caller parks it (park.lua) and carries on
@@ -39,9 +34,30 @@ local function poison(what, key, field)
   error({err = 'POISON ' .. what .. ' ' .. key .. ' ' .. (field or '')})
 end
 
+-- redis.call on one key, stopping with POISON (naming the key) when it holds another type.
+-- Scripts read before they write, so a read that fails so has changed nothing; so has a
+-- script's first write. A key read or written first this way needs no TYPE call beforehand:
+-- check_types is only for the keys a script writes after its first write.
+local function call_on(cmd, key, ...)
+  local reply = redis.pcall(cmd, key, ...)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'WRONGTYPE', 1, true) then
+      poison('type', key, redis.call('TYPE', key).ok)
+    end
+    error(reply)
+  end
+  return reply
+end
+
+-- append an event to a session's history, trimmed to about maxlen entries; a script that
+-- writes history first needs no TYPE check of it (see call_on)
+local function history(key, maxlen, event, ...)
+  call_on('XADD', key, 'MAXLEN', '~', maxlen, '*', 'event', event, ...)
+end
+
 -- the JSON at field of a hash, decoded; nil when absent, POISON when it does not parse
 local function json_field(what, key, field)
-  local raw = redis.call('HGET', key, field)
+  local raw = call_on('HGET', key, field)
   if not raw then return nil, nil end
   local ok, value = pcall(cjson.decode, raw)
   if not ok or type(value) ~= 'table' then poison(what, key, field) end
@@ -64,7 +80,7 @@ end
 -- whether an action staged with a ttl is past it at server time ``now`` (ms): from that moment
 -- every reader treats it as gone, whether or not the sweep has ended it yet
 local function past_ttl(expiry_key, id, now)
-  local at = redis.call('ZSCORE', expiry_key, id)
+  local at = call_on('ZSCORE', expiry_key, id)
   return at ~= false and tonumber(at) <= now
 end
 

@@ -7,16 +7,20 @@
 -- ARGV[1] lease token  ARGV[2] error text  ARGV[3] reply JSON  ARGV[4] reply ttl s
 -- ARGV[5] history maxlen  ARGV[6] action id  ARGV[7] attempt
 -- ARGV[8] index member "<session>/<token>"
+-- KEYS[3] is only ever SET NX, which no type refuses.
 -- Returns: 1 when re-added, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
-check_types({'hash', 'list', 'string', 'hash', 'hash', 'stream', 'list', 'zset'})
 local lease = json_field('lease', KEYS[1], ARGV[1])
 if not lease then
   history(KEYS[6], ARGV[5], EVENT.LATE_REFUSED, 'id', ARGV[6], 'attempt', ARGV[7],
     'outcome', EVENT.FAILED)
   return 0
 end
-local kept = redis.call('HEXISTS', KEYS[4], lease.id) == 1
+local kept = call_on('HEXISTS', KEYS[4], lease.id) == 1
 local st = kept and counters(KEYS[5], lease.id)  -- POISON before the first write
+-- the history entry is the first write; every other key written is checked before it
+check_types({[2] = 'list', [7] = 'list', [8] = 'zset'})
+history(KEYS[6], ARGV[5], EVENT.FAILED, 'id', lease.id, 'attempt', lease.attempt,
+  'request', lease.req, 'error', ARGV[2], by_of(lease))
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[8], ARGV[8])
 if kept and lease.kind == 'action' then
@@ -30,11 +34,11 @@ elseif kept and lease.kind == 'directive' then
   end
 end
 if kept then
+  -- the counters come back from the lease (take keeps them there while in flight)
+  st.attempts = lease.attempt
   st.last_error = ARGV[2]
   redis.call('HSET', KEYS[5], lease.id, cjson.encode(st))
 end
 redis.call('RPUSH', KEYS[7], ARGV[3])
 redis.call('EXPIRE', KEYS[7], ARGV[4])
-history(KEYS[6], ARGV[5], EVENT.FAILED, 'id', lease.id, 'attempt', lease.attempt,
-  'request', lease.req, 'error', ARGV[2], by_of(lease))
 return 1

@@ -34,6 +34,7 @@ if lease.state == 'dispatched' then
   outcome = RECOVER.UNSTARTED
 end
 if spec then
+  st.attempts = lease.attempt  -- take keeps the counters in the lease while in flight
   if outcome == RECOVER.RETURNED then
     st.stalls = (st.stalls or 0) + 1
     st.last_error = ARGV[8]

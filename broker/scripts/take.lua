@@ -7,7 +7,8 @@
 -- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
 -- KEYS[9] reply (list)        KEYS[10] the partition's lease index (zset)
 -- KEYS[11] expiry (zset)      KEYS[12] expired (zset)
--- KEYS[13..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
+-- KEYS[13] the partition's request stream (the request is acked here when ARGV[20] is set)
+-- KEYS[14..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
 --            ARGV[14] is empty: the caller enqueues on a broker of its own)
 -- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
 -- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
@@ -22,22 +23,23 @@
 -- ARGV[16] by: who resolves ("" for unsaid), kept in the lease and the history
 -- ARGV[17] reply JSON for "expect_id is not the target"
 -- ARGV[18] reply JSON for "expect_id expired"  ARGV[19] expired memory ms
+-- ARGV[20] the request's entry id in KEYS[13], acked (XACK + XDEL) with whatever this script
+--          answers but NO_WORKER; "" when the caller acks it (after sending the task itself)
+-- ARGV[21] the request stream's consumer group
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
 --          | {TAKE.NONE} (replied here) | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 --          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
 --            nothing changed)
+-- An action's counters stay in the state hash only between attempts: take copies them into the
+-- lease (attempt, and whether the hash has an entry: "counted"), and readd/recover write them
+-- back; a directive's and a standing handler's are written here as before.
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
 -- its earlier answer back while that is still actionable (the same lease if no worker has
 -- started it, whose task is enqueued again; NONE again), else DUP.
 -- A stacked action past its ttl is gone for take as for every reader: passed over, and ended
 -- here (history "expired") when it lay above the target.
 redis.replicate_commands()
--- every key, the task streams included, is checked before the first write (POISON)
-local types = {'string', 'list', 'string', 'hash', 'hash', 'hash', 'stream', 'string', 'list',
-               'zset', 'zset', 'zset'}
-for i = 13, #KEYS do types[i] = 'stream' end
-check_types(types)
 local now = now_ms()
 local routes = cjson.decode(ARGV[12])
 local npools = tonumber(ARGV[13])
@@ -67,34 +69,57 @@ local function enqueue(pool, token)
   if ARGV[14] ~= '' then
     local message = ARGV[14]
     if token ~= ARGV[3] then message = string.gsub(message, ARGV[3], token) end
-    add_task(KEYS[12 + pool], message)
+    add_task(KEYS[13 + pool], message)
   end
 end
 
-local prev = redis.call('GET', KEYS[8])
-if prev == 'none' then
-  return {TAKE.NONE}
-elseif prev == 'conflict' then
-  return {TAKE.CONFLICT}
+-- every key the chosen path writes, but its first, is checked before that first write (the
+-- keys it reads are checked by reading them); the request stream when this script acks
+local function check(expected)
+  if ARGV[20] ~= '' then expected[13] = 'stream' end
+  check_types(expected)
+end
+
+local function ack()
+  if ARGV[20] ~= '' then
+    redis.call('XACK', KEYS[13], ARGV[21], ARGV[20])
+    redis.call('XDEL', KEYS[13], ARGV[20])
+  end
+end
+
+local function reply(text)
+  call_on('RPUSH', KEYS[9], text)
+  redis.call('EXPIRE', KEYS[9], ARGV[10])
+end
+
+local prev = call_on('GET', KEYS[8])
+if prev == 'none' or prev == 'conflict' then
+  check({})
+  ack()
+  return {prev == 'none' and TAKE.NONE or TAKE.CONFLICT}
 elseif prev then
   local lease = json_field('lease', KEYS[6], prev)
   -- taken before any ttl passed: its spec is all it needs to be dispatched again
-  local spec = lease and redis.call('HGET', KEYS[4], lease.id)
+  local spec = lease and call_on('HGET', KEYS[4], lease.id)
   if lease and lease.state == 'dispatched' and spec then
     local pool = route(spec)
     if pool then
+      check(ARGV[14] ~= '' and {[13 + pool] = 'stream'} or {})
       enqueue(pool, prev)
+      ack()
       return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt),
               tostring(lease.deadline), prev, pool}
     end
   end
+  check({})
+  ack()
   return {TAKE.DUP}
 end
 
 -- the spec of an id that is still there to take: not gone, not past a ttl
 local function live_spec(id)
   if not id then return nil end
-  local spec = redis.call('HGET', KEYS[4], id)
+  local spec = call_on('HGET', KEYS[4], id)
   if spec and not past_ttl(KEYS[11], id, now) then return spec end
   return nil
 end
@@ -103,19 +128,19 @@ end
 -- kind, its spec, whether a stale directive is in the slot, and how many stale stack entries
 -- lie above it
 local function target()
-  local id = redis.call('GET', KEYS[1])
+  local id = call_on('GET', KEYS[1])
   local stale_directive = id ~= false
   local spec = live_spec(id)
   if spec then return id, 'directive', spec, false, 0 end
   local i = 0
   while true do
-    id = redis.call('LINDEX', KEYS[2], i)
+    id = call_on('LINDEX', KEYS[2], i)
     if not id then break end
     spec = live_spec(id)
     if spec then return id, 'action', spec, stale_directive, i end
     i = i + 1
   end
-  id = redis.call('GET', KEYS[3])
+  id = call_on('GET', KEYS[3])
   spec = live_spec(id)
   if spec then return id, 'standing', spec, stale_directive, i end
   return nil, nil, nil, stale_directive, i
@@ -123,13 +148,18 @@ end
 
 local id, kind, spec, stale_directive, skipped = target()
 if ARGV[15] ~= '' and id ~= ARGV[15] then
+  local gone = call_on('ZSCORE', KEYS[12], ARGV[15]) or past_ttl(KEYS[11], ARGV[15], now)
+  check({})
+  reply(gone and ARGV[18] or ARGV[17])
   redis.call('SET', KEYS[8], 'conflict', 'EX', ARGV[5])
-  local gone = redis.call('ZSCORE', KEYS[12], ARGV[15]) or past_ttl(KEYS[11], ARGV[15], now)
-  redis.call('RPUSH', KEYS[9], gone and ARGV[18] or ARGV[17])
-  redis.call('EXPIRE', KEYS[9], ARGV[10])
+  ack()
   return {TAKE.CONFLICT}
 end
-local st = id and counters(KEYS[5], id)  -- POISON here changes nothing
+local st, counted
+if id then
+  st, counted = json_field('state', KEYS[5], id)  -- POISON here changes nothing
+  st = st or cjson.decode(NEW_STATE)
+end
 local pool, name
 if id then
   pool, name = route(spec)
@@ -137,11 +167,29 @@ if id then
     return {TAKE.NO_WORKER, id, name, spec}  -- nothing changed
   end
 end
+
+-- what this path writes after its first write (each path below starts with a call_on write)
+local expected = {}
+if skipped > 0 then  -- expired entries above the target end here: their history, the memory
+  expected[5], expected[7], expected[12] = 'hash', 'stream', 'zset'
+end
+if not id then
+  check(expected)
+  reply(ARGV[9])
+else
+  expected[6], expected[10] = 'hash', 'zset'
+  if ARGV[14] ~= '' then expected[13 + pool] = 'stream' end
+  check(expected)
+  st.attempts = (st.attempts or 0) + 1
+  if skipped == 0 then  -- else after the expired entries, in the order things happened
+    history(KEYS[7], ARGV[6], EVENT.TAKEN, 'id', id, 'kind', kind, 'action', ARGV[2],
+      'attempt', st.attempts, 'request', ARGV[1], by_of({by = ARGV[16]}))
+  end
+end
 if stale_directive or kind == 'directive' then
   redis.call('DEL', KEYS[1])
 end
 if skipped > 0 then
-  -- stale entries above the target: an expired action among them ends here
   for _, x in ipairs(redis.call('LPOP', KEYS[2], skipped)) do
     if redis.call('HEXISTS', KEYS[4], x) == 1 then
       end_expired(KEYS[4], KEYS[5], KEYS[11], KEYS[12], KEYS[7], ARGV[6], ARGV[19], x, now)
@@ -153,20 +201,23 @@ if kind == 'action' then
 end
 if not id then
   redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
-  redis.call('RPUSH', KEYS[9], ARGV[9])
-  redis.call('EXPIRE', KEYS[9], ARGV[10])
+  ack()
   return {TAKE.NONE}
 end
+if skipped > 0 then
+  history(KEYS[7], ARGV[6], EVENT.TAKEN, 'id', id, 'kind', kind, 'action', ARGV[2],
+    'attempt', st.attempts, 'request', ARGV[1], by_of({by = ARGV[16]}))
+end
 redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
-st.attempts = (st.attempts or 0) + 1
-redis.call('HSET', KEYS[5], id, cjson.encode(st))
+if kind ~= 'action' then
+  redis.call('HSET', KEYS[5], id, cjson.encode(st))
+end
 local deadline = now + tonumber(ARGV[4])
 redis.call('HSET', KEYS[6], ARGV[3], cjson.encode({
   id = id, kind = kind, token = ARGV[3], attempt = st.attempts, req = ARGV[1],
   action = ARGV[2], deadline = deadline, state = 'dispatched', reason = ARGV[7],
-  extra = ARGV[8], by = ARGV[16]}))
+  extra = ARGV[8], by = ARGV[16], counted = counted ~= nil or kind ~= 'action'}))
 redis.call('ZADD', KEYS[10], deadline, ARGV[11] .. '/' .. ARGV[3])
-history(KEYS[7], ARGV[6], EVENT.TAKEN, 'id', id, 'kind', kind, 'action', ARGV[2],
-  'attempt', st.attempts, 'request', ARGV[1], by_of({by = ARGV[16]}))
 enqueue(pool, ARGV[3])
+ack()
 return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3], pool}
