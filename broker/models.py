@@ -72,13 +72,13 @@ class Spec(BaseModel):
     kind: Kind = "action"
     tool: str
     label: str
-    # take.lua reads apply and reject from the stored JSON text: they must stay ahead of any
-    # free-form field (payload, and any field added later that may hold an object)
+    # take.lua reads apply, reject and expires_at from the stored JSON text: they must stay
+    # ahead of any free-form field (payload, and any field added later that may hold an object)
     apply: str
     reject: str | None = None
+    expires_at: float | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
     created_at: float
-    expires_at: float | None = None
     # what the preview was computed from (a file's content hash, say); the handler compares
     fingerprint: str | None = None
     # JSON Schema of the payload, checked against every edit (``resolve(edit=)``)

@@ -10,11 +10,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 
 from pending_actions.broker import Keys
-from pending_actions.broker.pools import heartbeat
+from pending_actions.broker.pools import LiveView, heartbeat
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from pending_actions.producers.tool import render
@@ -147,3 +148,31 @@ def test_bad_ttl_is_refused(pa: PendingActions, session: str, ttl: object) -> No
     with pytest.raises(InvalidInput) as err:
         pa.stage(session=session, tool="edit", label="L", apply="t.ok", ttl=ttl)  # type: ignore[arg-type]
     assert err.value.field == "ttl"
+
+
+@pytest.mark.parametrize("layout", ["current", "older"])
+def test_take_passes_over_an_expired_head_whatever_its_spec_layout(
+        redis_server: EmbeddedRedis, rc: redis.Redis, layout: str) -> None:
+    """take.lua asks the expiry index only about a spec whose own JSON text says it may have a
+    ttl. A spec stored by an older version (payload ahead of expires_at, here a payload that
+    itself holds an "expires_at": null) must still be looked up, never taken past its ttl."""
+    prefix, session = f"nw{uuid.uuid4().hex[:6]}", "s1"
+    keys = Keys(prefix)
+    heartbeat(rc, keys, "p", ["t.ok"], "by-hand", 60_000)  # t.ok live, no worker
+    pa = PendingActions.from_url(redis_server.url, key_prefix=prefix)
+    try:
+        keep = pa.stage(session=session, tool="edit", label="Keep", apply="t.ok")
+        short = pa.stage(session=session, tool="edit", label="Short", apply="t.ok", ttl=0.2,
+                         payload={"expires_at": None})
+        stored = orjson.loads(rc.hget(keys.actions(session), short) or b"")
+        assert list(stored).index("expires_at") < list(stored).index("payload")
+        if layout == "older":
+            at = stored.pop("expires_at")
+            rc.hset(keys.actions(session), short, orjson.dumps({**stored, "expires_at": at}))
+        time.sleep(0.3)  # the passing of time is what is tested here
+        live = LiveView(rc, keys).get()
+        taken = pa.ctx.scripts.take(session, "req-1", "apply", uuid.uuid4().hex, "r", b"null",
+                                    60, b"{}", live, None).run()
+        assert taken.id == keep
+    finally:
+        pa.close()

@@ -116,11 +116,20 @@ elseif prev then
   return {TAKE.DUP}
 end
 
+-- whether a spec may have a ttl, read from its JSON text: a spec written with expires_at ahead
+-- of the payload (broker/models.py Spec) says so itself; any other (an older one) may
+local function may_expire(spec)
+  local at, value = string.match(spec, '()"expires_at":([^,}]*)')
+  if not at then return false end
+  local payload = string.find(spec, '"payload":', 1, true)
+  return value ~= 'null' or (payload ~= nil and at > payload)
+end
+
 -- the spec of an id that is still there to take: not gone, not past a ttl
 local function live_spec(id)
   if not id then return nil end
   local spec = call_on('HGET', KEYS[4], id)
-  if spec and not past_ttl(KEYS[11], id, now) then return spec end
+  if spec and not (may_expire(spec) and past_ttl(KEYS[11], id, now)) then return spec end
   return nil
 end
 
