@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -211,13 +212,13 @@ def breakdown(r: Run) -> list[str]:
     cols = ["step of one idle resolve", "median", "mean", "share of mean", "n"]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     line = "  ".join("-" * w for w in widths)
+    about = (f"Idle resolve step by step: {b['resolves']} resolves after {gaps[0]}-{gaps[1]} s "
+             "pauses, traced with Redis MONITOR on (a breakdown of where the time goes, not the "
+             "idle p50: MONITOR slows Redis). Each step ends as Redis starts the next command; "
+             "a write's fsync falls in the step after it. Each median is of its own step, so "
+             "the medians need not add up to the total's; the shares of the mean do.")
     return [
-        "",
-        f"Idle resolve step by step: {b['resolves']} resolves after {gaps[0]}-{gaps[1]} s "
-        "pauses, traced with Redis MONITOR on (a breakdown of where the time goes, not the "
-        "idle p50: MONITOR slows Redis). Each step ends as Redis starts the next command; a "
-        "write's fsync falls in the step after it. Steps are medians of their own, so they "
-        "need not add up to the total's median; the shares of the mean do.",
+        "", *textwrap.wrap(about, 100),
         line, "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)), line,
         *("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
           for row in cells),

@@ -110,7 +110,7 @@ def _stock(r: Any, url: str, processes: int, logs: Path, progress: Progress) -> 
                 calls: list[measure.Call] = [client.roundtrip] * s.callers
                 measure.loaded("warm-up", calls, 2, lambda _n: None)
                 r.dists[stock_key(processes)] = measure.loaded(
-                    f"stock dramatiq redis, {processes} processes", calls, s.layout_per_caller,
+                    f"stock dramatiq redis, {processes} x {o.threads}", calls, s.layout_per_caller,
                     tick)
             finally:
                 client.close()
@@ -135,7 +135,7 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress) -> N
                 calls = [measure.resolver(pa, n) for n in names]
                 measure.loaded("warm-up", calls, 2, tick)
                 r.dists[ours_key(layout)] = measure.loaded(
-                    f"ours, {layout.key}", calls, s.layout_per_caller, tick)
+                    f"ours, {layout.describe(o.threads)}", calls, s.layout_per_caller, tick)
             finally:
                 pa.close()
             ours.check_alive()
