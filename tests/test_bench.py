@@ -24,7 +24,9 @@ QUICK_ROWS = [
     "memory.1_per_session", "memory.10_per_session", "memory.one_session",
     "depth.1.p50", "depth.1000.p50", "depth.1000.p99",
     "sessions.1.p50", "sessions.1000.p50", "sessions.1000.p99",
-    "idle.commands", "commands.per_resolve",
+    "idle.commands", "commands.per_resolve", "roundtrips.per_resolve",
+    "scaling.p1.throughput", "scaling.p1.p50", "scaling.p2.throughput", "scaling.p2.p50",
+    "scaling.p4.throughput", "scaling.p4.p50", "scaling.p4r2.throughput", "scaling.p4r2.p50",
     "cluster.commands.per_resolve", "cluster.spread", "cluster.idle.p50",
     "cluster.loaded.throughput", "cluster.loaded.p50",
 ]
@@ -50,9 +52,23 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
         assert row["value"] is not None, key
         if key != "redis.ping.p50":  # the one figure that is itself the floor
             assert row["baseline_value"] is not None, key
-    for name in ("ours.idle", "ours.loaded", "stock.redis.idle", "stock.redis.loaded"):
+    for name in ("ours.idle", "ours.loaded", "stock.redis.idle", "stock.redis.loaded",
+                 "scaling.stock.p1", "scaling.stock.p2", "scaling.stock.p4", "scaling.ours.p1",
+                 "scaling.ours.p2", "scaling.ours.p4", "scaling.ours.p4r2"):
         assert doc["distributions"][name]["n"] > 0, name
         assert doc["distributions"][name]["errors"] == 0, name
+
+    facts = doc["facts"]
+    for cost in (facts["per_resolve.ours"], facts["per_message.stock.redis"]):
+        assert cost["commands"] > cost["reads"] > 0
+        assert cost["by_command"]  # what a resolve (a message) costs, command by command
+    # every step of every traced idle resolve was found in the MONITOR feed
+    breakdown = facts["idle_breakdown"]
+    assert breakdown["resolves"] == doc["meta"]["sizes"]["traced"]
+    for step, figures in breakdown["steps"].items():
+        assert figures["n"] == breakdown["resolves"], step
+        assert figures["median_ms"] > 0, step
+    assert "Idle resolve step by step" in proc.stdout
 
     if importlib.util.find_spec("matplotlib") is not None:
         assert doc["plot"] == "latency.png"

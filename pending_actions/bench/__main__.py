@@ -22,7 +22,8 @@ import click
 @click.option("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/%2F",
               show_default=True, help="RabbitMQ for the stock dramatiq baseline, if reachable.")
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="dramatiq worker processes, for ours and for stock dramatiq alike.")
+              help="dramatiq worker processes, for ours and for stock dramatiq alike (the "
+              "worker-layout rows run 1, 2 and 4 whatever this says).")
 @click.option("--threads", type=click.IntRange(min=1), default=8, show_default=True,
               help="Threads per dramatiq worker process, for ours and stock alike.")
 @click.option("--fsync", type=click.Choice(["always", "everysec", "no"]), default="always",
@@ -33,9 +34,10 @@ import click
               help="Skip the figures on a private 3-master Redis Cluster.")
 def bench(quick: bool, out: Path, skip_rabbitmq: bool, rabbitmq_url: str, processes: int,
           threads: int, fsync: str, no_progress: bool, no_cluster: bool) -> None:
-    """Measure resolve latency and throughput, staging, memory, scaling and idle cost, each
-    beside baselines measured in the same run (raw Redis, stock dramatiq on RedisBroker and,
-    when reachable, RabbitMQ). Starts its own redis-server and worker processes."""
+    """Measure resolve latency and throughput, staging, memory, scaling (stack depth, sessions,
+    worker processes) and idle cost, each beside baselines measured in the same run (raw Redis,
+    stock dramatiq on RedisBroker and, when reachable, RabbitMQ), then where an idle resolve's
+    time goes step by step. Starts its own redis-server and worker processes."""
     from pending_actions.bench import report, runner
 
     out.mkdir(parents=True, exist_ok=True)

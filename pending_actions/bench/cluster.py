@@ -33,12 +33,12 @@ def run(r: Any, logs: Path, progress: Progress) -> None:
             cluster = Cluster(Path(data), masters=3, fsync=o.fsync).start()
             tick(1)
         try:
-            child, _pids = start_ours(cluster.url, o.processes, o.threads, logs / "cluster")
+            ours = start_ours(cluster.url, o.processes, o.threads, logs / "cluster")
             try:
                 _figures(r, cluster, s, progress)
-                child.check_alive()
+                ours.check_alive()
             finally:
-                child.stop()
+                ours.stop()
         finally:
             cluster.stop()
 

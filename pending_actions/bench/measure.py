@@ -7,6 +7,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -145,34 +146,52 @@ def raw_pipelined_evalsha(client: redis.Redis, total: int, batch: int, tick: Tic
     return rate
 
 
-def _command_calls(client: redis.Redis) -> tuple[int, dict[str, int]]:
-    pipe = client.pipeline(transaction=False)
-    pipe.info("stats")
-    pipe.info("commandstats")
-    stats, commands = pipe.execute()
-    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in commands.items()}
-    return int(stats["total_commands_processed"]), calls
+@dataclass(frozen=True)
+class Counters:
+    """The server's own counters at one moment: commands run (a script's own commands
+    included), reads from client connections, and calls per command (commandstats)."""
 
+    commands: int
+    reads: int
+    calls: dict[str, int]
 
-def total_commands(client: redis.Redis) -> int:
-    """Commands the server has run (total_commands_processed; a script's own count too)."""
-    return int(client.info("stats")["total_commands_processed"])
+    @classmethod
+    def read(cls, client: redis.Redis) -> Counters:
+        pipe = client.pipeline(transaction=False)  # one read: counted once below
+        pipe.info("stats")
+        pipe.info("commandstats")
+        stats, commands = pipe.execute()
+        return cls(int(stats["total_commands_processed"]), int(stats["total_reads_processed"]),
+                   {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in commands.items()})
+
+    def per_op(self, before: Counters, ops: int, top: int = 15) -> dict[str, Any]:
+        """What ``ops`` operations cost between ``before`` and now, per operation: commands,
+        client reads (one per round trip, a pipeline's included, as Redis reads a socket) and
+        the costliest commands, by calls; the snapshots' own INFO calls and reads left out.
+        Everything every client sent in between counts, the workers' own polling too."""
+        calls = {k: (v - before.calls.get(k, 0)) / ops for k, v in self.calls.items()
+                 if k != "info" and v != before.calls.get(k, 0)}
+        ranked = sorted(calls.items(), key=lambda kv: -kv[1])
+        # the first snapshot's two INFO calls are counted by now, the second's read too
+        return {"ops": ops, "commands": (self.commands - before.commands - 2) / ops,
+                "reads": (self.reads - before.reads - 1) / ops,
+                "by_command": {k: round(v, 3) for k, v in ranked[:top]}}
 
 
 def idle_commands(client: redis.Redis, window_s: float, processes: int,
                   tick: Tick) -> dict[str, Any]:
     """Redis commands per second sent by workers that have nothing to do, from the server's
     own counters (total_commands_processed; commandstats for which commands they are)."""
-    total0, calls0 = _command_calls(client)
+    c0 = Counters.read(client)
     end = time.monotonic() + window_s
     while (left := end - time.monotonic()) > 0:
         time.sleep(min(1.0, left))
         tick(1)
-    total1, calls1 = _command_calls(client)
+    c1 = Counters.read(client)
     # Our two INFO calls of the first snapshot are counted; the second's are not yet.
-    others = total1 - total0 - 2
-    by_command = {k: calls1[k] - calls0.get(k, 0) for k in calls1
-                  if k != "info" and calls1[k] != calls0.get(k, 0)}
+    others = c1.commands - c0.commands - 2
+    by_command = {k: v - c0.calls.get(k, 0) for k, v in c1.calls.items()
+                  if k != "info" and v != c0.calls.get(k, 0)}
     return {
         "window_s": window_s, "processes": processes, "commands": others,
         "per_second": others / window_s, "per_second_per_process": others / window_s / processes,

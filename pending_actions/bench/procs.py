@@ -6,23 +6,70 @@ from __future__ import annotations
 
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from pending_actions.bench.stock import ENV_BROKER, ENV_QUEUE, ENV_READY, ENV_RESULTS
+from pending_actions.broker.keys import Keys
 from pending_actions.procs import ROOT, Child, StreamWatch, await_ready, child_env
 from pending_actions.supervise import WorkerProcess
 
 
-def start_ours(url: str, processes: int, threads: int, log_dir: Path,
-               timeout: float = 60.0) -> tuple[WorkerProcess, list[int]]:
-    """``pending-actions worker --handlers pending_actions.bench.handlers``: a resolve worker
-    (the CLI process) plus ``processes`` dramatiq worker processes. Returns the worker and every
-    pid that holds Redis connections (the resolver and each dramatiq worker process)."""
-    worker = WorkerProcess(
-        url, "pending_actions.bench.handlers",
-        {"worker_processes": str(processes), "worker_threads": str(threads)},
-        log_path=log_dir / "ours-worker.log").start(timeout)
-    return worker, [worker.pid, *worker.dramatiq_pids]
+@dataclass
+class Ours:
+    """``pending-actions worker`` processes: each a resolve worker (the CLI process) with its
+    own dramatiq worker processes beside it."""
+
+    workers: list[WorkerProcess]
+
+    @property
+    def pids(self) -> list[int]:
+        """Every pid that holds Redis connections: each resolver and dramatiq process."""
+        return [p for w in self.workers for p in (w.pid, *w.dramatiq_pids)]
+
+    def check_alive(self) -> None:
+        for w in self.workers:
+            w.check_alive()
+
+    def kill(self) -> None:
+        """SIGKILL every worker's whole tree (each a child of ours, by its pid)."""
+        for w in self.workers:
+            w.kill()
+
+    def stop(self) -> None:
+        for w in self.workers:  # all at once: each may wait out a blocking read
+            w.terminate()
+        for w in self.workers:
+            w.stop()
+
+
+def start_ours(url: str, processes: int, threads: int, log_dir: Path, resolvers: int = 1,
+               timeout: float = 60.0) -> Ours:
+    """``pending-actions worker --handlers pending_actions.bench.handlers``, ``resolvers`` of
+    them, with ``processes`` dramatiq worker processes shared out between them (the one way
+    to run a second resolve worker: the CLI has no resolve-only or dramatiq-only mode)."""
+    if processes % resolvers:
+        raise ValueError(f"{processes} dramatiq processes cannot be shared by {resolvers}")
+    each = {"worker_processes": str(processes // resolvers), "worker_threads": str(threads)}
+    names = ["ours-worker"] if resolvers == 1 else [
+        f"ours-worker-{i + 1}-of-{resolvers}" for i in range(resolvers)]
+    workers = [WorkerProcess(url, "pending_actions.bench.handlers", each,
+                             log_path=log_dir / f"{name}.log") for name in names]
+    # every watch opened before any launch: no ready event can be missed
+    watches = [StreamWatch(url, Keys().workers) for _ in workers]
+    try:
+        for w in workers:
+            w.launch()
+        for w, watch in zip(workers, watches, strict=True):
+            w.wait_ready(timeout=timeout, watch=watch)
+    except BaseException:
+        for w in workers:
+            w.kill()
+        raise
+    finally:
+        for watch in watches:
+            watch.close()
+    return Ours(workers)
 
 
 def start_stock(broker_url: str, results_url: str, queue: str, processes: int, threads: int,

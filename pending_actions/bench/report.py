@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import importlib
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pending_actions.bench import throughput
 from pending_actions.bench.runner import Run
 from pending_actions.bench.stats import Dist, Row, fmt, fmt_ratio
 
@@ -85,11 +87,18 @@ def rows(r: Run) -> list[Row]:
         out.append(Row(f"resolve.loaded.{q}", f"resolve loaded {q}", _p(r, "ours.loaded", q),
                        "ms", f"{stock} loaded {q}", _p(r, "stock.redis.loaded", q)))
 
+    out += _scaling_rows(r, stock)
+
     f = r.facts
-    per_resolve = f.get("commands_per_resolve.ours")
+    ours_cost, stock_cost = f.get("per_resolve.ours", {}), f.get("per_message.stock.redis", {})
+    per_resolve = ours_cost.get("commands")
     out.append(Row("commands.per_resolve", "Redis commands per resolve (loaded, one Redis)",
                    per_resolve, "cmd", f"{stock} commands per no-op message and its result",
-                   f.get("commands_per_message.stock.redis")))
+                   stock_cost.get("commands")))
+    out.append(Row("roundtrips.per_resolve",
+                   "Redis round trips per resolve (client reads; a pipeline is one)",
+                   ours_cost.get("reads"), "reads", f"{stock} client reads per no-op message "
+                   "and its result", stock_cost.get("reads")))
     spread = f.get("cluster.spread", {})
     cluster_skip = r.skipped.get("cluster", "")
     out.append(Row("cluster.commands.per_resolve",
@@ -166,6 +175,57 @@ def rows(r: Run) -> list[Row]:
     return out
 
 
+def _scaling_rows(r: Run, stock: str) -> list[Row]:
+    """Loaded throughput and p50 per worker layout, each beside stock dramatiq with as many
+    dramatiq processes, measured next to it."""
+    out: list[Row] = []
+    c, threads = r.sizes.callers, r.options.threads
+    for layout in throughput.LAYOUTS:
+        ours, base = throughput.ours_key(layout), throughput.stock_key(layout.processes)
+        what = layout.describe(threads)
+        n = layout.processes
+        theirs = f"{stock} no-op, {n} process{'es' if n > 1 else ''} x {threads}"
+        out.append(Row(f"scaling.{layout.key}.throughput",
+                       f"resolve loaded throughput, {what} ({c} callers)", _p(r, ours, "tput"),
+                       "/s", theirs, _p(r, base, "tput"), better="higher"))
+        out.append(Row(f"scaling.{layout.key}.p50", f"resolve loaded p50, {what}",
+                       _p(r, ours, "p50"), "ms", theirs, _p(r, base, "p50")))
+    return out
+
+
+def breakdown(r: Run) -> list[str]:
+    """The idle resolve step by step (``bench.trace``), as lines after the main table."""
+    b = r.facts.get("idle_breakdown")
+    if not b:
+        return []
+    gaps = r.sizes.idle_gap_s
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f} ms"
+
+    def share(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    cells = [[label, ms(x["median_ms"]), ms(x["mean_ms"]), share(x["share_of_mean"]),
+              str(x["n"])] for label, x in (*b["steps"].items(), ("total (caller's clock)",
+                                                                   b["total"]))]
+    cols = ["step of one idle resolve", "median", "mean", "share of mean", "n"]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = "  ".join("-" * w for w in widths)
+    about = (f"Idle resolve step by step: {b['resolves']} resolves after {gaps[0]}-{gaps[1]} s "
+             "pauses, traced with Redis MONITOR on (a breakdown of where the time goes, not the "
+             "idle p50: MONITOR slows Redis). Each step ends as Redis starts the next command; "
+             "a write's fsync falls in the step after it. Each median is of its own step, so "
+             "the medians need not add up to the total's; the shares of the mean do.")
+    return [
+        "", *textwrap.wrap(about, 100),
+        line, "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)), line,
+        *("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+          for row in cells),
+        line,
+    ]
+
+
 def table(r: Run, all_rows: list[Row]) -> str:
     m = r.facts.get("meta", {})
     head = (f"pending-actions bench ({m.get('mode')}, commit {m.get('commit')}): "
@@ -190,6 +250,7 @@ def table(r: Run, all_rows: list[Row]) -> str:
     out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             for row in cells]
     out.append(line)
+    out += breakdown(r)
     out += [f"skipped {k}: {v}" for k, v in r.skipped.items()]
     # A failed round trip is left out of its figure, so say how many there were.
     out += [f"errors in {k}: {d.errors} of {d.errors + len(d.samples_ms)} round trips failed"

@@ -1,6 +1,7 @@
 """One run: a private redis-server, then each system in turn on it (raw Redis, stock dramatiq
 on RedisBroker, on RabbitMQ when reachable, then ours), each with the same worker processes and
-threads, measured while nothing else runs. Everything started here is stopped here."""
+threads, measured while nothing else runs; then both sides again with 1, 2 and 4 dramatiq
+processes (``throughput``). Everything started here is stopped here."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import redis
 
-from pending_actions.bench import cluster, fill, measure, scaling
+from pending_actions.bench import cluster, fill, measure, scaling, throughput, trace
 from pending_actions.bench.handlers import NOOP
 from pending_actions.bench.procs import start_ours, start_stock
 from pending_actions.bench.progress import Progress
@@ -56,6 +57,8 @@ class Sizes:
     scaling_samples: int
     scaling_gap_s: float
     sweep_window_s: float  # idle commands again with every session stored; 0 skips
+    layout_per_caller: int  # round trips per caller in each worker layout's loaded run
+    traced: int  # idle resolves traced step by step under MONITOR
 
 
 FULL = Sizes(raw=2000, raw_idle=50, idle=100, stock_idle=40, idle_gap_s=(0.2, 1.0), settle_s=3.0,
@@ -63,12 +66,12 @@ FULL = Sizes(raw=2000, raw_idle=50, idle=100, stock_idle=40, idle_gap_s=(0.2, 1.
              stage_single=2000, memory_actions=20_000, stock_memory_messages=5000,
              payload_bytes=256, depths=(1, 10, 100, 1000, 10_000, 100_000),
              sessions=(1, 10, 100, 1000, 10_000, 100_000), scaling_samples=200,
-             scaling_gap_s=0.005, sweep_window_s=61.0)
+             scaling_gap_s=0.005, sweep_window_s=61.0, layout_per_caller=200, traced=30)
 QUICK = Sizes(raw=200, raw_idle=5, idle=10, stock_idle=6, idle_gap_s=(0.05, 0.2), settle_s=1.0,
               idle_window_s=2.0, callers=4, per_caller=25, stage_pipelined=5000,
               stage_single=200, memory_actions=2000, stock_memory_messages=500,
               payload_bytes=256, depths=(1, 1000), sessions=(1, 1000), scaling_samples=20,
-              scaling_gap_s=0.005, sweep_window_s=0.0)
+              scaling_gap_s=0.005, sweep_window_s=0.0, layout_per_caller=10, traced=5)
 
 
 @dataclass
@@ -95,8 +98,9 @@ class Run:
 
 def _phases(s: Sizes, rabbit: bool) -> int:
     stock = 4 + (3 if rabbit else 0)
-    ours = 11 + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
-    return 3 + stock + ours + 3
+    ours = 12 + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
+    layouts = len(throughput.LAYOUTS) + len({x.processes for x in throughput.LAYOUTS})
+    return 3 + stock + ours + layouts + 3
 
 
 def run(options: Options) -> Run:
@@ -132,6 +136,7 @@ def run(options: Options) -> Run:
                 finally:
                     delete_rabbitmq_queues(queue, options.rabbitmq_url)
             _ours(r, f"{base}/0", f"{base}/2", logs, progress)
+            throughput.run(r, base, logs, progress)
         finally:
             server.stop()
     if options.cluster:
@@ -227,12 +232,12 @@ def _stock_figures(r: Run, name: str, client: StockClient, results_url: str, pro
             calls: list[measure.Call] = [client.roundtrip] * s.callers
             measure.loaded("warm-up", calls, 2, lambda _n: None)
             conn = redis.Redis.from_url(results_url)
-            before = measure.total_commands(conn)
+            before = measure.Counters.read(conn)
             r.dists[f"stock.{name}.loaded"] = measure.loaded(
                 f"stock dramatiq {name} loaded", calls, s.per_caller, tick)
             if name == "redis":  # broker and results on this Redis: every command it ran
-                r.facts["commands_per_message.stock.redis"] = (
-                    (measure.total_commands(conn) - before) / (s.callers * s.per_caller))
+                r.facts["per_message.stock.redis"] = measure.Counters.read(conn).per_op(
+                    before, s.callers * s.per_caller)
             conn.close()
     finally:
         client.close()
@@ -242,13 +247,13 @@ def _ours(r: Run, url: str, scratch_url: str, logs: Path, progress: Progress) ->
     o = r.options
     with progress.phase("ours: start resolve worker and dramatiq workers",
                         o.processes + 1) as tick:
-        child, pids = start_ours(url, o.processes, o.threads, logs)
-        tick(len(pids))
+        ours = start_ours(url, o.processes, o.threads, logs)
+        tick(len(ours.pids))
     try:
-        _ours_figures(r, url, scratch_url, len(pids), progress)
-        child.check_alive()
+        _ours_figures(r, url, scratch_url, len(ours.pids), progress)
+        ours.check_alive()
     finally:
-        child.stop()
+        ours.stop()
 
 
 def _ours_figures(r: Run, url: str, scratch_url: str, processes: int,
@@ -263,6 +268,9 @@ def _ours_figures(r: Run, url: str, scratch_url: str, processes: int,
             r.facts["idle_commands.ours"] = measure.idle_commands(conn, s.idle_window_s,
                                                                   processes, tick)
         _ours_latency(r, pa, progress)
+        with progress.phase("ours: idle resolves step by step, under MONITOR", s.traced) as tick:
+            r.facts["idle_breakdown"] = trace.run(pa, url, s.traced, s.idle_gap_s,
+                                                  fill.payload_of(s.payload_bytes), tick)
         _ours_stage_and_memory(r, pa, scratch_url, progress)
         r.dists.update({f"depth.{d}": dist for d, dist in scaling.by_depth(
             pa, s.depths, s.scaling_samples, s.scaling_gap_s, s.payload_bytes, progress)})
@@ -314,11 +322,11 @@ def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
                         tick)
         calls = [measure.resolver(pa, n) for n in names]
         measure.loaded("warm-up", calls, 2, tick)
-        before = measure.total_commands(pa.client)
+        before = measure.Counters.read(pa.client)
         r.dists["ours.loaded"] = measure.loaded("ours loaded", calls, s.per_caller, tick)
         # every command Redis ran (scripts' own commands included) over the loaded run
-        r.facts["commands_per_resolve.ours"] = (
-            (measure.total_commands(pa.client) - before) / (s.callers * s.per_caller))
+        r.facts["per_resolve.ours"] = measure.Counters.read(pa.client).per_op(
+            before, s.callers * s.per_caller)
     fill.drop_sessions(pa.ctx, names)
 
 

@@ -1,0 +1,143 @@
+"""Loaded throughput as workers are added, on the same cores: 1, 2 and 4 dramatiq worker
+processes (``--threads`` each) for stock dramatiq's no-op and for ours, and ours again with the
+4 processes shared by 2 resolve workers (two ``pending-actions worker`` processes of 2 dramatiq
+processes each: the CLI has no resolve-only mode).
+
+Each layout is a short loaded run of its own, with its workers started for it (through
+``bench.procs``, both sides alike) and killed after, on a Redis database flushed before it.
+Killed, not stopped: every round trip has been answered by then, and an orderly stop of ours
+waits out its resolve worker's blocking read (``block_ms``, 5 s) each time for nothing to
+measure.
+Stock and ours alternate layout by layout, so that a slow spell of a shared machine falls on
+both sides of a pair rather than on one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from pending_actions.bench import fill, measure
+from pending_actions.bench.procs import start_ours, start_stock
+from pending_actions.bench.progress import Progress
+from pending_actions.bench.stats import Dist
+from pending_actions.bench.stock import StockClient, new_queue_name
+from pending_actions.producers import PendingActions
+
+OURS_DB, STOCK_DB = 3, 4  # of the run's private redis-server; flushed before each layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    processes: int  # dramatiq worker processes, on each side
+    resolvers: int = 1  # ours: resolve worker processes sharing them
+
+    @property
+    def key(self) -> str:
+        return f"p{self.processes}" + (f"r{self.resolvers}" if self.resolvers > 1 else "")
+
+    def describe(self, threads: int) -> str:
+        procs = f"{self.processes} dramatiq process{'es' if self.processes > 1 else ''}"
+        if self.resolvers > 1:
+            return f"{procs} x {threads} threads, {self.resolvers} resolve workers"
+        return f"{procs} x {threads} threads"
+
+
+LAYOUTS = (Layout(1), Layout(2), Layout(4), Layout(4, resolvers=2))
+
+
+def stock_key(processes: int) -> str:
+    return f"scaling.stock.p{processes}"
+
+
+def ours_key(layout: Layout) -> str:
+    return f"scaling.ours.{layout.key}"
+
+
+def run(r: Any, base_url: str, logs: Path, progress: Progress) -> None:
+    """Every layout; fills ``r.dists`` under ``stock_key``/``ours_key`` and sums them up in
+    ``r.facts["scaling"]``."""
+    s, o = r.sizes, r.options
+    r.facts["scaling"] = {"callers": s.callers, "per_caller": s.layout_per_caller,
+                          "threads": o.threads, "layouts": {}}
+    done: set[int] = set()
+    for layout in LAYOUTS:
+        if layout.processes not in done:
+            done.add(layout.processes)
+            _stock(r, f"{base_url}/{STOCK_DB}", layout.processes, logs, progress)
+        _ours(r, f"{base_url}/{OURS_DB}", layout, logs, progress)
+    one = {"stock": r.dists.get(stock_key(1)), "ours": r.dists.get(ours_key(LAYOUTS[0]))}
+    for layout in LAYOUTS:
+        sides = {"stock": r.dists.get(stock_key(layout.processes)),
+                 "ours": r.dists.get(ours_key(layout))}
+        r.facts["scaling"]["layouts"][layout.key] = {
+            "processes": layout.processes, "resolvers": layout.resolvers,
+            **{side: _figures(d, one[side]) for side, d in sides.items()}}
+
+
+def _figures(d: Dist | None, one: Dist | None) -> dict[str, Any]:
+    """Throughput and p50 of a layout, and its throughput over the same side's with one
+    dramatiq process: how that side scales on these cores."""
+    if d is None or not d.samples_ms:
+        return {}
+    return {"dist": d.name, "throughput_per_s": d.throughput, "p50_ms": d.p50,
+            "throughput_vs_1_process": d.throughput / one.throughput
+            if one is not None and one.samples_ms else None}
+
+
+def _flush(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def _stock(r: Any, url: str, processes: int, logs: Path, progress: Progress) -> None:
+    s, o = r.sizes, r.options
+    total = s.callers * s.layout_per_caller
+    with progress.phase(f"scaling: stock dramatiq (redis), {processes} x {o.threads}, "
+                        f"{s.callers} callers", total) as tick:
+        _flush(url)
+        queue = new_queue_name()
+        child, _pids = start_stock(url, url, queue, processes, o.threads, logs / "scaling",
+                                   f"stock-redis-p{processes}")
+        try:
+            client = StockClient(url, url, queue)
+            try:
+                calls: list[measure.Call] = [client.roundtrip] * s.callers
+                measure.loaded("warm-up", calls, 2, lambda _n: None)
+                r.dists[stock_key(processes)] = measure.loaded(
+                    f"stock dramatiq redis, {processes} x {o.threads}", calls, s.layout_per_caller,
+                    tick)
+            finally:
+                client.close()
+            child.check_alive()
+        finally:
+            child.kill()
+
+
+def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress) -> None:
+    s, o = r.sizes, r.options
+    each = s.layout_per_caller + 2  # the warm-up's two per caller, then the timed ones
+    with progress.phase(f"scaling: ours, {layout.describe(o.threads)}, {s.callers} callers",
+                        s.callers * each * 2) as tick:
+        _flush(url)
+        ours = start_ours(url, layout.processes, o.threads, logs / "scaling", layout.resolvers)
+        try:
+            pa = PendingActions.from_url(url)
+            try:
+                names = [f"bench-scale-{i}" for i in range(s.callers)]
+                fill.stage_bulk(pa, fill.cycle(names, each), s.callers * each,
+                                fill.payload_of(s.payload_bytes), 1000, tick)
+                calls = [measure.resolver(pa, n) for n in names]
+                measure.loaded("warm-up", calls, 2, tick)
+                r.dists[ours_key(layout)] = measure.loaded(
+                    f"ours, {layout.describe(o.threads)}", calls, s.layout_per_caller, tick)
+            finally:
+                pa.close()
+            ours.check_alive()
+        finally:
+            ours.kill()
