@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import redis.asyncio
@@ -24,7 +24,7 @@ from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
-from pending_actions.producers.client import WAIT_RETRIES, redis_errors
+from pending_actions.producers.client import FIRST_WAIT_S, WAIT_RETRIES, redis_errors
 from pending_actions.producers.core import Batch, Core, Plan, Run, Wait
 
 T = TypeVar("T")
@@ -38,7 +38,7 @@ class AsyncPendingActions:
         self.settings = settings or Settings()
         self.client: redis.asyncio.Redis = async_producer_client(self.settings.require_url())
         keys = Keys(self.settings.key_prefix, self.settings.partitions)
-        cluster = is_cluster_url(self.settings.require_url())
+        self.cluster = cluster = is_cluster_url(self.settings.require_url())
         if cluster and self.settings.replica_wait:
             raise ConfigError("REPLICA_WAIT with AsyncPendingActions on a Redis Cluster is not "
                               "supported yet; use PendingActions there")
@@ -89,14 +89,33 @@ class AsyncPendingActions:
                                        f"{self.settings.replica_wait_timeout_ms} ms")
             return replies[:-1]
 
+    async def _first_wait(self, first: Callable[[Any], object], key: str,
+                          seconds: float) -> Any:
+        """As ``PendingActions._first_wait``, awaiting instead of blocking."""
+        pipe = self.client.pipeline(transaction=False)
+        first(pipe)
+        cluster = self.cluster
+        if not cluster:
+            pipe.blpop([key], timeout=min(seconds, FIRST_WAIT_S))
+        replies = await pipe.execute(raise_on_error=False)
+        if error := next((r for r in replies if isinstance(r, Exception)), None):
+            raise error
+        return await self.client.blpop([key], timeout=seconds) if cluster else replies[-1]
+
     async def _wait(self, step: Wait) -> bytes | None:
         """As ``PendingActions._wait``, awaiting instead of blocking."""
         deadline = time.monotonic() + step.seconds
         retry = Backoff(cap=0.5)
+        first = step.first
         while (left := deadline - time.monotonic()) > 0:
             try:
-                got: Any = await self.client.blpop([step.key],
-                                                   timeout=max(min(left, BLOCK_CHUNK_S), 0.01))
+                chunk = max(min(left, BLOCK_CHUNK_S), 0.01)
+                got: Any
+                if first is not None:
+                    got = await self._first_wait(first, step.key, chunk)
+                    first = None
+                else:
+                    got = await self.client.blpop([step.key], timeout=chunk)
                 if got is not None:
                     return got[1]  # type: ignore[no-any-return]
             except TRANSIENT as exc:

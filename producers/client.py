@@ -23,6 +23,10 @@ from pending_actions.producers.core import Batch, Core, Plan, Run, Wait
 
 T = TypeVar("T")
 WAIT_RETRIES = 3  # dropped connections in a row a reply wait rides out
+# the first reply wait rides in the request's round trip, so a refused request (Redis full) is
+# only known when that wait ends: it is kept short
+FIRST_WAIT_S = 0.5
+
 FAILOVER_WAIT_S = 10.0
 
 
@@ -96,16 +100,37 @@ class PendingActions:
             step.queue(pipe)
             return pipe.execute()
 
+    def _first_wait(self, first: Callable[[Any], object], key: str, seconds: float) -> Any:
+        """The commands ``first`` queues (the request) and, in the same round trip, a BLPOP of
+        ``key`` for up to FIRST_WAIT_S; a cluster pipeline cannot block, so there the wait is
+        a call of its own. Raises the first error of the request's commands."""
+        pipe = self.client.pipeline(transaction=False)
+        first(pipe)
+        cluster = is_cluster(self.client)
+        if not cluster:
+            pipe.blpop([key], timeout=min(seconds, FIRST_WAIT_S))
+        replies = pipe.execute(raise_on_error=False)
+        if error := next((r for r in replies if isinstance(r, Exception)), None):
+            raise error
+        return self.client.blpop([key], timeout=seconds) if cluster else replies[-1]
+
     def _wait(self, step: Wait) -> bytes | None:
-        """BLPOP until the deadline. A dropped connection is retried with the time that is
-        left (the request is already in Redis and will be answered); Redis staying away
-        raises RedisUnavailable."""
+        """BLPOP until the deadline, the first one in the same round trip as ``step.first``.
+        A dropped connection is retried with the time that is left (the request is sent
+        again if it may not have arrived: a request seen twice is served once); Redis staying
+        away raises RedisUnavailable."""
         deadline = time.monotonic() + step.seconds
         retry = Backoff(cap=0.5)
+        first = step.first
         while (left := deadline - time.monotonic()) > 0:
             try:
-                got: Any = self.client.blpop([step.key],
-                                             timeout=max(min(left, BLOCK_CHUNK_S), 0.01))
+                chunk = max(min(left, BLOCK_CHUNK_S), 0.01)
+                got: Any
+                if first is not None:
+                    got = self._first_wait(first, step.key, chunk)
+                    first = None
+                else:
+                    got = self.client.blpop([step.key], timeout=chunk)
                 if got is not None:
                     return got[1]  # type: ignore[no-any-return]
             except TRANSIENT as exc:

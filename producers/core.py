@@ -75,10 +75,12 @@ class Batch:
 @dataclass(frozen=True)
 class Wait:
     """Block on the list ``key`` for up to ``seconds``; the driver sends back its first item,
-    or None when the time ran out."""
+    or None when the time ran out. ``first`` queues commands that go in the same round trip
+    as the first wait (the request that the wait is for); an error of theirs is raised."""
 
     key: str
     seconds: float
+    first: Callable[[Any], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -333,8 +335,8 @@ class Core:
                                  deadline_ms=int((time.time() + wait) * 1000),
                                  expect_id=expect_id, by=by, edit=edit)
         requests = self.keys.requests(self.keys.partition(session))
-        yield Batch(lambda p: p.xadd(requests, request.to_fields()))
-        got = yield Wait(self.keys.reply(session, req), wait)
+        got = yield Wait(self.keys.reply(session, req), wait,
+                         first=lambda p: p.xadd(requests, request.to_fields()))
         if got is None:
             details = base_details(given.action, given.reason, given.extra)
             return text_result(texts.timed_out(wait), details, is_error=True)
