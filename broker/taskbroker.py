@@ -35,6 +35,7 @@ from dramatiq.broker import Consumer, MessageProxy
 from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
+from dramatiq.middleware import Retries, ShutdownNotifications, TimeLimit
 
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.keys import TASK_GROUP, Keys
@@ -74,6 +75,10 @@ class StreamsBroker(dramatiq.Broker):
     ) -> None:
         self.serving: dict[str, list[str]] = {}  # queue -> its streams, once serve() is called
         self.hidden: set[str] = set()
+        if middleware is None:
+            # dramatiq's defaults but those no actor here uses (max_age, callbacks, pipelines):
+            # each middleware is called several times per message
+            middleware = [TimeLimit(), ShutdownNotifications(), Retries()]
         super().__init__(middleware=middleware)
         self.client = client
         self.keys = keys
@@ -177,6 +182,7 @@ class StreamConsumer(Consumer):
         self.queue_name = queue_name
         self.streams = broker.streams(queue_name)
         self.prefetch = max(1, prefetch)
+        self.refill = max(1, self.prefetch // 4)
         self.timeout = max(1, int(timeout))
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.cache: deque[tuple[str, bytes, bytes]] = deque()
@@ -191,7 +197,10 @@ class StreamConsumer(Consumer):
     def _done(self) -> None:
         with self.room:
             self.outstanding -= 1
-            self.room.notify()
+            # a consumer waiting for room is woken once a few messages fit, not for each one:
+            # one read then fetches several (each wake-up and read costs every process CPU)
+            if self.prefetch - self.outstanding >= self.refill:
+                self.room.notify()
 
     def _remove(self, stream: str, entry: bytes, park: dict[bytes, bytes] | None = None) -> None:
         """Drop an entry from its stream (acked), first copying it to the dead stream."""
