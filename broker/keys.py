@@ -2,7 +2,7 @@
 
 Sessions are spread over ``partitions`` partitions (a stable hash of the session id). Each
 partition has one hash tag, and every key of its sessions and of the partition itself (request
-stream, lease index, id counter, sessions set, task streams) carries that tag: one Redis Cluster
+stream, lease index, id counter, sessions hash, task streams) carries that tag: one Redis Cluster
 slot per partition, so a script can touch a session and its partition's lease index and task
 stream in one atomic step. A session's key names still contain its id
 (``pa:{p3-41}:s:<session>:stack``), so they stay readable with redis-cli.
@@ -142,7 +142,10 @@ class Keys:
         return self._p(partition, "expiries")
 
     def sessions(self, partition: int) -> str:
-        """SET of every session of the partition that ever staged something (for stats)."""
+        """HASH session -> tenant of every session of the partition that staged something or
+        set a slot and is not retired yet: its tenant claim (written by its first stage, never
+        changed; "" while only a slot was set) and the index that stats, views and retirement
+        scan. One field per session, not a key of its own: a key costs a session ~100 B more."""
         return self._p(partition, "sessions")
 
     def task_queue(self, partition: int, pool: str) -> str:
@@ -187,10 +190,6 @@ class Keys:
         return f"{self.prefix}:workers"
 
     # --- people and operators: tenants, tokens, events (used by ``serve``) ------------------
-    def tenant(self, session: str) -> str:
-        """STRING: the tenant the session belongs to; set by its first stage, never changed."""
-        return self._s(session, "tenant")
-
     def tenant_sessions(self, tenant: str) -> str:
         """SET of the sessions of one tenant (what the inbox scans)."""
         return f"{self.prefix}:tenant:{tenant}:sessions"

@@ -153,13 +153,28 @@ class Call(Generic[R]):
         """``run()`` on Scripts built over a ``redis.asyncio`` client."""
         return self.decode(await self.script(keys=self.keys, args=self.args))
 
-    def on(self, pipe: redis.client.Pipeline | redis.asyncio.client.Pipeline) -> Queued[R]:
+    def on(self, pipe: redis.client.Pipeline | redis.asyncio.client.Pipeline,
+           by_digest: bool = False) -> Queued[R]:
+        """Queue the script on ``pipe`` with its body (EVAL), or with ``by_digest`` its SHA1
+        (EVALSHA): a pipeline of many calls is then mostly their arguments, not the body over
+        and over (3 KB for stage.lua). Redis answers NOSCRIPT (``noscript``) while its script
+        cache lacks the script (after a restart, a failover, SCRIPT FLUSH): the caller sends
+        those calls again with their body, which also loads it."""
         index = len(pipe)
         # execute_command, not eval(): redis-py's cluster pipeline refuses eval() itself but
         # routes an EVAL by its keys like any command
-        pipe.execute_command(
-            "EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
+        if by_digest:
+            pipe.execute_command(
+                "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+        else:
+            pipe.execute_command(
+                "EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
         return Queued(index, self.decode)
+
+
+def noscript(reply: object) -> bool:
+    """Whether a pipeline's reply (errors left in place) says Redis lacked the script."""
+    return isinstance(reply, redis.exceptions.NoScriptError)
 
 
 class Scripts:
@@ -200,11 +215,11 @@ class Scripts:
     def stage(self, session: str, action_id: str, spec: bytes, tenant: str,
               ttl_ms: int | None = None) -> Call[Staged]:
         k = self._k
+        p = k.partition(session)
         return self._call(
             "stage",
-            [k.stack(session), k.actions(session), k.history(session), k.tenant(session),
-             k.expiry(session), k.sessions(k.partition(session)),
-             k.expiries(k.partition(session))],
+            [k.stack(session), k.actions(session), k.history(session), k.expiry(session),
+             k.sessions(p), k.expiries(p)],
             [action_id, spec, self._s.history_maxlen, tenant,
              "" if ttl_ms is None else ttl_ms, session],
             Staged.decode,
@@ -350,9 +365,9 @@ class Scripts:
         k = self._k
         return self._call(
             "retire",
-            [k.actions(session), k.dead(session), k.history(session), k.tenant(session),
-             k.stack(session)],
-            [retention_ms], int,
+            [k.actions(session), k.dead(session), k.history(session),
+             k.sessions(k.partition(session)), k.stack(session)],
+            [retention_ms, session], int,
         )
 
     def beat(self, proc: str, loop: str, every_ms: int, ttl_ms: int,

@@ -19,17 +19,17 @@ def script_commands() -> set[str]:
     from pending_actions.broker.scripts import NAMES, source
 
     found = {m.lower() for name in NAMES
-             for m in re.findall(r"redis\.call\('([A-Za-z]+)'", source(name))}
+             for m in re.findall(r"redis\.p?call\('([A-Za-z]+)'", source(name))}
     return found | {"eval", "evalsha", "script|load", "script|exists"}
 
 
 CONNECTION = ("ping", "hello", "client|setname", "select", "multi", "exec",
               "discard")
 # producers, and the operator's views (ls --all, dead --all, stats, top, health)
-PRODUCER = ("incr", "incrby", "hmget", "sadd", "blpop", "xrevrange", "xrange", "scard",
-            "sscan", "smembers", "xlen", "zcard", "zcount", "zrange", "zrangebyscore",
-            "hgetall", "hvals", "hlen", "hkeys", "llen", "lrange", "xinfo|consumers",
-            "xinfo|groups", "xinfo|stream")
+PRODUCER = ("incr", "incrby", "hmget", "sadd", "hsetnx", "blpop", "xrevrange", "xrange",
+            "scard", "sscan", "smembers", "hscan", "xlen", "zcard", "zcount", "zrange",
+            "zrangebyscore", "hgetall", "hvals", "hlen", "hkeys", "llen", "lrange",
+            "xinfo|consumers", "xinfo|groups", "xinfo|stream")
 WORKER = (*PRODUCER, "xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "zrem",
           "srem", "scan", "info", "unlink", "xread")
 SERVE = (*PRODUCER, "xread", "unlink", "scan")  # tokens: the scripts' hset/hdel/hsetnx

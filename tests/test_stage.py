@@ -1,0 +1,107 @@
+"""Staging beyond the contract's rows, on one Redis and on a cluster: what a spec stores, the
+session's tenant claim, a batch longer than one MULTI/EXEC, Redis without the script (SCRIPT
+FLUSH), and a key of another type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+import pytest
+import redis
+
+from pending_actions.broker.errors import Poison
+from pending_actions.producers import PendingActions
+from tests.conftest import Deployment, both
+from tests.support.replies import byte_list
+
+
+@pytest.fixture(params=["single", "cluster"])
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    return both(request)
+
+
+def staged_ids(pa: PendingActions, session: str) -> list[str]:
+    return [e["id"] for e in pa.history(session, count=10_000) if e["event"] == "staged"]
+
+
+def test_a_spec_stores_what_is_not_a_default(pa: PendingActions, rc: redis.Redis,
+                                             session: str) -> None:
+    k = pa.ctx.keys
+    plain = pa.stage(session=session, tool="edit", label="L", apply="t.ok", payload={"a": 1})
+    [text] = byte_list([rc.hget(k.actions(session), plain)])
+    assert list(orjson.loads(text)) == ["id", "session", "tool", "label", "apply", "payload",
+                                        "created_at"]
+    [read] = pa.pending(session)
+    assert (read.kind, read.reject, read.expires_at, read.fingerprint, read.payload_schema,
+            read.tenant) == ("action", None, None, None, None, "default")
+    other = f"{session}-red"
+    full = pa.stage(session=other, tool="edit", label="L", apply="t.ok", reject="t.ok",
+                    payload={"b": "x"}, ttl=600, fingerprint="f1",
+                    schema={"type": "object"}, tenant="red")
+    [text] = byte_list([rc.hget(k.actions(other), full)])
+    # take.lua reads apply and reject from the text: both ahead of anything free-form
+    assert text.index(b'"reject":"t.ok"') < text.index(b'"payload"')
+    [read] = pa.pending(other)
+    assert (read.reject, read.fingerprint, read.payload_schema, read.tenant, read.payload) == \
+        ("t.ok", "f1", {"type": "object"}, "red", {"b": "x"})
+    assert read.expires_at is not None and read.expires_at - read.created_at == 600
+    assert pa.tenant_of(session) == "default" and pa.tenant_of(other) == "red"
+
+
+def test_a_batch_longer_than_a_transaction(pa: PendingActions, session: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pa.core, "CHUNK", 4)
+    sessions = [f"{session}-{i}" for i in range(3)]
+    ids = pa.stage_many({"session": sessions[i % 3], "tool": "edit", "label": f"L{i}",
+                         "apply": "t.ok"} for i in range(14))
+    for n, s in enumerate(sessions):
+        mine = ids[n::3]
+        assert [a.id for a in pa.pending(s)] == mine[::-1]  # the last one given is the head
+        assert staged_ids(pa, s) == mine
+
+
+def test_a_stage_after_redis_lost_its_scripts(pa: PendingActions, rc: redis.Redis,
+                                              session: str) -> None:
+    """SCRIPT FLUSH (as a restart or a failover leaves Redis): the calls sent by digest come
+    back NOSCRIPT and go again with the body; each action is staged once."""
+    rc.script_flush()
+    sessions = [f"{session}-{i}" for i in range(2)]
+    ids = pa.stage_many({"session": sessions[i % 2], "tool": "edit", "label": "L",
+                         "apply": "t.ok"} for i in range(5))
+    for n, s in enumerate(sessions):
+        assert [a.id for a in pa.pending(s)] == ids[n::2][::-1]
+        assert staged_ids(pa, s) == ids[n::2]
+    again = pa.stage(session=sessions[0], tool="edit", label="L", apply="t.ok")
+    assert pa.pending(sessions[0])[0].id == again
+
+
+PLANT: dict[str, Callable[[PendingActions, str], str]] = {
+    "stack": lambda pa, s: pa.ctx.keys.stack(s),
+    "actions": lambda pa, s: pa.ctx.keys.actions(s),
+    "history": lambda pa, s: pa.ctx.keys.history(s),
+    "sessions": lambda pa, s: pa.ctx.keys.sessions(pa.ctx.keys.partition(s)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANT))
+def test_a_key_of_another_type_is_refused_before_any_write(
+        pa: PendingActions, rc: redis.Redis, session: str, kind: str) -> None:
+    k = pa.ctx.keys
+    key = PLANT[kind](pa, session)
+    aside = f"{key}:aside"  # the partition's sessions hash is shared: kept aside, then back
+    if rc.exists(key):
+        rc.rename(key, aside)
+    try:
+        rc.set(key, "junk")
+        with pytest.raises(Poison) as bad:
+            pa.stage(session=session, tool="edit", label="L", apply="t.ok", ttl=60)
+        assert (bad.value.what, bad.value.key, bad.value.field) == ("type", key, "string")
+        written = [x for x in (k.stack(session), k.actions(session), k.history(session),
+                               k.expiry(session)) if x != key and rc.exists(x)]
+        assert written == []
+        assert kind == "sessions" or pa.tenant_of(session) is None
+    finally:
+        rc.delete(key)
+        if rc.exists(aside):
+            rc.rename(aside, key)
