@@ -191,7 +191,8 @@ class Keys:
 
     # --- people and operators: tenants, tokens, events (used by ``serve``) ------------------
     def tenant_sessions(self, tenant: str) -> str:
-        """SET of the sessions of one tenant (what the inbox scans)."""
+        """SET of the sessions of one tenant (what the inbox scans), but the default tenant's:
+        those are the sessions the partitions' sessions hashes give it."""
         return f"{self.prefix}:tenant:{tenant}:sessions"
 
     @property

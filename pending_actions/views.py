@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from pending_actions.broker.models import Spec
+from pending_actions.broker.models import DEFAULT_TENANT, Spec
 from pending_actions.producers import PendingActions
 
 BATCH = 200
@@ -43,9 +43,11 @@ def owned_sessions(pa: PendingActions) -> Iterator[tuple[str, str]]:
 
 
 def all_sessions(pa: PendingActions, tenant: str | None = None) -> Iterator[str]:
-    if tenant:
+    """Every session, or a tenant's: from its set, or for the default tenant (which has none)
+    from the partitions' sessions hashes."""
+    if tenant and tenant != DEFAULT_TENANT:
         return scan(pa, pa.ctx.keys.tenant_sessions(tenant))
-    return (session for session, _t in owned_sessions(pa))
+    return (session for session, owner in owned_sessions(pa) if owner == (tenant or owner))
 
 
 def _batches(items: Iterable[str]) -> Iterator[list[str]]:

@@ -231,7 +231,9 @@ class Staging:
             publish(pipe, self.keys, Event.STAGED, session=s["session"], tenant=s["tenant"],
                     id=s["id"], tool=s["tool"], kind=s["kind"],
                     created_at=f"{s['created_at']:.3f}")
-        for tenant in {s["tenant"] for s in specs}:
+        # the default tenant has no set: its sessions are those the partitions' sessions
+        # hashes give it (views.all_sessions), which saves a member (~85 B) per session
+        for tenant in {s["tenant"] for s in specs} - {DEFAULT_TENANT}:
             pipe.sadd(self.keys.tenant_sessions(tenant),
                       *{s["session"] for s in specs if s["tenant"] == tenant})
 

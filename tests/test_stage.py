@@ -12,6 +12,7 @@ import redis
 
 from pending_actions.broker.errors import Poison
 from pending_actions.producers import PendingActions
+from pending_actions.views import all_sessions
 from tests.conftest import Deployment, both
 from tests.support.replies import byte_list
 
@@ -47,6 +48,11 @@ def test_a_spec_stores_what_is_not_a_default(pa: PendingActions, rc: redis.Redis
         ("t.ok", "f1", {"type": "object"}, "red", {"b": "x"})
     assert read.expires_at is not None and read.expires_at - read.created_at == 600
     assert pa.tenant_of(session) == "default" and pa.tenant_of(other) == "red"
+    # the default tenant has no set of its own: its sessions are found in the hashes
+    assert not rc.exists(k.tenant_sessions("default"))
+    default, red = set(all_sessions(pa, "default")), set(all_sessions(pa, "red"))
+    assert session in default and other not in default
+    assert other in red and session not in red and {session, other} <= set(all_sessions(pa))
 
 
 def test_a_batch_longer_than_a_transaction(pa: PendingActions, session: str,
