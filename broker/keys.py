@@ -47,6 +47,10 @@ class Keys:
     prefix: str = "pa"
     partitions: int = 16
     tags: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    # session -> the start of its key names: a stage names six keys, a batch of them the same
+    # few sessions' over and over (bounded: cleared when full)
+    _heads: dict[str, str] = field(default_factory=dict, init=False, repr=False,
+                                   compare=False)
 
     RESOLVER_GROUP = RESOLVER_GROUP
     TASK_GROUP = TASK_GROUP
@@ -63,7 +67,12 @@ class Keys:
 
     # --- per session: the slot of its partition --------------------------------------------
     def _s(self, session: str, name: str) -> str:
-        return self._p(self.partition(session), f"s:{session}:{name}")
+        head = self._heads.get(session)
+        if head is None:
+            if len(self._heads) >= 100_000:
+                self._heads.clear()
+            head = self._heads[session] = self._p(self.partition(session), f"s:{session}:")
+        return head + name
 
     def stack(self, session: str) -> str:
         """LIST of pending action ids, head (newest) on the left."""

@@ -103,11 +103,14 @@ def _blocks() -> list[tuple[str, str]]:
 
 def prelude(body: str | None = None) -> str:
     """The definitions ``body`` uses, and those they use, in prelude order; all of them
-    without a body. Only what a script uses, because a pipeline sends it whole each time."""
+    without a body. Only what a script's code uses (a name in a comment line does not count):
+    an EVAL sends it whole, and every definition runs again at every call."""
     blocks = _blocks()
     if body is None:
         return "".join(code for _n, code in blocks)
-    used, text = set(), body
+    used: set[str] = set()
+    text = "".join(line for line in body.splitlines(keepends=True)
+                   if not line.lstrip().startswith("--"))
     while True:
         more = {n for n, _c in blocks if n not in used and re.search(rf"\b{n}\b", text)}
         if not more:
