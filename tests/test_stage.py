@@ -4,6 +4,7 @@ FLUSH), and a key of another type."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import orjson
@@ -11,7 +12,7 @@ import pytest
 import redis
 
 from pending_actions.broker.errors import Poison
-from pending_actions.producers import PendingActions
+from pending_actions.producers import AsyncPendingActions, PendingActions
 from pending_actions.views import all_sessions
 from tests.conftest import Deployment, both
 from tests.support.replies import byte_list
@@ -80,6 +81,20 @@ def test_a_stage_after_redis_lost_its_scripts(pa: PendingActions, rc: redis.Redi
         assert staged_ids(pa, s) == ids[n::2]
     again = pa.stage(session=sessions[0], tool="edit", label="L", apply="t.ok")
     assert pa.pending(sessions[0])[0].id == again
+
+
+def test_the_async_client_after_redis_lost_its_scripts(deployment: Deployment,
+                                                      rc: redis.Redis, session: str) -> None:
+    rc.script_flush()
+
+    async def main() -> list[str]:
+        async with AsyncPendingActions(deployment.pa.settings) as apa:
+            return await apa.stage_many({"session": session, "tool": "edit", "label": "L",
+                                         "apply": "t.ok"} for _ in range(3))
+
+    ids = asyncio.run(main())
+    assert [a.id for a in deployment.pa.pending(session)] == ids[::-1]
+    assert staged_ids(deployment.pa, session) == ids
 
 
 PLANT: dict[str, Callable[[PendingActions, str], str]] = {
