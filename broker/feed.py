@@ -1,7 +1,8 @@
 """The event feed: one capped stream across all sessions (``Keys.events``) with every stage and
 every outcome, for webhooks, metrics and ``top``. Each session's history stays the record; the
 feed is written with plain XADDs queued on the same pipeline as the script that made the change
-(the same round trip), never from inside it, since the feed lives on another Cluster slot.
+(the same round trip), never from inside it, since the feed lives on another Cluster slot. A
+stage's batch writes its entries with one ``feed.lua`` call instead (``producers/staging.py``).
 
 So an outcome is published together with its finalize/readd, before Redis has said whether the
 lease still held. The rare outcome refused as late (its lease had expired) is followed by a

@@ -7,7 +7,9 @@ A method returns a ``Call``: ``run()`` sends it now with EVALSHA (redis-py's
 returns a ``Queued`` that picks and decodes its reply from ``pipe.execute()``. On a pipeline the
 script is sent as EVAL with its body: redis-py's pipeline sends SCRIPT EXISTS before every
 execute that carries a registered script, one more round trip on each step of a resolve, while
-EVAL of a body Redis has seen costs it only a SHA1 of a few KB.
+EVAL of a body Redis has seen costs it only a SHA1 of a few KB. A batch of many calls (a
+stage's) goes by digest instead (``on(pipe, by_digest=True)``), sending again with the body
+whatever comes back NOSCRIPT.
 
 Redis has no include, so every script is loaded as the part of the prelude it uses (the idioms
 of ``scripts/prelude.lua`` and the code tables generated from the enums below), then the
@@ -28,6 +30,7 @@ import redis.asyncio
 
 from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
+from pending_actions.broker.feed import MAXLEN as FEED_MAXLEN
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.pools import Live
 from pending_actions.broker.replies import (
@@ -53,7 +56,7 @@ Slot = Literal["directive", "standing"]
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek", "expire", "beat", "park", "retire",
+    "pending", "peek", "expire", "beat", "park", "retire", "feed",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -62,7 +65,7 @@ NAMES = (
 # those that finish or return work already started, and change little, run regardless, so
 # that what is in flight when memory runs out still ends, and is never run twice.
 FLAGS: dict[str, str] = {
-    "stage": "", "set_slot": "", "take": "",
+    "stage": "", "set_slot": "", "take": "", "feed": "",
     "clear_slot": "allow-oom", "begin": "allow-oom", "renew": "allow-oom",
     "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
@@ -227,6 +230,12 @@ class Scripts:
              "" if ttl_ms is None else ttl_ms, session],
             Staged.decode,
         )
+
+    def feed(self, names: list[str], values: list[Any]) -> Call[int]:
+        """Entries with the fields ``names`` (the first "event"), their values one after the
+        other, for the event feed (``broker/feed.py``)."""
+        return self._call("feed", [self._k.events],
+                          [FEED_MAXLEN, len(names), *names, *values], int)
 
     def _leases(self, session: str, token: str) -> tuple[str, str]:
         """The lease index of the session's partition and the lease's member in it."""

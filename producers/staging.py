@@ -16,7 +16,6 @@ import orjson
 from pending_actions.broker.errors import Forbidden, InvalidInput, UnknownHandler
 from pending_actions.broker.events import Event
 from pending_actions.broker.failures import translate
-from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import (
     DEFAULT_TENANT,
@@ -34,6 +33,7 @@ from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan
 
 MAX_FINGERPRINT_CHARS = 1_000
+FEED_FIELDS = ["event", "at", "session", "tenant", "id", "tool", "kind", "created_at"]
 
 
 def _incrby(pipe: Any, key: str, by: int) -> None:
@@ -207,13 +207,15 @@ class Staging:
             for spec in specs:
                 staged += yield from self._send([self._call(spec)], None,
                                                 self.keys.stack(spec["session"]))
-            yield Batch(lambda pipe: self._feed(pipe, specs))
+            yield from self._send([self._feed(specs)],
+                                  functools.partial(self._tenant_sets, specs=specs), None)
         else:
             for i in range(0, len(specs), self.CHUNK):
                 chunk = specs[i:i + self.CHUNK]
-                staged += yield from self._send([self._call(s) for s in chunk],
-                                                functools.partial(self._feed, specs=chunk),
-                                                self.keys.stack(chunk[0]["session"]))
+                got = yield from self._send([*map(self._call, chunk), self._feed(chunk)],
+                                            functools.partial(self._tenant_sets, specs=chunk),
+                                            self.keys.stack(chunk[0]["session"]))
+                staged += got[:-1]
         for spec, one in zip(specs, staged, strict=True):
             if one.depth < 0:  # another tenant took the session meanwhile
                 raise _foreign(spec["session"])
@@ -226,23 +228,30 @@ class Staging:
         return self.scripts.stage(spec["session"], spec["id"], spec_json(spec), spec["tenant"],
                                   None if ttl is None else int(ttl * 1000))
 
-    def _feed(self, pipe: Any, specs: list[dict[str, Any]]) -> None:
+    def _feed(self, specs: list[dict[str, Any]]) -> Call[int]:
+        """The feed's entries for these stages, in one script call: an XADD each would double
+        the commands of a stage (one more to pack, send, run and answer per action)."""
+        at = f"{time.time():.3f}"
+        values: list[Any] = []
         for s in specs:
-            publish(pipe, self.keys, Event.STAGED, session=s["session"], tenant=s["tenant"],
-                    id=s["id"], tool=s["tool"], kind=s["kind"],
-                    created_at=f"{s['created_at']:.3f}")
+            values += [Event.STAGED.value, at, s["session"], s["tenant"], s["id"], s["tool"],
+                       s["kind"], f"{s['created_at']:.3f}"]
+        return self.scripts.feed(FEED_FIELDS, values)
+
+    def _tenant_sets(self, pipe: Any, specs: list[dict[str, Any]]) -> None:
         # the default tenant has no set: its sessions are those the partitions' sessions
         # hashes give it (views.all_sessions), which saves a member (~85 B) per session
         for tenant in {s["tenant"] for s in specs} - {DEFAULT_TENANT}:
             pipe.sadd(self.keys.tenant_sessions(tenant),
                       *{s["session"] for s in specs if s["tenant"] == tenant})
 
-    def _send(self, calls: list[Call[Staged]], extra: Callable[[Any], None] | None,
-              wait_on: str) -> Plan[list[Staged]]:
+    def _send(self, calls: list[Call[Any]], extra: Callable[[Any], None] | None,
+              wait_on: str | None) -> Plan[list[Any]]:
         """The calls by digest in one pipeline (a MULTI/EXEC but on a cluster, whose slots
         it would span), ``extra``'s commands after them; then, by body, those Redis lacked the
-        script for. Sending a call again is safe: its id is staged at most once."""
-        queued: list[Queued[Staged]] = []
+        script for (none ran: sending a stage again is safe anyway, its id stages once).
+        Returns the calls' decoded replies."""
+        queued: list[Queued[Any]] = []
 
         def queue(pipe: Any) -> None:
             queued.clear()  # a batch sent again (REPLICA_WAIT through a failover) queues anew
@@ -257,9 +266,9 @@ class Staging:
         if failed is not None:
             raise translate(failed) from failed
         missing = [i for i, q in enumerate(queued) if noscript(replies[q.index])]
-        again: dict[int, Staged] = {}
+        again: dict[int, Any] = {}
         if missing:
-            resent: list[Queued[Staged]] = []
+            resent: list[Queued[Any]] = []
 
             def resend(pipe: Any) -> None:
                 resent.clear()

@@ -15,7 +15,7 @@ from pending_actions.broker.errors import Poison
 from pending_actions.producers import AsyncPendingActions, PendingActions
 from pending_actions.views import all_sessions
 from tests.conftest import Deployment, both
-from tests.support.replies import byte_list
+from tests.support.replies import byte_list, entries
 
 
 @pytest.fixture(params=["single", "cluster"])
@@ -56,7 +56,7 @@ def test_a_spec_stores_what_is_not_a_default(pa: PendingActions, rc: redis.Redis
     assert other in red and session not in red and {session, other} <= set(all_sessions(pa))
 
 
-def test_a_batch_longer_than_a_transaction(pa: PendingActions, session: str,
+def test_a_batch_longer_than_a_transaction(pa: PendingActions, rc: redis.Redis, session: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pa.core, "CHUNK", 4)
     sessions = [f"{session}-{i}" for i in range(3)]
@@ -66,6 +66,16 @@ def test_a_batch_longer_than_a_transaction(pa: PendingActions, session: str,
         mine = ids[n::3]
         assert [a.id for a in pa.pending(s)] == mine[::-1]  # the last one given is the head
         assert staged_ids(pa, s) == mine
+    # the event feed has one entry per stage, with the fields an XADD of its own would have
+    feed = {f[b"id"].decode(): f for _e, f in entries(rc.xrevrange(pa.ctx.keys.events,
+                                                                   count=1000))
+            if f[b"id"].decode() in ids}
+    assert set(feed) == set(ids)
+    one = feed[ids[0]]
+    assert list(one) == [b"event", b"at", b"session", b"tenant", b"id", b"tool", b"kind",
+                         b"created_at"]
+    assert (one[b"event"], one[b"session"], one[b"tenant"], one[b"tool"], one[b"kind"]) == \
+        (b"staged", sessions[0].encode(), b"default", b"edit", b"action")
 
 
 def test_a_stage_after_redis_lost_its_scripts(pa: PendingActions, rc: redis.Redis,
