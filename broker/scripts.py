@@ -218,16 +218,18 @@ class Scripts:
         return Call(self._scripts()[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, action_id: str, spec: bytes, tenant: str,
-              ttl_ms: int | None = None) -> Call[Staged]:
+    def stage(self, session: str, tenant: str,
+              actions: list[tuple[str, bytes, int | None]]) -> Call[list[Staged]]:
+        """``actions``: (id, spec JSON, ttl in ms or None) of one session, in the order given."""
         k = self._k
         p = k.partition(session)
         return self._call(
             "stage",
             [k.stack(session), k.actions(session), k.history(session), k.expiry(session),
              k.sessions(p), k.expiries(p)],
-            [action_id, spec, self._s.history_maxlen, tenant,
-             "" if ttl_ms is None else ttl_ms, session],
+            [self._s.history_maxlen, tenant, session,
+             *(x for action_id, spec, ttl_ms in actions
+               for x in (action_id, spec, "" if ttl_ms is None else ttl_ms))],
             Staged.decode,
         )
 

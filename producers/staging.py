@@ -1,6 +1,7 @@
 """Staging, the producer's hot path: every check that needs no Redis, then one round trip
-that checks handlers and tenants and reserves ids, then the stage.lua calls by digest, a few
-hundred to a MULTI/EXEC. ``Core`` (``producers/core.py``) adds resolving and reading."""
+that checks handlers and tenants and reserves ids, then per ``CHUNK`` actions one MULTI/EXEC of
+a stage.lua call by digest for each session's and one feed.lua call for their feed entries.
+``Core`` (``producers/core.py``) adds resolving and reading."""
 
 from __future__ import annotations
 
@@ -47,6 +48,15 @@ def _incrby_all(pipe: Any, keys: Keys, sizes: dict[int, int]) -> None:
 
 def _foreign(session: str) -> Forbidden:
     return Forbidden(f"session {session!r} belongs to another tenant")
+
+
+def _by_session(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The specs of each (session, tenant), in the order given: one stage.lua call each, which
+    for a batch of a few sessions is a few calls, not one per action."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for s in specs:
+        groups.setdefault((s["session"], s["tenant"]), []).append(s)
+    return list(groups.values())
 
 
 class Staging:
@@ -200,33 +210,37 @@ class Staging:
         seqs = yield from self._prepare(checked)
         specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}")
                  for seq, f in zip(seqs, checked, strict=True)]
-        staged: list[Staged] = []
+        staged: dict[str, Staged] = {}  # by id
         if self.settings.replica_wait and self.cluster:
-            # WAIT covers one connection, so one master: with it on a cluster a batch goes one
-            # stage at a time, and the feed (other slots) after
-            for spec in specs:
-                staged += yield from self._send([self._call(spec)], None,
-                                                self.keys.stack(spec["session"]))
+            # WAIT covers one connection, so one master: with it on a cluster a batch goes a
+            # session at a time, and the feed (other slots) after
+            for group in _by_session(specs):
+                [got] = yield from self._send([self._call(group)], None,
+                                              self.keys.stack(group[0]["session"]))
+                staged.update(zip((s["id"] for s in group), got, strict=True))
             yield from self._send([self._feed(specs)],
                                   functools.partial(self._tenant_sets, specs=specs), None)
         else:
             for i in range(0, len(specs), self.CHUNK):
                 chunk = specs[i:i + self.CHUNK]
-                got = yield from self._send([*map(self._call, chunk), self._feed(chunk)],
+                groups = _by_session(chunk)
+                got = yield from self._send([*map(self._call, groups), self._feed(chunk)],
                                             functools.partial(self._tenant_sets, specs=chunk),
                                             self.keys.stack(chunk[0]["session"]))
-                staged += got[:-1]
-        for spec, one in zip(specs, staged, strict=True):
-            if one.depth < 0:  # another tenant took the session meanwhile
+                for group, depths in zip(groups, got, strict=False):  # the feed's reply last
+                    staged.update(zip((s["id"] for s in group), depths, strict=True))
+        for spec in specs:
+            if staged[spec["id"]].depth < 0:  # another tenant took the session meanwhile
                 raise _foreign(spec["session"])
         return [s["id"] for s in specs]
 
-    def _call(self, spec: dict[str, Any]) -> Call[Staged]:
-        ttl = spec["ttl"]
-        # depth 0 needs no look: an id staged already was staged by a retry of this;
-        # stage.lua also indexes the session and a ttl in its partition
-        return self.scripts.stage(spec["session"], spec["id"], spec_json(spec), spec["tenant"],
-                                  None if ttl is None else int(ttl * 1000))
+    def _call(self, group: list[dict[str, Any]]) -> Call[list[Staged]]:
+        """One stage.lua call for a session's actions. Depth 0 needs no look: an id staged
+        already was staged by a retry of this; stage.lua also indexes the session and each
+        ttl in its partition."""
+        return self.scripts.stage(group[0]["session"], group[0]["tenant"], [
+            (s["id"], spec_json(s), None if s["ttl"] is None else int(s["ttl"] * 1000))
+            for s in group])
 
     def _feed(self, specs: list[dict[str, Any]]) -> Call[int]:
         """The feed's entries for these stages, in one script call: an XADD each would double
