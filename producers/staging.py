@@ -126,18 +126,19 @@ class Staging:
         return {**fields, "id": action_id, "created_at": now,
                 "expires_at": None if ttl is None else now + ttl}
 
-    def _prepare(self, checked: list[dict[str, Any]]) -> Plan[list[int]]:
+    def _prepare(self, checked: list[dict[str, Any]], check_owners: bool) -> Plan[list[int]]:
         """Every handler name the validated specs use is live in some worker (the view of live
-        workers may be ``LIVE_MAX_AGE_S`` old, and is read again on a miss), no session
-        belongs to another tenant (stage.lua checks that again, atomically), and one new seq
-        per spec: ``counter * partitions + partition``, the counter that of the session's
-        partition, reserved ``ID_BLOCK`` at a time for the partitions that ran out. One round
-        trip when the view of live workers is fresh and has every name, so that no unknown
-        handler can be refused after ids were reserved for it."""
+        workers may be ``LIVE_MAX_AGE_S`` old, and is read again on a miss), with
+        ``check_owners`` no session belongs to another tenant, and one new seq per spec:
+        ``counter * partitions + partition``, the counter that of the session's partition,
+        reserved ``ID_BLOCK`` at a time for the partitions that ran out. One round trip when
+        the view of live workers is fresh and has every name, so that no unknown handler can
+        be refused after ids were reserved for it; none when it is and no check or id is
+        needed from Redis."""
         k = self.keys
         pairs = sorted({(field, f[field]) for f in checked for field in ("apply", "reject")
                         if f[field] is not None})
-        owners = sorted({(f["session"], f["tenant"]) for f in checked})
+        owners = sorted({(f["session"], f["tenant"]) for f in checked}) if check_owners else []
         fresh = time.monotonic() - self._live_at <= self.LIVE_MAX_AGE_S
         reread = not fresh or not all(self._live.has(n) for _f, n in pairs)
         parts = [k.partition(f["session"]) for f in checked]
@@ -164,8 +165,10 @@ class Staging:
             for p, n in along.items():
                 pipe.incrby(k.seq(p), n)
 
-        replies = yield Batch(queue, wait_on=k.seq(next(iter(along))) if along else None,
-                              raise_on_error=False)
+        replies: list[Any] = []
+        if reread or owners or along:
+            replies = yield Batch(queue, wait_on=k.seq(next(iter(along))) if along else None,
+                                  raise_on_error=False)
         live = replies[:3] if reread else []
         tenants = replies[len(live):len(live) + len(owners)]
         ends = replies[len(live) + len(owners):]
@@ -207,7 +210,10 @@ class Staging:
                    for a in actions]
         if not checked:
             return []
-        seqs = yield from self._prepare(checked)
+        # stage.lua refuses a session of another tenant by itself, atomically for all of that
+        # session's actions: the look ahead is needed only for a batch over several sessions,
+        # none of which may be staged when one is refused
+        seqs = yield from self._prepare(checked, len({f["session"] for f in checked}) > 1)
         specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}")
                  for seq, f in zip(seqs, checked, strict=True)]
         staged: dict[str, Staged] = {}  # by id
@@ -295,7 +301,7 @@ class Staging:
     def set_slot(self, session: str, slot: Slot, tool: object, label: object, apply: object,
                  reject: object) -> Plan[str]:
         fields = self.validate(session, slot, tool, label, apply, reject, None)
-        seq, = yield from self._prepare([fields])
+        seq, = yield from self._prepare([fields], True)  # set_slot.lua knows no tenant
         spec = self._spec(fields, f"{slot}:{tool}:{seq}")
         k = self.keys
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 import redis
 
-from pending_actions.broker.errors import Poison
+from pending_actions.broker.errors import Forbidden, Poison
 from pending_actions.producers import AsyncPendingActions, PendingActions
 from pending_actions.views import all_sessions
 from tests.conftest import Deployment, both
@@ -54,6 +54,19 @@ def test_a_spec_stores_what_is_not_a_default(pa: PendingActions, rc: redis.Redis
     default, red = set(all_sessions(pa, "default")), set(all_sessions(pa, "red"))
     assert session in default and other not in default
     assert other in red and session not in red and {session, other} <= set(all_sessions(pa))
+
+
+def test_one_session_of_another_tenant_is_refused_by_the_script(pa: PendingActions,
+                                                                 session: str) -> None:
+    """A batch in one session is not looked at ahead (stage.lua refuses it atomically)."""
+    mine = pa.stage(session=session, tool="edit", label="L", apply="t.ok", tenant="red")
+    with pytest.raises(Forbidden):
+        pa.stage(session=session, tool="edit", label="L", apply="t.ok", tenant="blue")
+    with pytest.raises(Forbidden):
+        pa.stage_many({"session": session, "tool": "edit", "label": "L", "apply": "t.ok",
+                       "tenant": "blue"} for _ in range(3))
+    assert [a.id for a in pa.pending(session)] == [mine] and staged_ids(pa, session) == [mine]
+    assert pa.tenant_of(session) == "red"
 
 
 def test_a_batch_longer_than_a_transaction(pa: PendingActions, rc: redis.Redis, session: str,
