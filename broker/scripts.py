@@ -163,7 +163,7 @@ class Call(Generic[R]):
            by_digest: bool = False) -> Queued[R]:
         """Queue the script on ``pipe`` with its body (EVAL), or with ``by_digest`` its SHA1
         (EVALSHA): a pipeline of many calls is then mostly their arguments, not the body over
-        and over (3 KB for stage.lua). Redis answers NOSCRIPT (``noscript``) while its script
+        and over (3 KB for stage.lua). Redis answers NOSCRIPT while its script
         cache lacks the script (after a restart, a failover, SCRIPT FLUSH): the caller sends
         those calls again with their body, which also loads it."""
         index = len(pipe)
@@ -176,11 +176,6 @@ class Call(Generic[R]):
             pipe.execute_command(
                 "EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
         return Queued(index, self.decode)
-
-
-def noscript(reply: object) -> bool:
-    """Whether a pipeline's reply (errors left in place) says Redis lacked the script."""
-    return isinstance(reply, redis.exceptions.NoScriptError)
 
 
 class Scripts:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
+import redis
 
 from pending_actions.broker.errors import Forbidden, InvalidInput, UnknownHandler
 from pending_actions.broker.events import Event
@@ -29,7 +30,7 @@ from pending_actions.broker.models import (
 from pending_actions.broker.payloads import check_payload, check_schema
 from pending_actions.broker.pools import Live, parse_live, queue_live
 from pending_actions.broker.replies import Staged
-from pending_actions.broker.scripts import Call, Queued, Scripts, Slot, noscript
+from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan
 
@@ -48,6 +49,11 @@ def _incrby_all(pipe: Any, keys: Keys, sizes: dict[int, int]) -> None:
 
 def _foreign(session: str) -> Forbidden:
     return Forbidden(f"session {session!r} belongs to another tenant")
+
+
+def noscript(reply: object) -> bool:
+    """Whether a pipeline's reply (errors left in place) says Redis lacked the script."""
+    return isinstance(reply, redis.exceptions.NoScriptError)
 
 
 def _by_session(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
