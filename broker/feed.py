@@ -1,7 +1,8 @@
 """The event feed: one capped stream across all sessions (``Keys.events``) with every stage and
 every outcome, for webhooks, metrics and ``top``. Each session's history stays the record; the
 feed is written with plain XADDs queued on the same pipeline as the script that made the change
-(the same round trip), never from inside it, since the feed lives on another Cluster slot.
+(the same round trip), never from inside it, since the feed lives on another Cluster slot. A
+stage's batch writes its entries with one ``feed.lua`` call instead (``producers/staging.py``).
 
 So an outcome is published together with its finalize/readd, before Redis has said whether the
 lease still held. The rare outcome refused as late (its lease had expired) is followed by a
@@ -23,9 +24,12 @@ def publish(pipe: Any, keys: Keys, event: Event, spec: Spec | None = None,
             **fields: str | int | float | None) -> None:
     """Queue one feed entry on ``pipe`` (a pipeline or a client). Without a spec, ``fields``
     must name at least the session and the id."""
-    entry: dict[str, Any] = {"event": event.value, "at": f"{time.time():.3f}"}
+    entry: list[Any] = ["event", event.value, "at", f"{time.time():.3f}"]
     if spec is not None:
-        entry.update(session=spec.session, tenant=spec.tenant, id=spec.id, tool=spec.tool,
-                     kind=spec.kind, created_at=f"{spec.created_at:.3f}")
-    entry.update({k: v for k, v in fields.items() if v not in ("", None)})
-    pipe.xadd(keys.events, entry, maxlen=MAXLEN, approximate=True)
+        entry += ["session", spec.session, "tenant", spec.tenant, "id", spec.id, "tool",
+                  spec.tool, "kind", spec.kind, "created_at", f"{spec.created_at:.3f}"]
+    for name, value in fields.items():
+        if value not in ("", None):
+            entry += [name, value]
+    # XADD as is, not redis-py's xadd(): a stage queues one per action
+    pipe.execute_command("XADD", keys.events, "MAXLEN", "~", MAXLEN, "*", *entry)

@@ -2,7 +2,7 @@
 
 Sessions are spread over ``partitions`` partitions (a stable hash of the session id). Each
 partition has one hash tag, and every key of its sessions and of the partition itself (request
-stream, lease index, id counter, sessions set, task streams) carries that tag: one Redis Cluster
+stream, lease index, id counter, sessions hash, task streams) carries that tag: one Redis Cluster
 slot per partition, so a script can touch a session and its partition's lease index and task
 stream in one atomic step. A session's key names still contain its id
 (``pa:{p3-41}:s:<session>:stack``), so they stay readable with redis-cli.
@@ -47,6 +47,10 @@ class Keys:
     prefix: str = "pa"
     partitions: int = 16
     tags: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    # session -> the start of its key names: a stage names six keys, a batch of them the same
+    # few sessions' over and over (bounded: cleared when full)
+    _heads: dict[str, str] = field(default_factory=dict, init=False, repr=False,
+                                   compare=False)
 
     RESOLVER_GROUP = RESOLVER_GROUP
     TASK_GROUP = TASK_GROUP
@@ -63,7 +67,12 @@ class Keys:
 
     # --- per session: the slot of its partition --------------------------------------------
     def _s(self, session: str, name: str) -> str:
-        return self._p(self.partition(session), f"s:{session}:{name}")
+        head = self._heads.get(session)
+        if head is None:
+            if len(self._heads) >= 100_000:
+                self._heads.clear()
+            head = self._heads[session] = self._p(self.partition(session), f"s:{session}:")
+        return head + name
 
     def stack(self, session: str) -> str:
         """LIST of pending action ids, head (newest) on the left."""
@@ -142,7 +151,10 @@ class Keys:
         return self._p(partition, "expiries")
 
     def sessions(self, partition: int) -> str:
-        """SET of every session of the partition that ever staged something (for stats)."""
+        """HASH session -> tenant of every session of the partition that staged something or
+        set a slot and is not retired yet: its tenant claim (written by its first stage, never
+        changed; "" while only a slot was set) and the index that stats, views and retirement
+        scan. One field per session, not a key of its own: a key costs a session ~100 B more."""
         return self._p(partition, "sessions")
 
     def task_queue(self, partition: int, pool: str) -> str:
@@ -187,12 +199,9 @@ class Keys:
         return f"{self.prefix}:workers"
 
     # --- people and operators: tenants, tokens, events (used by ``serve``) ------------------
-    def tenant(self, session: str) -> str:
-        """STRING: the tenant the session belongs to; set by its first stage, never changed."""
-        return self._s(session, "tenant")
-
     def tenant_sessions(self, tenant: str) -> str:
-        """SET of the sessions of one tenant (what the inbox scans)."""
+        """SET of the sessions of one tenant (what the inbox scans), but the default tenant's:
+        those are the sessions the partitions' sessions hashes give it."""
         return f"{self.prefix}:tenant:{tenant}:sessions"
 
     @property

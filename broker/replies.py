@@ -23,15 +23,15 @@ def _text(raw: Any) -> str:
 
 
 class Staged(NamedTuple):
-    """stage.lua: the stack depth after the push, 0 when the id was staged already (a retried
-    call whose first try went through; the id is ours alone), -1 when the session belongs to
-    another tenant (nothing staged)."""
+    """stage.lua, per action: the stack depth right after its push, 0 when the id was staged
+    already (a retried call whose first try went through; the id is ours alone), -1 when the
+    session belongs to another tenant (nothing staged)."""
 
     depth: int
 
     @classmethod
-    def decode(cls, raw: Any) -> Staged:
-        return cls(int(raw))
+    def decode(cls, raw: Any) -> list[Staged]:
+        return [cls(int(x)) for x in raw]
 
 
 class SlotChanged(NamedTuple):

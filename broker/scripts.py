@@ -7,7 +7,9 @@ A method returns a ``Call``: ``run()`` sends it now with EVALSHA (redis-py's
 returns a ``Queued`` that picks and decodes its reply from ``pipe.execute()``. On a pipeline the
 script is sent as EVAL with its body: redis-py's pipeline sends SCRIPT EXISTS before every
 execute that carries a registered script, one more round trip on each step of a resolve, while
-EVAL of a body Redis has seen costs it only a SHA1 of a few KB.
+EVAL of a body Redis has seen costs it only a SHA1 of a few KB. A batch of many calls (a
+stage's) goes by digest instead (``on(pipe, by_digest=True)``), sending again with the body
+whatever comes back NOSCRIPT.
 
 Redis has no include, so every script is loaded as the part of the prelude it uses (the idioms
 of ``scripts/prelude.lua`` and the code tables generated from the enums below), then the
@@ -28,6 +30,7 @@ import redis.asyncio
 
 from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
+from pending_actions.broker.feed import MAXLEN as FEED_MAXLEN
 from pending_actions.broker.keys import RESOLVER_GROUP, Keys
 from pending_actions.broker.pools import Live
 from pending_actions.broker.replies import (
@@ -53,7 +56,7 @@ Slot = Literal["directive", "standing"]
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek", "expire", "beat", "park", "retire",
+    "pending", "peek", "expire", "beat", "park", "retire", "feed",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -62,7 +65,7 @@ NAMES = (
 # those that finish or return work already started, and change little, run regardless, so
 # that what is in flight when memory runs out still ends, and is never run twice.
 FLAGS: dict[str, str] = {
-    "stage": "", "set_slot": "", "take": "",
+    "stage": "", "set_slot": "", "take": "", "feed": "",
     "clear_slot": "allow-oom", "begin": "allow-oom", "renew": "allow-oom",
     "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
@@ -107,11 +110,14 @@ def _blocks() -> list[tuple[str, str]]:
 
 def prelude(body: str | None = None) -> str:
     """The definitions ``body`` uses, and those they use, in prelude order; all of them
-    without a body. Only what a script uses, because a pipeline sends it whole each time."""
+    without a body. Only what a script's code uses (a name in a comment line does not count):
+    an EVAL sends it whole, and every definition runs again at every call."""
     blocks = _blocks()
     if body is None:
         return "".join(code for _n, code in blocks)
-    used, text = set(), body
+    used: set[str] = set()
+    text = "".join(line for line in body.splitlines(keepends=True)
+                   if not line.lstrip().startswith("--"))
     while True:
         more = {n for n, _c in blocks if n not in used and re.search(rf"\b{n}\b", text)}
         if not more:
@@ -158,12 +164,22 @@ class Call(Generic[R]):
         """``run()`` on Scripts built over a ``redis.asyncio`` client."""
         return self.decode(await self.script(keys=self.keys, args=self.args))
 
-    def on(self, pipe: redis.client.Pipeline | redis.asyncio.client.Pipeline) -> Queued[R]:
+    def on(self, pipe: redis.client.Pipeline | redis.asyncio.client.Pipeline,
+           by_digest: bool = False) -> Queued[R]:
+        """Queue the script on ``pipe`` with its body (EVAL), or with ``by_digest`` its SHA1
+        (EVALSHA): a pipeline of many calls is then mostly their arguments, not the body over
+        and over (3 KB for stage.lua). Redis answers NOSCRIPT while its script
+        cache lacks the script (after a restart, a failover, SCRIPT FLUSH): the caller sends
+        those calls again with their body, which also loads it."""
         index = len(pipe)
         # execute_command, not eval(): redis-py's cluster pipeline refuses eval() itself but
         # routes an EVAL by its keys like any command
-        pipe.execute_command(
-            "EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
+        if by_digest:
+            pipe.execute_command(
+                "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+        else:
+            pipe.execute_command(
+                "EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
         return Queued(index, self.decode)
 
 
@@ -202,18 +218,26 @@ class Scripts:
         return Call(self._scripts()[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, action_id: str, spec: bytes, tenant: str,
-              ttl_ms: int | None = None) -> Call[Staged]:
+    def stage(self, session: str, tenant: str,
+              actions: list[tuple[str, bytes, int | None]]) -> Call[list[Staged]]:
+        """``actions``: (id, spec JSON, ttl in ms or None) of one session, in the order given."""
         k = self._k
+        p = k.partition(session)
         return self._call(
             "stage",
-            [k.stack(session), k.actions(session), k.history(session), k.tenant(session),
-             k.expiry(session), k.sessions(k.partition(session)),
-             k.expiries(k.partition(session))],
-            [action_id, spec, self._s.history_maxlen, tenant,
-             "" if ttl_ms is None else ttl_ms, session],
+            [k.stack(session), k.actions(session), k.history(session), k.expiry(session),
+             k.sessions(p), k.expiries(p)],
+            [self._s.history_maxlen, tenant, session,
+             *(x for action_id, spec, ttl_ms in actions
+               for x in (action_id, spec, "" if ttl_ms is None else ttl_ms))],
             Staged.decode,
         )
+
+    def feed(self, names: list[str], values: list[Any]) -> Call[int]:
+        """Entries with the fields ``names`` (the first "event"), their values one after the
+        other, for the event feed (``broker/feed.py``)."""
+        return self._call("feed", [self._k.events],
+                          [FEED_MAXLEN, len(names), *names, *values], int)
 
     def _leases(self, session: str, token: str) -> tuple[str, str]:
         """The lease index of the session's partition and the lease's member in it."""
@@ -358,9 +382,9 @@ class Scripts:
         k = self._k
         return self._call(
             "retire",
-            [k.actions(session), k.dead(session), k.history(session), k.tenant(session),
-             k.stack(session)],
-            [retention_ms], int,
+            [k.actions(session), k.dead(session), k.history(session),
+             k.sessions(k.partition(session)), k.stack(session)],
+            [retention_ms, session], int,
         )
 
     def beat(self, proc: str, loop: str, every_ms: int, ttl_ms: int,

@@ -14,6 +14,17 @@ import redis
 from pending_actions.broker.errors import ConfigError
 from pending_actions.procs import Child, ChildExited, await_ready
 
+# The README's "Redis settings" for memory, as docker-compose.yml has them. Redis 7
+# preallocates a stream's newest node whole, 4 KiB by default: most of what a session that has
+# staged one action costs (its history stream); nodes of 256 B keep that to ~500 B, for about
+# 20% more per entry of a long stream, twice as much for the capped event feed's. A value of up
+# to 1 KiB stays in a hash's compact listpack encoding, so a session's actions hash with a spec
+# of a few hundred bytes costs ~100 B less; up to 32 of them, since every write copies the
+# listpack whole (at the default 128, a stage into a deep session took ~30 us more in Redis).
+# (The ziplist names: Redis 6.2 knows no other, 7 both.)
+MEMORY_SETTINGS = ("--stream-node-max-bytes", "256", "--hash-max-ziplist-value", "1024",
+                   "--hash-max-ziplist-entries", "32")
+
 
 def find_redis_server() -> str:
     found = shutil.which("redis-server")
@@ -89,10 +100,7 @@ class EmbeddedRedis:
         self.child = Child("redis-server", [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", self.fsync,
-            "--save", "", "--maxmemory-policy", "noeviction",
-            # Redis 7 preallocates a whole stream node; 4 KiB by default is most of the memory
-            # of a session that has staged one action (its history stream)
-            "--stream-node-max-bytes", "512",
+            "--save", "", "--maxmemory-policy", "noeviction", *MEMORY_SETTINGS,
         ], log_path=logfile).spawn()
         try:
             await_ready(self.child, self._answers, timeout)

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from pending_actions.embedded import find_redis_server
+from pending_actions.embedded import MEMORY_SETTINGS, find_redis_server
 
 SLOTS = 16384
 
@@ -66,7 +66,7 @@ class Node:
              "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "3000",
              # failovers are the test's to make (CLUSTER FAILOVER TAKEOVER), at a known moment
              "--cluster-replica-no-failover", "yes",
-             "--appendonly", "yes", "--appendfsync", fsync, "--save", "",
+             "--appendonly", "yes", "--appendfsync", fsync, "--save", "", *MEMORY_SETTINGS,
              "--logfile", str(self.directory / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
         deadline = time.monotonic() + 10

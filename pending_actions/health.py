@@ -26,10 +26,10 @@ def script_commands() -> set[str]:
 CONNECTION = ("ping", "hello", "client|setname", "select", "multi", "exec",
               "discard")
 # producers, and the operator's views (ls --all, dead --all, stats, top, health)
-PRODUCER = ("incr", "incrby", "hmget", "sadd", "blpop", "xrevrange", "xrange", "scard",
-            "sscan", "smembers", "xlen", "zcard", "zcount", "zrange", "zrangebyscore",
-            "hgetall", "hvals", "hlen", "hkeys", "llen", "lrange", "xinfo|consumers",
-            "xinfo|groups", "xinfo|stream")
+PRODUCER = ("incr", "incrby", "hmget", "sadd", "hsetnx", "blpop", "xrevrange", "xrange",
+            "scard", "sscan", "smembers", "hscan", "xlen", "zcard", "zcount", "zrange",
+            "zrangebyscore", "hgetall", "hvals", "hlen", "hkeys", "llen", "lrange",
+            "xinfo|consumers", "xinfo|groups", "xinfo|stream")
 WORKER = (*PRODUCER, "xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "zrem",
           "srem", "scan", "info", "unlink", "xread")
 SERVE = (*PRODUCER, "xread", "unlink", "scan")  # tokens: the scripts' hset/hdel/hsetnx

@@ -1,8 +1,9 @@
 """Views across sessions, for people and operators: the inbox of a tenant, every pending or
 dead action, and the deployment's figures (``stats``, ``top``, ``/metrics``).
 
-Sessions are found with SSCAN over the session indexes (never KEYS), and read in pipelined
-batches, so a view costs a few round trips per few hundred sessions and never blocks Redis.
+Sessions are found with HSCAN / SSCAN over the session indexes (never KEYS), and read in
+pipelined batches, so a view costs a few round trips per few hundred sessions and never blocks
+Redis.
 """
 
 from __future__ import annotations
@@ -11,28 +12,42 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import islice
 from typing import Any
 
 import orjson
 
-from pending_actions.broker.models import Spec
+from pending_actions.broker.models import DEFAULT_TENANT, Spec
 from pending_actions.producers import PendingActions
 
 BATCH = 200
-NO_TENANT = "-"  # sessions staged before tenants existed
+NO_TENANT = "-"  # sessions claimed by no tenant yet (only a slot was set)
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def scan(pa: PendingActions, key: str) -> Iterator[str]:
     for member in pa.client.sscan_iter(key, count=BATCH):
-        yield member.decode() if isinstance(member, bytes) else str(member)
+        yield _text(member)
+
+
+def owned_sessions(pa: PendingActions) -> Iterator[tuple[str, str]]:
+    """Every session with its tenant (``NO_TENANT`` for none yet), from the partitions'
+    sessions hashes."""
+    k = pa.ctx.keys
+    for p in range(k.partitions):
+        for session, tenant in pa.client.hscan_iter(k.sessions(p), count=BATCH):
+            yield _text(session), _text(tenant) or NO_TENANT
 
 
 def all_sessions(pa: PendingActions, tenant: str | None = None) -> Iterator[str]:
-    k = pa.ctx.keys
-    if tenant:
-        return scan(pa, k.tenant_sessions(tenant))
-    return chain.from_iterable(scan(pa, k.sessions(p)) for p in range(k.partitions))
+    """Every session, or a tenant's: from its set, or for the default tenant (which has none)
+    from the partitions' sessions hashes."""
+    if tenant and tenant != DEFAULT_TENANT:
+        return scan(pa, pa.ctx.keys.tenant_sessions(tenant))
+    return (session for session, owner in owned_sessions(pa) if owner == (tenant or owner))
 
 
 def _batches(items: Iterable[str]) -> Iterator[list[str]]:
@@ -117,18 +132,17 @@ class Figures:
 def figures(pa: PendingActions) -> Figures:
     k, c = pa.ctx.keys, pa.client
     f = Figures()
-    for chunk in _batches(all_sessions(pa)):
+    owned = owned_sessions(pa)
+    while chunk := list(islice(owned, BATCH)):
         pipe = c.pipeline(transaction=False)
-        for session in chunk:
-            pipe.get(k.tenant(session))
+        for session, _t in chunk:
             pipe.lrange(k.stack(session), 0, -1)
             pipe.hvals(k.inflight(session))
             pipe.llen(k.dead(session))
         got = pipe.execute()
         tails: list[tuple[str, str, str]] = []
-        for i, session in enumerate(chunk):
-            raw_tenant, stack, leases, dead = got[4 * i:4 * i + 4]
-            tenant = raw_tenant.decode() if raw_tenant else NO_TENANT
+        for i, (session, tenant) in enumerate(chunk):
+            stack, leases, dead = got[3 * i:3 * i + 3]
             f.sessions += 1
             for raw in stack:
                 f.pending[(tenant, tool_of(raw.decode()))] += 1

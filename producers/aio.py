@@ -76,14 +76,15 @@ class AsyncPendingActions:
 
     async def _batch(self, step: Batch) -> list[Any]:
         with redis_errors():
-            pipe = self.client.pipeline(transaction=step.transaction)
-            step.queue(pipe)
             replicas = self.settings.replica_wait if step.wait_on is not None else 0
+            # (WAIT is no command for a MULTI/EXEC: with it the batch is a plain pipeline)
+            pipe = self.client.pipeline(transaction=step.transaction and not replicas)
+            step.queue(pipe)
             if not replicas:
-                return await pipe.execute()
+                return await pipe.execute(raise_on_error=step.raise_on_error)
             # one server: WAIT on the pipeline's own connection covers what it just wrote
             pipe.execute_command("WAIT", replicas, self.settings.replica_wait_timeout_ms)
-            replies = await pipe.execute()
+            replies = await pipe.execute(raise_on_error=step.raise_on_error)
             if int(replies[-1]) < replicas:
                 raise RedisUnavailable(f"{replies[-1]} of {replicas} replicas confirmed in "
                                        f"{self.settings.replica_wait_timeout_ms} ms")
@@ -176,6 +177,9 @@ class AsyncPendingActions:
 
     async def dead_letters(self, session: str) -> list[dict[str, Any]]:
         return await self._run(self.core.dead_letters(session))
+
+    async def tenant_of(self, session: str) -> str | None:
+        return await self._run(self.core.tenant_of(session))
 
     async def stats(self) -> dict[str, Any]:
         return await self._run(self.core.stats())

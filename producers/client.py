@@ -91,14 +91,14 @@ class PendingActions:
                 def send() -> list[Any]:
                     return acked(self.client, step.wait_on or "", _queued(step),
                                  self.settings.replica_wait,
-                                 self.settings.replica_wait_timeout_ms)
+                                 self.settings.replica_wait_timeout_ms, step.raise_on_error)
 
                 # sent again (a stage.lua call is a no-op where it went through) until a replica
                 # has it, through a failover of up to FAILOVER_WAIT_S
                 return retry(send, FAILOVER_WAIT_S)
             pipe = self.client.pipeline(transaction=step.transaction)
             step.queue(pipe)
-            return pipe.execute()
+            return pipe.execute(raise_on_error=step.raise_on_error)
 
     def _first_wait(self, first: Callable[[Any], object], key: str, seconds: float) -> Any:
         """The commands ``first`` queues (the request) and, in the same round trip, a BLPOP of
@@ -213,6 +213,10 @@ class PendingActions:
 
     def dead_letters(self, session: str) -> list[dict[str, Any]]:
         return self._run(self.core.dead_letters(session))
+
+    def tenant_of(self, session: str) -> str | None:
+        """The tenant the session belongs to (its first stage's); None while it has none."""
+        return self._run(self.core.tenant_of(session))
 
     def stats(self) -> dict[str, Any]:
         return self._run(self.core.stats())

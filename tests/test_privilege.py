@@ -143,8 +143,9 @@ def test_reason_and_extra_limits(tmp_path: Path) -> None:
 
 
 def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
-    """Retention 1 s: a finished session's history and tenant claim expire and it leaves the
-    sessions sets; a session with a pending or a dead-lettered action keeps everything."""
+    """Retention 1 s: a finished session's history expires and it leaves the sessions hashes
+    (its tenant claim with it) and sets; a session with a pending or a dead-lettered action
+    keeps everything."""
     with cluster(tmp_path, retention_s="1", housekeeping_s="0.2") as (server, _w, pa):
         rc = redis.Redis.from_url(server.url)
         for i in range(50):
@@ -152,19 +153,18 @@ def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
             assert not pa.resolve(session=f"done-{i}", action="apply", reason="r").is_error
         kept = pa.stage(session="live", tool="t", label="L", apply="t.idem")
         rc.lpush(K.dead("dead"), orjson.dumps({"id": "x", "reason": "r"}))
-        rc.sadd(K.sessions(K.partition("dead")), "dead")
+        rc.hset(K.sessions(K.partition("dead")), "dead", "default")
 
         def members() -> set[str]:
             return {m.decode() for p in range(K.partitions)
-                    for m in byte_list(list(rc.smembers(K.sessions(p))))}
+                    for m in byte_list(list(rc.hkeys(K.sessions(p))))}
 
         deadline = time.monotonic() + 20
         while len(members()) > 2:
             assert time.monotonic() < deadline, members()
             time.sleep(0.2)
         assert members() == {"live", "dead"}
-        assert not any(rc.exists(K.history(f"done-{i}"), K.tenant(f"done-{i}"))
-                       for i in range(50))
+        assert not any(rc.exists(K.history(f"done-{i}")) for i in range(50))
         assert [a.id for a in pa.pending("live")] == [kept]
         assert rc.ttl(K.history("live")) == -1 and rc.llen(K.dead("dead")) == 1
         # what 50 finished sessions leave after retention: only their request marker and

@@ -11,7 +11,7 @@ if old then
   redis.call('HDEL', KEYS[3], old)
 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('PERSIST', KEYS[4])  -- live again (retire.lua also lifts the tenant claim's ttl)
+redis.call('PERSIST', KEYS[4])  -- live again (what retire.lua set to expire stays)
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[1], NEW_STATE)
 history(KEYS[4], ARGV[4], ARGV[3], 'id', ARGV[1])

@@ -1,41 +1,75 @@
--- stage: push a new pending action on the head of its session's stack. Its counters (state
--- hash) are written at its first take: an action that has none is at attempt 0, no stalls,
--- which saves a field, and for a session's first action a whole key, per pending action.
--- The session's first stage makes it its tenant's (and lists it in its partition's sessions);
--- a stage for another tenant is refused.
+-- stage: push new pending actions of one session on the head of its stack, in the order given
+-- (the last one given ends up the head). Their counters (state hash) are written at their
+-- first take: an action that has none is at attempt 0, no stalls, which saves a field, and for
+-- a session's first action a whole key, per pending action.
+-- The session's first stage makes it its tenant's (its field in its partition's sessions
+-- hash); a stage for another tenant is refused.
 -- KEYS[1] stack (list)   KEYS[2] actions (hash)   KEYS[3] history (stream)
--- KEYS[4] tenant (string)  KEYS[5] expiry (zset: id -> expiry ms, for actions staged with a ttl)
--- KEYS[6] the partition's sessions (set)   KEYS[7] the partition's expiries (zset)
--- ARGV[1] action id      ARGV[2] spec JSON        ARGV[3] history maxlen   ARGV[4] tenant
--- ARGV[5] ttl in ms, "" for none: the expiry is reckoned on the server's clock, so a client's
--- clock can be off without moving it
--- ARGV[6] session (the expiries member is "<session>/<id>")
--- Returns: the stack depth after the push, 0 when the id is staged already (a retried call
--- whose first try went through: ids come from a counter, so it is ours) and nothing changed,
--- -1 when the session belongs to another tenant (nothing changed).
-check_types({'list', 'hash', 'stream', 'string', 'zset'})
+-- KEYS[4] expiry (zset: id -> expiry ms, for actions staged with a ttl)
+-- KEYS[5] the partition's sessions (hash: session -> tenant)
+-- KEYS[6] the partition's expiries (zset)
+-- ARGV[1] history maxlen   ARGV[2] tenant   ARGV[3] session (the expiries member is
+-- "<session>/<id>")
+-- ARGV[4..] three per action: its id, its spec JSON, its ttl in ms or "" for none (the expiry
+-- is reckoned on the server's clock, so a client's clock can be off without moving it)
+-- Errors: POISON (a key of another type): nothing changed
+-- Returns: one number per action: the stack depth right after its push, 0 when its id is
+-- staged already (a retried call whose first try went through: ids come from a counter, so it
+-- is ours; nothing changed for it), -1 when the session belongs to another tenant (nothing
+-- changed at all).
 redis.replicate_commands()
-local owner = redis.call('GET', KEYS[4])
-if owner and owner ~= ARGV[4] then
-  return -1
+
+-- a pcall's reply; POISON, as check_types says it, when KEYS[i] holds another type. The read
+-- of the sessions hash and the first write (the actions hash) check their own key's type, so
+-- TYPE is asked only of the keys written later
+local function typed(reply, i)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'WRONGTYPE', 1, true) then
+      poison('type', KEYS[i], redis.call('TYPE', KEYS[i]).ok)
+    end
+    error(reply)
+  end
+  return reply
 end
-if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
-  return 0
+
+local ttl = false
+for i = 6, #ARGV, 3 do
+  ttl = ttl or ARGV[i] ~= ''
 end
-if not owner then
-  redis.call('SET', KEYS[4], ARGV[4])
-  redis.call('SADD', KEYS[6], ARGV[6])
+check_types(ttl and {'list', nil, 'stream', 'zset', nil, 'zset'} or {'list', nil, 'stream'})
+local out = {}
+local owner = typed(redis.pcall('HGET', KEYS[5], ARGV[3]), 5)
+if owner and owner ~= '' and owner ~= ARGV[2] then
+  for i = 4, #ARGV, 3 do out[#out + 1] = -1 end
+  return out
+end
+local new = {}
+for i = 4, #ARGV, 3 do
+  local added = typed(redis.pcall('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]), 2)
+  if added == 1 then new[#new + 1] = i end
+  out[#out + 1] = added
+end
+if #new == 0 then
+  return out
+end
+if owner ~= ARGV[2] then
+  redis.call('HSET', KEYS[5], ARGV[3], ARGV[2])
 end
 -- live again: what retire.lua set to expire stays (PERSIST is a no-op on a key without a ttl)
-redis.call('PERSIST', KEYS[4])
 redis.call('PERSIST', KEYS[3])
-local depth = redis.call('LPUSH', KEYS[1], ARGV[1])
-if ARGV[5] ~= '' then
-  local at = now_ms() + tonumber(ARGV[5])
-  redis.call('ZADD', KEYS[5], at, ARGV[1])
-  redis.call('ZADD', KEYS[7], at, ARGV[6] .. '/' .. ARGV[1])
-  history(KEYS[3], ARGV[3], EVENT.STAGED, 'id', ARGV[1], 'expires_at', at)
-else
-  history(KEYS[3], ARGV[3], EVENT.STAGED, 'id', ARGV[1])
+local ids = {}
+for k, i in ipairs(new) do ids[k] = ARGV[i] end
+local depth = redis.call('LPUSH', KEYS[1], unpack(ids)) - #new
+local now = ttl and now_ms()
+for k, i in ipairs(new) do
+  out[(i - 1) / 3] = depth + k
+  if ARGV[i + 2] ~= '' then
+    local at = now + tonumber(ARGV[i + 2])
+    redis.call('ZADD', KEYS[4], at, ARGV[i])
+    redis.call('ZADD', KEYS[6], at, ARGV[3] .. '/' .. ARGV[i])
+    history(KEYS[3], ARGV[1], EVENT.STAGED, 'id', ARGV[i], 'expires_at', at)
+  else
+    history(KEYS[3], ARGV[1], EVENT.STAGED, 'id', ARGV[i])
+  end
 end
-return depth
+return out

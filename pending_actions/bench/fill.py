@@ -55,7 +55,7 @@ def drop_sessions(ctx: Context, sessions: Sequence[str], batch: int = 1000) -> N
         pipe = ctx.client.pipeline(transaction=False)
         for s in chunk:
             pipe.unlink(k.stack(s), k.actions(s), k.state(s), k.history(s), k.inflight(s))
-            pipe.srem(k.sessions(k.partition(s)), s)
+            pipe.hdel(k.sessions(k.partition(s)), s)
         pipe.execute()
 
 

@@ -76,7 +76,7 @@ def _line(a: PendingAction) -> str:
 
 
 ANY_SESSION = click.option("--session", metavar="SESSION", help="One session (or --all).")
-ALL = click.option("--all", "all_", is_flag=True, help="Every session (SSCAN, never KEYS).")
+ALL = click.option("--all", "all_", is_flag=True, help="Every session (HSCAN, never KEYS).")
 TENANT = click.option("--tenant", help="With --all: only this tenant's sessions.")
 
 

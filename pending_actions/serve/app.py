@@ -85,8 +85,7 @@ class Api:
         is written by its first stage and never changes, so this check cannot go stale."""
         if not NAME_RE.match(session):
             raise HTTPError(404, "no such session")
-        tenant: Any = self.pa.client.get(self.pa.ctx.keys.tenant(session))
-        if tenant is None or tenant.decode() != who.tenant:
+        if self.pa.tenant_of(session) != who.tenant:
             raise HTTPError(404, "no such session")
         return session
 

@@ -178,10 +178,13 @@ class Metrics:
     def _tenant(self, session: str) -> str:
         """Recovery's entries name no tenant (it has no spec at hand): look it up, once."""
         if session not in self._tenants:
-            raw: Any = self.pa.client.get(self.pa.ctx.keys.tenant(session)) if session else None
+            k = self.pa.ctx.keys  # not tenant_of(): a feed entry's session is not checked
+            raw: Any = self.pa.client.hget(k.sessions(k.partition(session)), session) \
+                if session else None
+            tenant = raw.decode() if raw else None
             if len(self._tenants) > 10_000:
                 self._tenants.clear()
-            self._tenants[session] = raw.decode() if raw else "-"
+            self._tenants[session] = tenant or "-"
         return self._tenants[session]
 
     # --- the event feed -------------------------------------------------------------------

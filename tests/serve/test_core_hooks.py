@@ -53,5 +53,6 @@ def test_tenant_and_by_are_checked(pa: PendingActions) -> None:
                         "tenant": "blue"}])
     assert pa.pending(other) == [] and len(pa.pending(s)) == 1
     assert pa.pending(s)[0].tenant == "red"
-    assert pa.client.get(pa.ctx.keys.tenant(s)) == b"red"
+    assert pa.tenant_of(s) == "red"
+    assert pa.client.hget(pa.ctx.keys.sessions(pa.ctx.keys.partition(s)), s) == b"red"
     assert pa.client.sismember(pa.ctx.keys.tenant_sessions("red"), s)

@@ -1,0 +1,55 @@
+"""The steps a plan yields. The client's logic (``producers/core.py``, ``producers/staging.py``)
+has no I/O: each operation is a generator (a ``Plan``) that validates its input, yields what it
+needs from Redis, a ``Batch`` of commands for one pipeline, a ``Run`` of one script or a
+``Wait`` on a reply list, gets the answer sent back, and returns the value the caller sees. The
+two clients only drive plans, one with redis-py's blocking client, one with ``redis.asyncio``:
+validation, request building and result building exist once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pending_actions.broker.scripts import Call
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Commands queued by ``queue(pipe)`` and sent as one pipeline; the driver sends back the
+    list of replies."""
+
+    queue: Callable[[Any], object]
+    # MULTI/EXEC: Redis runs the batch in one go and, under appendfsync always, syncs its
+    # writes to disk once, not once for every 16 KB it reads of a long pipeline
+    transaction: bool = False
+    # with REPLICA_WAIT: acknowledged once that many replicas of this key's master have it
+    # (every command queued then in this key's slot when on a cluster)
+    wait_on: str | None = None
+    # False: a command's error comes back in its place among the replies, for the plan to
+    # weigh (a script Redis does not have is sent again), instead of being raised
+    raise_on_error: bool = True
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Block on the list ``key`` for up to ``seconds``; the driver sends back its first item,
+    or None when the time ran out. ``first`` queues commands that go in the same round trip
+    as the first wait (the request that the wait is for); an error of theirs is raised."""
+
+    key: str
+    seconds: float
+    first: Callable[[Any], object] | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """One script on its own, sent as EVALSHA (its body only when Redis lacks it); the driver
+    sends back its decoded reply. Cheaper than a ``Batch`` of one EVAL, which sends the body."""
+
+    call: Call[Any]
+
+
+Plan = Generator[Batch | Wait | Run, Any, T]

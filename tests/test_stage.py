@@ -1,0 +1,151 @@
+"""Staging beyond the contract's rows, on one Redis and on a cluster: what a spec stores, the
+session's tenant claim, a batch longer than one MULTI/EXEC, Redis without the script (SCRIPT
+FLUSH), and a key of another type."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import orjson
+import pytest
+import redis
+
+from pending_actions.broker.errors import Forbidden, Poison
+from pending_actions.producers import AsyncPendingActions, PendingActions
+from pending_actions.views import all_sessions
+from tests.conftest import Deployment, both
+from tests.support.replies import byte_list, entries
+
+
+@pytest.fixture(params=["single", "cluster"])
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    return both(request)
+
+
+def staged_ids(pa: PendingActions, session: str) -> list[str]:
+    return [e["id"] for e in pa.history(session, count=10_000) if e["event"] == "staged"]
+
+
+def test_a_spec_stores_what_is_not_a_default(pa: PendingActions, rc: redis.Redis,
+                                             session: str) -> None:
+    k = pa.ctx.keys
+    plain = pa.stage(session=session, tool="edit", label="L", apply="t.ok", payload={"a": 1})
+    [text] = byte_list([rc.hget(k.actions(session), plain)])
+    assert list(orjson.loads(text)) == ["id", "session", "tool", "label", "apply", "payload",
+                                        "created_at"]
+    [read] = pa.pending(session)
+    assert (read.kind, read.reject, read.expires_at, read.fingerprint, read.payload_schema,
+            read.tenant) == ("action", None, None, None, None, "default")
+    other = f"{session}-red"
+    full = pa.stage(session=other, tool="edit", label="L", apply="t.ok", reject="t.ok",
+                    payload={"b": "x"}, ttl=600, fingerprint="f1",
+                    schema={"type": "object"}, tenant="red")
+    [text] = byte_list([rc.hget(k.actions(other), full)])
+    # take.lua reads apply and reject from the text: both ahead of anything free-form
+    assert text.index(b'"reject":"t.ok"') < text.index(b'"payload"')
+    [read] = pa.pending(other)
+    assert (read.reject, read.fingerprint, read.payload_schema, read.tenant, read.payload) == \
+        ("t.ok", "f1", {"type": "object"}, "red", {"b": "x"})
+    assert read.expires_at is not None and read.expires_at - read.created_at == 600
+    assert pa.tenant_of(session) == "default" and pa.tenant_of(other) == "red"
+    # the default tenant has no set of its own: its sessions are found in the hashes
+    assert not rc.exists(k.tenant_sessions("default"))
+    default, red = set(all_sessions(pa, "default")), set(all_sessions(pa, "red"))
+    assert session in default and other not in default
+    assert other in red and session not in red and {session, other} <= set(all_sessions(pa))
+
+
+def test_one_session_of_another_tenant_is_refused_by_the_script(pa: PendingActions,
+                                                                 session: str) -> None:
+    """A batch in one session is not looked at ahead (stage.lua refuses it atomically)."""
+    mine = pa.stage(session=session, tool="edit", label="L", apply="t.ok", tenant="red")
+    with pytest.raises(Forbidden):
+        pa.stage(session=session, tool="edit", label="L", apply="t.ok", tenant="blue")
+    with pytest.raises(Forbidden):
+        pa.stage_many({"session": session, "tool": "edit", "label": "L", "apply": "t.ok",
+                       "tenant": "blue"} for _ in range(3))
+    assert [a.id for a in pa.pending(session)] == [mine] and staged_ids(pa, session) == [mine]
+    assert pa.tenant_of(session) == "red"
+
+
+def test_a_batch_longer_than_a_transaction(pa: PendingActions, rc: redis.Redis, session: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pa.core, "CHUNK", 4)
+    sessions = [f"{session}-{i}" for i in range(3)]
+    ids = pa.stage_many({"session": sessions[i % 3], "tool": "edit", "label": f"L{i}",
+                         "apply": "t.ok"} for i in range(14))
+    for n, s in enumerate(sessions):
+        mine = ids[n::3]
+        assert [a.id for a in pa.pending(s)] == mine[::-1]  # the last one given is the head
+        assert staged_ids(pa, s) == mine
+    # the event feed has one entry per stage, with the fields an XADD of its own would have
+    feed = {f[b"id"].decode(): f for _e, f in entries(rc.xrevrange(pa.ctx.keys.events,
+                                                                   count=1000))
+            if f[b"id"].decode() in ids}
+    assert set(feed) == set(ids)
+    one = feed[ids[0]]
+    assert list(one) == [b"event", b"at", b"session", b"tenant", b"id", b"tool", b"kind",
+                         b"created_at"]
+    assert (one[b"event"], one[b"session"], one[b"tenant"], one[b"tool"], one[b"kind"]) == \
+        (b"staged", sessions[0].encode(), b"default", b"edit", b"action")
+
+
+def test_a_stage_after_redis_lost_its_scripts(pa: PendingActions, rc: redis.Redis,
+                                              session: str) -> None:
+    """SCRIPT FLUSH (as a restart or a failover leaves Redis): the calls sent by digest come
+    back NOSCRIPT and go again with the body; each action is staged once."""
+    rc.script_flush()
+    sessions = [f"{session}-{i}" for i in range(2)]
+    ids = pa.stage_many({"session": sessions[i % 2], "tool": "edit", "label": "L",
+                         "apply": "t.ok"} for i in range(5))
+    for n, s in enumerate(sessions):
+        assert [a.id for a in pa.pending(s)] == ids[n::2][::-1]
+        assert staged_ids(pa, s) == ids[n::2]
+    again = pa.stage(session=sessions[0], tool="edit", label="L", apply="t.ok")
+    assert pa.pending(sessions[0])[0].id == again
+
+
+def test_the_async_client_after_redis_lost_its_scripts(deployment: Deployment,
+                                                      rc: redis.Redis, session: str) -> None:
+    rc.script_flush()
+
+    async def main() -> list[str]:
+        async with AsyncPendingActions(deployment.pa.settings) as apa:
+            return await apa.stage_many({"session": session, "tool": "edit", "label": "L",
+                                         "apply": "t.ok"} for _ in range(3))
+
+    ids = asyncio.run(main())
+    assert [a.id for a in deployment.pa.pending(session)] == ids[::-1]
+    assert staged_ids(deployment.pa, session) == ids
+
+
+PLANT: dict[str, Callable[[PendingActions, str], str]] = {
+    "stack": lambda pa, s: pa.ctx.keys.stack(s),
+    "actions": lambda pa, s: pa.ctx.keys.actions(s),
+    "history": lambda pa, s: pa.ctx.keys.history(s),
+    "sessions": lambda pa, s: pa.ctx.keys.sessions(pa.ctx.keys.partition(s)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANT))
+def test_a_key_of_another_type_is_refused_before_any_write(
+        pa: PendingActions, rc: redis.Redis, session: str, kind: str) -> None:
+    k = pa.ctx.keys
+    key = PLANT[kind](pa, session)
+    aside = f"{key}:aside"  # the partition's sessions hash is shared: kept aside, then back
+    if rc.exists(key):
+        rc.rename(key, aside)
+    try:
+        rc.set(key, "junk")
+        with pytest.raises(Poison) as bad:
+            pa.stage(session=session, tool="edit", label="L", apply="t.ok", ttl=60)
+        assert (bad.value.what, bad.value.key, bad.value.field) == ("type", key, "string")
+        written = [x for x in (k.stack(session), k.actions(session), k.history(session),
+                               k.expiry(session)) if x != key and rc.exists(x)]
+        assert written == []
+        assert kind == "sessions" or pa.tenant_of(session) is None
+    finally:
+        rc.delete(key)
+        if rc.exists(aside):
+            rc.rename(aside, key)
