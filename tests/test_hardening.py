@@ -180,6 +180,22 @@ def test_client_kill_storm_and_script_flush(tmp_path: Path) -> None:
         still_healthy(server.url)
 
 
+def test_take_by_digest_after_script_flush(tmp_path: Path) -> None:
+    """The resolve worker sends take.lua by its digest; a Redis that lost its scripts answers
+    NOSCRIPT, and the take is sent again with its body: served once, its request acked."""
+    with cluster(tmp_path) as (server, _w, pa):
+        rc = redis.Redis.from_url(server.url)
+        first = pa.stage(session="flush", tool="t", label="one", apply="t.idem")
+        assert not pa.resolve(session="flush", action="apply", reason="r").is_error
+        second = pa.stage(session="flush", tool="t", label="two", apply="t.idem")
+        rc.script_flush()
+        done = pa.resolve(session="flush", action="apply", reason="r", timeout=20)
+        assert not done.is_error, done.text
+        assert effects(rc, "flush") == [first, second]
+        stream = K.requests(K.partition("flush"))
+        assert rc.xpending(stream, "resolvers")["pending"] == 0 and rc.xlen(stream) == 0
+
+
 @contextmanager
 def gated(pa: PendingActions, rc: redis.Redis, session: str) -> Iterator[str]:
     """An action of ``session`` in flight (t.gate started); yields its lease token."""

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import redis
 from pydantic import ValidationError
+from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, texts
 from pending_actions.broker.connection import is_cluster
@@ -205,7 +206,7 @@ class ResolveWorker:
         trip; a take Redis refused is its error."""
         ctx = self.ctx
         pipe = ctx.client.pipeline(transaction=False)
-        queued = []
+        calls = []
         for (stream, entry_id), request in requests:
             token = uuid.uuid4().hex
             # the marker must outlive every redelivery of this request, which stops at its
@@ -219,16 +220,27 @@ class ResolveWorker:
             if request.expect_id is not None:
                 args = (request.action, request.reason, request.extra, request.expect_id)
                 conflict, gone = not_the_target(*args).to_json(), expired(*args).to_json()
-            queued.append(ctx.scripts.take(
+            calls.append(ctx.scripts.take(
                 request.session, request.req, request.action, token, request.reason,
                 orjson.dumps(request.extra), marker_ttl, none, view, message,
                 request.expect_id or "", request.by or "", conflict, gone,
-                entry_id if self._acked_by_take(stream, request) else b"").on(pipe))
-        if not len(pipe):
+                entry_id if self._acked_by_take(stream, request) else b""))
+        if not calls:
             return []
+        # by digest: take.lua's body is several KB, which Redis would hash at every call
+        queued = [call.on(pipe, by_digest=True) for call in calls]
         replies = pipe.execute(raise_on_error=False)
-        return [r if isinstance(r := replies[q.index], Exception) else q.get(replies)
-                for q in queued]
+        out: list[Taken | Exception] = []
+        for call, q in zip(calls, queued, strict=True):
+            reply = replies[q.index]
+            if isinstance(reply, NoScriptError):  # never ran: Redis lost its scripts
+                try:
+                    out.append(call.run())  # loads it
+                except redis.RedisError as exc:
+                    out.append(exc)
+            else:
+                out.append(reply if isinstance(reply, Exception) else q.get(replies))
+        return out
 
     def _acked_by_take(self, stream: str, request: ResolveRequest) -> bool:
         """Whether take.lua acks this request in the same step as its take: when it enqueues
