@@ -181,8 +181,9 @@ def test_client_kill_storm_and_script_flush(tmp_path: Path) -> None:
 
 
 def test_take_by_digest_after_script_flush(tmp_path: Path) -> None:
-    """The resolve worker sends take.lua by its digest; a Redis that lost its scripts answers
-    NOSCRIPT, and the take is sent again with its body: served once, its request acked."""
+    """The resolve worker sends take.lua by its digest, the dramatiq worker begin and finalize;
+    a Redis that lost its scripts answers NOSCRIPT, and each is sent again once loaded: the
+    action served once, its request acked."""
     with cluster(tmp_path) as (server, _w, pa):
         rc = redis.Redis.from_url(server.url)
         first = pa.stage(session="flush", tool="t", label="one", apply="t.idem")

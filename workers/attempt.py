@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import orjson
 import redis
 from pydantic import ValidationError
+from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, texts
 from pending_actions.broker.backoff import Backoff, retry
@@ -137,13 +138,27 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
     wait_ms = ctx.settings.replica_wait_timeout_ms
 
     claimant = uuid.uuid4().hex
+    # scripts by digest (their bodies are KBs Redis would hash at every call), but where a
+    # replica must confirm: WAIT covers a pipeline's own writes, not a body sent again after
+    digest = not replicas
+
+    def loaded(send: Callable[[], R]) -> Callable[[], R]:
+        """``send``, again once Redis has our scripts back if it lost them (NOSCRIPT: that
+        script did not run; the rest of its pipeline is safe to send twice)."""
+        def again() -> R:
+            try:
+                return send()
+            except NoScriptError:
+                ctx.scripts.load_all()
+                return send()
+        return again
 
     def claim() -> Begun:
         # a claim not yet on a replica (NotReplicated) is sent again by retry(): the same
         # claimant is told OK again where its claim holds, and a master that took over without
         # it says whether another delivery claimed the attempt meanwhile (RUNNING)
         def build(pipe: Any) -> Callable[[list[Any]], Begun]:
-            return _own(ctx.scripts.begin(session, token, claimant).on(pipe))
+            return _own(ctx.scripts.begin(session, token, claimant).on(pipe, by_digest=digest))
 
         return acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False)
 
@@ -158,7 +173,7 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         recorded = False
 
         def build(pipe: Any) -> Callable[[list[Any]], bool]:
-            done = step.on(pipe)
+            done = step.on(pipe, by_digest=digest)
             if event is not None and not direct:
                 publish(pipe, ctx.keys, event, spec, by=by)
             if settle is not None:
@@ -179,14 +194,14 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                 recorded = recorded or bool(exc.result)
                 raise
 
-        done = retry(send, budget)
+        done = retry(loaded(send), budget)
         if event is not None and direct:
             retry(lambda: publish(ctx.client, ctx.keys, event, spec, by=by), budget)
         return done
 
     failpoints.hit("before-begin", ctx.client, ctx.keys)
     try:
-        begun = retry(claim, budget)
+        begun = retry(loaded(claim), budget)
     except (redis.ResponseError, ValidationError) as exc:
         return _unreadable(ctx, task, exc)
     if begun.status is BeginStatus.STALE:
