@@ -217,8 +217,9 @@ class Keys:
     @property
     def events(self) -> str:
         """STREAM of every stage and outcome across sessions, capped: what webhooks and metrics
-        read. A session's own history stays the record; this is a feed."""
-        return f"{self.prefix}:events"
+        read. A session's own history stays the record; this is a feed. Tagged, since a script
+        writes it (feed.lua: a stage's batch of entries)."""
+        return f"{self.prefix}:{{events}}"
 
     @property
     def webhooks_dead(self) -> str:

@@ -20,7 +20,8 @@ from pending_actions.procs import Child, ChildExited, await_ready
 # 20% more per entry of a long stream, twice as much for the capped event feed's. A value of up
 # to 1 KiB stays in a hash's compact listpack encoding, so a session's actions hash with a spec
 # of a few hundred bytes costs ~100 B less; up to 32 of them, since every write copies the
-# listpack whole (at the default 128, a stage into a deep session took ~30 us more in Redis).
+# listpack whole (at the default 512, 200 KB of specs: a stage into such a session took ~30 us
+# more in Redis).
 # (The ziplist names: Redis 6.2 knows no other, 7 both.)
 MEMORY_SETTINGS = ("--stream-node-max-bytes", "256", "--hash-max-ziplist-value", "1024",
                    "--hash-max-ziplist-entries", "32")

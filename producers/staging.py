@@ -51,7 +51,7 @@ def _foreign(session: str) -> Forbidden:
     return Forbidden(f"session {session!r} belongs to another tenant")
 
 
-def noscript(reply: object) -> bool:
+def _noscript(reply: object) -> bool:
     """Whether a pipeline's reply (errors left in place) says Redis lacked the script."""
     return isinstance(reply, redis.exceptions.NoScriptError)
 
@@ -287,11 +287,11 @@ class Staging:
 
         replies = yield Batch(queue, transaction=not self.cluster, wait_on=wait_on,
                               raise_on_error=False)
-        failed = next((r for r in replies if isinstance(r, Exception) and not noscript(r)),
+        failed = next((r for r in replies if isinstance(r, Exception) and not _noscript(r)),
                       None)
         if failed is not None:
             raise translate(failed) from failed
-        missing = [i for i, q in enumerate(queued) if noscript(replies[q.index])]
+        missing = [i for i, q in enumerate(queued) if _noscript(replies[q.index])]
         again: dict[int, Any] = {}
         if missing:
             resent: list[Queued[Any]] = []
