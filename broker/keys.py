@@ -74,6 +74,11 @@ class Keys:
             head = self._heads[session] = self._p(self.partition(session), f"s:{session}:")
         return head + name
 
+    def legacy_tenant(self, session: str) -> str:
+        """STRING: a session's tenant claim as versions before the sessions hash kept it; read
+        once, by the upgrade of its partition's index (workers/upgrade.py)."""
+        return self._s(session, "tenant")
+
     def stack(self, session: str) -> str:
         """LIST of pending action ids, head (newest) on the left."""
         return self._s(session, "stack")

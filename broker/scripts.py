@@ -56,7 +56,7 @@ Slot = Literal["directive", "standing"]
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek", "expire", "beat", "park", "retire", "feed",
+    "pending", "peek", "expire", "beat", "park", "retire", "feed", "upgrade",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -69,7 +69,7 @@ FLAGS: dict[str, str] = {
     "clear_slot": "allow-oom", "begin": "allow-oom", "renew": "allow-oom",
     "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
-    "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom",
+    "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom", "upgrade": "",
 }
 # the enums a script may name, as the Lua tables of the prelude (e.g. EVENT.TAKEN)
 LUA_TABLES: dict[str, type[Enum]] = {
@@ -386,6 +386,12 @@ class Scripts:
              k.sessions(k.partition(session)), k.stack(session)],
             [retention_ms, session], int,
         )
+
+    def upgrade(self, partition: int, sessions: list[str]) -> Call[int]:
+        """The partition's older sessions set (these members) into the sessions hash."""
+        k = self._k
+        return self._call("upgrade", [k.sessions(partition), *map(k.legacy_tenant, sessions)],
+                          list(sessions), int)
 
     def beat(self, proc: str, loop: str, every_ms: int, ttl_ms: int,
              info: bytes) -> Call[int]:

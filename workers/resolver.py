@@ -41,6 +41,7 @@ from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import TaskMessage, pool_queue
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
+from pending_actions.workers.upgrade import upgrade
 
 log = logging.getLogger("pending_actions.resolver")
 
@@ -58,6 +59,7 @@ class ResolveWorker:
         self.threads: list[threading.Thread] = []
         self.on_fatal = on_fatal
         self.beats = Beats(ctx, self.name, "resolver")
+        self._upgraded, self._upgrade_lock = threading.Event(), threading.Lock()
         self.recovery = Recovery(ctx, self.name, self.stop)
         self.live = LiveView(ctx.client, ctx.keys)
         # on our streams broker in the same Redis, take.lua enqueues the task itself
@@ -78,7 +80,7 @@ class ResolveWorker:
                       every_s=3 * block_s + 2, beats=self.beats, on_fatal=self.on_fatal)
                  for i, group in enumerate(self.groups)]
         interval = s.recovery_interval_ms / 1000
-        loops.append(Loop("recover", self.recovery.step, self.stop, pause_s=interval,
+        loops.append(Loop("recover", self._recover, self.stop, pause_s=interval,
                           every_s=3 * interval + 2, beats=self.beats,
                           on_fatal=self.on_fatal))
         loops.append(Loop("pulse", lambda: self.beats.beat("pulse", PULSE_S * 3, force=True),
@@ -89,6 +91,20 @@ class ResolveWorker:
             thread.start()
             self.threads.append(thread)
         return self
+
+    def upgraded(self) -> None:
+        """Keys an older version left in another layout are upgraded (workers/upgrade.py)
+        before any loop reads them: each loop's step starts here, and it is done once."""
+        if self._upgraded.is_set():
+            return
+        with self._upgrade_lock:
+            if not self._upgraded.is_set():
+                upgrade(self.ctx)
+                self._upgraded.set()
+
+    def _recover(self) -> None:
+        self.upgraded()
+        self.recovery.step()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self.stop.set()
@@ -316,6 +332,7 @@ class _Server:
 
     def step(self) -> None:
         w = self.w
+        w.upgraded()
         try:
             if not self.grouped:
                 w._ensure_groups(self.streams)
