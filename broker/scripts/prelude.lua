@@ -1,4 +1,4 @@
--- prelude: the definitions the scripts share (Redis has no include). broker/scripts.py puts
+-- prelude: the definitions the scripts share (Redis has no include). broker/lua.py puts
 -- in front of each script the ones it uses, with the code tables it generates from the Python
 -- enums: EVENT (broker/events.py), TAKE, BEGIN and RECOVER (broker/replies.py). So: one
 -- definition per block, blocks apart by a blank line, and only definitions, no commands.
