@@ -51,19 +51,21 @@ def rows(r: Run) -> list[Row]:
 
     idle50, idle99 = _p(r, "ours.idle", "p50"), _p(r, "ours.idle", "p99")
     s50, s99 = _p(r, "stock.redis.idle", "p50"), _p(r, "stock.redis.idle", "p99")
-    row = Row("resolve.idle.p50", "resolve idle p50", idle50, "ms", f"{stock} idle p50", s50,
-              target="<= 3 ms and >= 50x faster")
-    row.met = None if idle50 is None or row.ratio is None else (
-        idle50 <= 3 and row.ratio <= 1 / 50)
-    out.append(row)
+    out.append(Row("resolve.idle.p50", "resolve idle p50", idle50, "ms", f"{stock} idle p50",
+                   s50))
     every50 = _p(r, "ours.idle.everysec", "p50")
-    row = Row("resolve.idle.everysec.p50", "resolve idle p50, Redis appendfsync everysec",
-              every50, "ms", f"{stock} idle p50", s50, target="<= 3 ms and >= 50x faster")
-    row.met = None if every50 is None or row.ratio is None else (
-        every50 <= 3 and row.ratio <= 1 / 50)
-    out.append(row)
-    out.append(Row("resolve.idle.p50.rabbitmq", "resolve idle p50", idle50, "ms",
-                   f"{rabbit} idle p50", _p(r, "stock.rabbitmq.idle", "p50"), note=rabbit_skip))
+    out.append(Row("resolve.idle.everysec.p50", "resolve idle p50, Redis appendfsync everysec",
+                   every50, "ms", f"{stock} idle p50", s50))
+    rabbit50 = _p(r, "stock.rabbitmq.idle", "p50")
+    # the targets of the cost-per-resolve work: against dramatiq on RabbitMQ, same run
+    for key, label, value, most in (
+            ("resolve.idle.p50.rabbitmq", "resolve idle p50", idle50, 1.2),
+            ("resolve.idle.everysec.p50.rabbitmq", "resolve idle p50, appendfsync everysec",
+             every50, 1.0)):
+        row = Row(key, label, value, "ms", f"{rabbit} idle p50", rabbit50,
+                  target=f"<= {most:.1f}x", note=rabbit_skip)
+        row.met = None if row.ratio is None else row.ratio <= most
+        out.append(row)
     out.append(Row("resolve.idle.p50.floor", "resolve idle p50", idle50, "ms",
                    "Redis EVALSHA after the same pauses p50 (floor)", evalsha_idle))
     row = Row("resolve.idle.p99", "resolve idle p99", idle99, "ms", f"{stock} idle p99", s99,
@@ -77,15 +79,18 @@ def rows(r: Run) -> list[Row]:
     c = r.sizes.callers
     row = Row("resolve.loaded.throughput", f"resolve loaded throughput ({c} callers)", tput,
               "/s", f"{stock} no-op throughput", _p(r, "stock.redis.loaded", "tput"),
-              better="higher", target=">= 0.70x")
-    row.met = None if row.ratio is None else row.ratio >= 0.70
+              better="higher", target=">= 1.0x")
+    row.met = None if row.ratio is None else row.ratio >= 1.0
     out.append(row)
     out.append(Row("resolve.loaded.throughput.rabbitmq", "resolve loaded throughput", tput,
                    "/s", f"{rabbit} no-op throughput", _p(r, "stock.rabbitmq.loaded", "tput"),
                    better="higher", note=rabbit_skip))
     for q in ("p50", "p99"):
-        out.append(Row(f"resolve.loaded.{q}", f"resolve loaded {q}", _p(r, "ours.loaded", q),
-                       "ms", f"{stock} loaded {q}", _p(r, "stock.redis.loaded", q)))
+        row = Row(f"resolve.loaded.{q}", f"resolve loaded {q}", _p(r, "ours.loaded", q),
+                  "ms", f"{stock} loaded {q}", _p(r, "stock.redis.loaded", q),
+                  target="<= 1.2x" if q == "p50" else "")
+        row.met = None if q != "p50" or row.ratio is None else row.ratio <= 1.2
+        out.append(row)
 
     out += _scaling_rows(r, stock)
 
@@ -124,8 +129,8 @@ def rows(r: Run) -> list[Row]:
 
     row = Row("stage.pipelined", "stage, one producer pipelined", f.get("stage_pipelined_per_s"),
               "/s", "Redis EVALSHA pipelined (1-key write)", f.get("raw_pipelined_evalsha_per_s"),
-              better="higher", target=">= 20,000/s")
-    row.met = None if row.value is None else row.value >= 20_000
+              better="higher", target=">= 30,000/s")
+    row.met = None if row.value is None else row.value >= 30_000
     out.append(row)
     ev = _d(r, "redis.evalsha")
     seq = 1000 / (sum(ev.samples_ms) / len(ev.samples_ms)) if ev and ev.samples_ms else None
