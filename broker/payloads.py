@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import orjson
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
 
@@ -36,3 +37,14 @@ def check_payload(payload: object, schema: dict[str, Any] | None, field: str) ->
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path)
         raise InvalidInput(field, error.message + (f" (at /{where})" if where else ""))
+
+
+def check_size(value: object, field: str, limit: int, what: str = "") -> None:
+    """``value`` is JSON of at most ``limit`` bytes (as stored, orjson); else InvalidInput
+    naming ``field``, the size said after ``what``."""
+    try:
+        size = len(orjson.dumps(value))
+    except TypeError as exc:
+        raise InvalidInput(field, f"not JSON-serialisable: {exc}") from None
+    if size > limit:
+        raise InvalidInput(field, f"{what}{size} bytes; the limit is {limit}")

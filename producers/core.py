@@ -22,7 +22,7 @@ from pending_actions.broker.models import (
     check_session,
     merge_patch,
 )
-from pending_actions.broker.payloads import check_payload
+from pending_actions.broker.payloads import check_payload, check_size
 from pending_actions.broker.pools import parse_live, queue_live
 from pending_actions.broker.replies import Peeked, Pending
 from pending_actions.broker.results import base_details, text_result
@@ -93,14 +93,8 @@ class Core(Staging):
         if expect_id is not None and expect_id != target.id:
             raise InvalidInput("expect_id", f"{expect_id} is not the current target "
                                f"({target.id} is); nothing was changed")
-        try:
-            edited = merge_patch(target.payload, edit)
-            size = len(orjson.dumps(edited))
-        except TypeError as exc:
-            raise InvalidInput("edit", f"not JSON-serialisable: {exc}") from None
-        if size > self.settings.max_payload_bytes:
-            raise InvalidInput("edit", f"the edited payload is {size} bytes; the limit is "
-                               f"{self.settings.max_payload_bytes}")
+        edited = merge_patch(target.payload, edit)
+        check_size(edited, "edit", self.settings.max_payload_bytes, "the edited payload is ")
         check_payload(edited, target.payload_schema, "edit")
         return target.id
 

@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import orjson
 import redis
 
 from pending_actions.broker.errors import Forbidden, InvalidInput, UnknownHandler
@@ -27,7 +26,7 @@ from pending_actions.broker.models import (
     check_tenant,
     spec_json,
 )
-from pending_actions.broker.payloads import check_payload, check_schema
+from pending_actions.broker.payloads import check_payload, check_schema, check_size
 from pending_actions.broker.pools import Live, parse_live, queue_live
 from pending_actions.broker.replies import Staged
 from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
@@ -104,13 +103,7 @@ class Staging:
             payload = {}
         if not isinstance(payload, dict):
             raise InvalidInput("payload", f"must be a JSON object, got {type(payload).__name__}")
-        try:
-            size = len(orjson.dumps(payload))
-        except TypeError as exc:
-            raise InvalidInput("payload", f"not JSON-serialisable: {exc}") from None
-        if size > self.settings.max_payload_bytes:
-            raise InvalidInput("payload", f"{size} bytes; the limit is "
-                               f"{self.settings.max_payload_bytes}")
+        check_size(payload, "payload", self.settings.max_payload_bytes)
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)
                                 or not 0 < ttl <= 10 * 365 * 86_400):
             raise InvalidInput("ttl", f"must be a positive number of seconds (got {ttl!r})")
