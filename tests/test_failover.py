@@ -5,7 +5,7 @@ twice, with REPLICA_WAIT off and on.
 Replication is asynchronous: what a master acknowledged but had not yet sent to its replica is
 gone when the replica takes over. To give that window a realistic size, the replica loses its
 link to the master under load (CLIENT KILL TYPE master) and is stopped (SIGSTOP) before it can
-reconnect; 1.5 s later its master is SIGKILLed and the replica, resumed, is promoted with
+reconnect; LAG_S later its master is SIGKILLed and the replica, resumed, is promoted with
 CLUSTER FAILOVER TAKEOVER. (A SIGSTOP alone would not do: the kernel's socket buffers would
 still hand the replica everything the master sent.) The dead master is then restarted
 and rejoins as the new master's replica (with REPLICA_WAIT its slots wait for that).
@@ -40,6 +40,13 @@ from tests.support.procs import TEST_ENV
 from tests.support.replies import byte_list
 
 SESSIONS = 60
+# stages acknowledged before the fault and after the healing: the load, not a clock, says it runs
+WINDOW = 100
+# How long the fault's phases last. These are durations of the fault, not waits for an event:
+# with REPLICA_WAIT a master without a replica in sync stalls its slots, so the load cannot pace
+# them. LAG_S: its master serves on while the replica is stopped; ALONE_S: the promoted replica
+# serves without a replica of its own.
+LAG_S, ALONE_S = 1.5, 2.0
 FIGURES: dict[int, dict[str, int]] = {}
 
 
@@ -53,6 +60,15 @@ def _load(pa: PendingActions, stop: threading.Event, acked: list[str], seed: int
             pa.resolve(session=session, action="apply", reason="r", timeout=5)
         except PendingActionsError:
             time.sleep(0.05)  # the cluster is failing over: not acknowledged, try on
+
+
+def _more_acked(acked: list[str], n: int, within_s: float = 60) -> None:
+    """Return once ``n`` more stages than now have been acknowledged."""
+    goal = len(acked) + n
+    deadline = time.monotonic() + within_s
+    while len(acked) < goal:
+        assert time.monotonic() < deadline, f"the load stalled at {len(acked)} of {goal}"
+        time.sleep(0.02)
 
 
 def _drain(pa: PendingActions, deadline_s: float = 90) -> list[str]:
@@ -97,23 +113,23 @@ def test_master_failover_under_load(tmp_path: Path, replica_wait: int) -> None:
                    for i in range(8)]
         for t in threads:
             t.start()
-        time.sleep(3)
+        _more_acked(acked, 3 * WINDOW)
         victim = cluster.master_ports()[0]
         replica = cluster.replica_of(victim)
         assert replica.proc is not None
         replica_client: Any = replica.client()
         replica_client.execute_command("CLIENT", "KILL", "TYPE", "master")
         os.kill(replica.proc.pid, signal.SIGSTOP)  # the replica falls behind ...
-        time.sleep(1.5)
+        time.sleep(LAG_S)
         cluster.node(victim).kill()  # ... when its master dies
         os.kill(replica.proc.pid, signal.SIGCONT)
         replica_client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
         cluster.wait_ok()
-        time.sleep(2)
+        time.sleep(ALONE_S)
         cluster.node(victim).restart(cluster.fsync)
         cluster.wait_ok()
         cluster.wait_replicas()
-        time.sleep(2)
+        _more_acked(acked, WINDOW)
         stop.set()
         for t in threads:
             t.join(30)

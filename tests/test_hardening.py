@@ -51,13 +51,28 @@ def wait_healthy(url: str, timeout: float = 20.0) -> dict[str, Any]:
         time.sleep(0.5)
 
 
-def still_healthy(url: str) -> None:
-    """Every loop went round after the fault: wait out the longest interval of a test worker
-    (serve: 3 x BLOCK_MS + 2 s = 5 s), then one check. A loop that died stays dead, so its
-    beat is late by then."""
-    time.sleep(5.5)
+def still_healthy(url: str, since_ms: int, within: float = 20.0) -> None:
+    """Every loop of every live worker has beaten since ``since_ms`` (Redis time, taken after
+    the fault), and all are on time: each went round after the fault. A loop that died never
+    beats again, so this fails for it at ``within``."""
+    from pending_actions.health import beats
+
+    pa = PendingActions.from_url(url)
+    deadline = time.monotonic() + within
+    while True:
+        now, rows = beats(pa)
+        behind = [r for r in rows if now - r["age_ms"] <= since_ms or not r["ok"]]
+        if rows and not behind:
+            break
+        assert time.monotonic() < deadline, f"loops not round since the fault: {behind or rows}"
+        time.sleep(0.2)
     got = health(url)
     assert got.returncode == 0, got.stdout + got.stderr
+
+
+def redis_ms(rc: redis.Redis) -> int:
+    sec, usec = rc.time()
+    return int(sec) * 1000 + int(usec) // 1000
 
 
 def effects(rc: redis.Redis, session: str) -> list[str]:
@@ -90,6 +105,8 @@ class Load:
         self.stop = threading.Event()
         self.errors: list[str] = []
         self.threads = [threading.Thread(target=self._run, args=(s,)) for s in self.sessions]
+        self.resolved = 0
+        self.progress = threading.Condition()
 
     def _run(self, session: str) -> None:
         while not self.stop.is_set():
@@ -97,9 +114,19 @@ class Load:
                 self.staged[session].append(
                     self.pa.stage(session=session, tool="t", label="L", apply="t.idem"))
                 self.pa.resolve(session=session, action="apply", reason="r", timeout=5)
+                with self.progress:
+                    self.resolved += 1
+                    self.progress.notify_all()
             except Exception as exc:
                 self.errors.append(repr(exc))
                 self.stop.wait(0.05)
+
+    def wait_resolved(self, more: int, within: float = 30.0) -> None:
+        """Return once ``more`` resolves than now have come back."""
+        with self.progress:
+            goal = self.resolved + more
+            assert self.progress.wait_for(lambda: self.resolved >= goal, within), (
+                f"the load stalled at {self.resolved} of {goal}: {self.errors[-3:]}")
 
     def __enter__(self) -> Load:
         for t in self.threads:
@@ -128,17 +155,18 @@ def test_global_keys_deleted_under_load(tmp_path: Path) -> None:
         rc = redis.Redis.from_url(server.url)
         wait_healthy(server.url)
         with Load(pa) as load:
-            time.sleep(1.0)  # let the load run before the fault (no event marks "running")
+            load.wait_resolved(20)
             # every partition's request stream, task streams and sessions set: not its lease
             # index, which a lease and its entry share a script to write (see below)
             for p in range(K.partitions):
                 tasks = list(rc.scan_iter(match=K.task_queue(p, "*"), _type="stream"))
                 rc.delete(K.requests(p), K.sessions(p), *tasks)
             rc.delete(K.workers, K.beat_procs)
-            time.sleep(1.0)
+            fault_ms = redis_ms(rc)
+            load.wait_resolved(20)  # the load runs on without them
         others_resolve(pa, rc)
         load.check(rc)
-        still_healthy(server.url)
+        still_healthy(server.url, fault_ms)
 
 
 def test_lease_index_and_sessions_deleted_then_worker_killed(tmp_path: Path) -> None:
@@ -174,10 +202,12 @@ def test_client_kill_storm_and_script_flush(tmp_path: Path) -> None:
             while time.monotonic() < end:
                 rc.client_kill_filter(_type="normal", skipme=True)
                 rc.script_flush()
-                time.sleep(0.1)
+                time.sleep(0.1)  # the storm's pace: a fault of 3 s, not a wait
+            fault_ms = redis_ms(rc)
+            load.wait_resolved(20)  # the load runs on after it
         others_resolve(pa, rc)
         load.check(rc)
-        still_healthy(server.url)
+        still_healthy(server.url, fault_ms)
 
 
 def test_take_by_digest_after_script_flush(tmp_path: Path) -> None:
