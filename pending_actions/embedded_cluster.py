@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from pending_actions.embedded import MEMORY_SETTINGS, find_redis_server
+from pending_actions.procs import Child, ChildExited, await_ready
 
 SLOTS = 16384
 
@@ -53,31 +54,44 @@ def cluster_port() -> int:
 class Node:
     port: int
     directory: Path
-    proc: subprocess.Popen[bytes] | None = None
+    # its process, through procs like every child of ours: in a process group of its own and
+    # SIGTERMed when its parent dies, so a killed test or bench leaves no node behind
+    child: Child | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return None if self.child is None else self.child.proc
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, socket_timeout=10)
 
     def start(self, fsync: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--dir", str(self.directory), "--cluster-enabled", "yes",
-             "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "3000",
-             # failovers are the test's to make (CLUSTER FAILOVER TAKEOVER), at a known moment
-             "--cluster-replica-no-failover", "yes",
-             "--appendonly", "yes", "--appendfsync", fsync, "--save", "", *MEMORY_SETTINGS,
-             "--logfile", str(self.directory / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client().ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis cluster node on {self.port} did not start") from None
-                time.sleep(0.05)
+        self.child = Child(f"redis cluster node on {self.port}", [
+            find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.directory), "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "3000",
+            # failovers are the test's to make (CLUSTER FAILOVER TAKEOVER), at a known moment
+            "--cluster-replica-no-failover", "yes",
+            "--appendonly", "yes", "--appendfsync", fsync, "--save", "", *MEMORY_SETTINGS,
+        ], log_path=self.directory / "redis.log").spawn()
+        try:
+            await_ready(self.child, self._answers, 10)
+        except (ChildExited, TimeoutError):
+            raise RuntimeError(f"redis cluster node on {self.port} did not start") from None
+
+    def _answers(self, seconds: float) -> bool:
+        """Ready once the node answers on its port (it boots with no event to wait on)."""
+        assert self.child is not None
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        try:
+            client.ping()
+            return True
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            self.child.wait(min(seconds, 0.05))
+            return False
+        finally:
+            client.close()
 
     def restart(self, fsync: str) -> None:
         """Start again on the same port and data (nodes.conf): a master that was failed over
@@ -86,9 +100,8 @@ class Node:
         self.start(fsync)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.child is not None:
+            self.child.kill()
 
 
 @dataclass
