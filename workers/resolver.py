@@ -72,8 +72,10 @@ class ResolveWorker:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> ResolveWorker:
-        # several serve threads, each its own consumer in the group: a request's round trips
-        # are sequential, so one thread would cap throughput at 1 / (round trips x latency)
+        # one serve thread by default: each read takes up to 16 waiting requests and their
+        # takes go in one pipeline, so under load one thread serves batches; more threads
+        # (each its own consumer in the group) split the same load into smaller reads, which
+        # costs every process more CPU per resolve (measured: docs/design.md)
         s = self.ctx.settings
         block_s = s.block_ms / 1000
         loops = [Loop(f"resolve-{i}", _Server(self, f"resolve-{i}", group).step, self.stop,
