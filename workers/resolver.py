@@ -34,11 +34,11 @@ from pending_actions.broker.results import (
     base_details,
     expired,
     not_the_target,
-    nothing_to_target,
+    nothing_to_target_json,
     text_result,
 )
 from pending_actions.broker.taskbroker import StreamsBroker
-from pending_actions.broker.tasks import TaskMessage, pool_queue
+from pending_actions.broker.tasks import TaskMessage, encoded_task, pool_queue
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.upgrade import upgrade
@@ -226,14 +226,17 @@ class ResolveWorker:
         pipe = ctx.client.pipeline(transaction=False)
         calls = []
         for (stream, entry_id), request in requests:
-            token = uuid.uuid4().hex
+            lease = uuid.uuid4()
+            token = lease.hex
             # the marker must outlive every redelivery of this request, which stops at its
             # expiry
             expires = request.expires_ms(entry_id)
             marker_ttl = max(ctx.settings.reply_ttl_s, (expires - now_ms) // 1000 + 60)
-            none = nothing_to_target(request.action, request.reason, request.extra).to_json()
-            message = (TaskMessage.for_lease(request, token).to_message(ctx.settings.queue)
-                       .encode() if self.inline else None)
+            none = nothing_to_target_json(request.action, request.reason, request.extra)
+            # the message id is the token's uuid spelled with dashes, so that take.lua, which
+            # puts an earlier token in its place for a redelivered request, leaves it alone
+            message = (encoded_task(request, token, ctx.settings.queue, str(lease))
+                       if self.inline else None)
             conflict = gone = b""
             if request.expect_id is not None:
                 args = (request.action, request.reason, request.extra, request.expect_id)
