@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, texts
-from pending_actions.broker.connection import is_cluster
+from pending_actions.broker.connection import is_cluster, pipeline
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.events import WorkerEvent
@@ -223,7 +223,7 @@ class ResolveWorker:
         """Every take (each with its lease's index entry and, inline, its task) in one round
         trip; a take Redis refused is its error."""
         ctx = self.ctx
-        pipe = ctx.client.pipeline(transaction=False)
+        pipe = pipeline(ctx.client)
         calls = []
         for (stream, entry_id), request in requests:
             lease = uuid.uuid4()
