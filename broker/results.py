@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from pending_actions.broker import texts
 from pending_actions.broker.models import Result, Spec
 from pending_actions.broker.texts import NOTHING_TO_APPLY as NOTHING_TO_APPLY
@@ -33,6 +35,16 @@ def nothing_to_target(action: str, reason: str, extra: dict[str, Any] | None) ->
     if action == "apply":
         return text_result(NOTHING_TO_APPLY, details, is_error=True)
     return text_result(NOTHING_TO_DISCARD, details)
+
+
+def nothing_to_target_json(action: str, reason: str, extra: dict[str, Any] | None) -> bytes:
+    """``nothing_to_target(...).to_json()`` without the model: the resolve worker sends it
+    with every take, in case there is nothing to take, and it is seldom used. The same bytes
+    (``tests/test_input.py`` compares them)."""
+    apply = action == "apply"
+    return orjson.dumps({
+        "content": [{"type": "text", "text": NOTHING_TO_APPLY if apply else NOTHING_TO_DISCARD}],
+        "details": base_details(action, reason, extra), "is_error": apply})
 
 
 def not_the_target(action: str, reason: str, extra: dict[str, Any] | None,

@@ -59,7 +59,7 @@ class Settings(BaseSettings):
 
     restart_backoff_max_s: float = Field(
         default=5.0, ge=0.01, description="longest pause before restarting crashed workers")
-    resolve_threads: int = Field(default=2, ge=1, le=64,
+    resolve_threads: int = Field(default=1, ge=1, le=64,
                                  description="request-serving threads per resolve worker")
     policy_check_s: float = Field(
         default=30.0, gt=0,

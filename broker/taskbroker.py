@@ -139,8 +139,9 @@ class StreamsBroker(dramatiq.Broker):
         entry, stream = message.options.get(ENTRY), message.options.get(STREAM)
         if not entry or not stream:
             return
-        pipe.xack(stream, TASK_GROUP, entry)
-        pipe.xdel(stream, entry)
+        # as plain commands: the outcome's pipeline may be a connection.Batch
+        pipe.execute_command("XACK", stream, TASK_GROUP, entry)
+        pipe.execute_command("XDEL", stream, entry)
         message.options[ACKED] = True
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 1000) -> Consumer:

@@ -3,9 +3,11 @@ broker chosen by URL."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import dramatiq
+import orjson
 from pydantic import BaseModel, ConfigDict
 
 from pending_actions.broker.connection import worker_client
@@ -50,6 +52,21 @@ class TaskMessage(BaseModel):
     def to_message(self, queue: str) -> dramatiq.Message[Any]:
         return dramatiq.Message(queue_name=queue, actor_name=ACTOR_NAME, args=(),
                                 kwargs=self.model_dump(), options={})
+
+
+def encoded_task(request: ResolveRequest, token: str, queue: str, message_id: str) -> bytes:
+    """``TaskMessage.for_lease(request, token).to_message(queue)`` as our streams broker
+    stores it (``OrjsonEncoder``), built straight from the request, which was validated when
+    it was read: the resolve worker builds one per take, and the models and dramatiq's
+    dataclass cost it more than the rest of the take's Python. Same fields in the same order
+    (``tests/test_input.py`` compares the two)."""
+    return orjson.dumps({
+        "queue_name": queue, "actor_name": ACTOR_NAME, "args": (),
+        "kwargs": {"session": request.session, "token": token, "req": request.req,
+                   "action": request.action, "reason": request.reason,
+                   "extra": request.extra, "edit": request.edit},
+        "options": {}, "message_id": message_id,
+        "message_timestamp": int(time.time() * 1000)})
 
 
 def task_broker(ctx: Context) -> Any:

@@ -245,3 +245,37 @@ def test_malformed_task_entries_change_nothing(pa: PendingActions, rc: redis.Red
     assert snapshot(rc, session) == before
     # and the worker still serves
     assert pa.resolve(session=session, action="apply", reason="r").is_error is False
+
+
+# what a request can carry: its JSON went through orjson, which has 64-bit integers
+INT64 = st.integers(-2**63, 2**63 - 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(action=st.sampled_from(["apply", "discard"]), reason=st.text(max_size=20),
+       extra=st.none() | st.dictionaries(st.text(max_size=5), INT64 | st.text(max_size=5),
+                                         max_size=3),
+       edit=st.none() | st.dictionaries(st.text(max_size=5), INT64, max_size=2))
+def test_the_resolvers_direct_encodings_match_the_models(
+        action: str, reason: str, extra: dict[str, Any] | None,
+        edit: dict[str, Any] | None) -> None:
+    """The resolve worker builds a take's task message and its nothing-to-target reply without
+    the models; what it builds must be what the models would have made."""
+    from pending_actions.broker.results import nothing_to_target, nothing_to_target_json
+    from pending_actions.broker.taskbroker import OrjsonEncoder
+    from pending_actions.broker.tasks import encoded_task
+
+    request = ResolveRequest(req=uuid.uuid4().hex, session="s-1", action=action,  # type: ignore[arg-type]
+                             reason=reason, extra=extra, edit=edit, timeout_ms=1000)
+    assert nothing_to_target_json(action, reason, extra) == \
+        nothing_to_target(action, reason, extra).to_json()
+    token = uuid.uuid4().hex
+    direct = orjson.loads(encoded_task(request, token, "q", "m-1"))
+    modelled = OrjsonEncoder().decode(
+        TaskMessage.for_lease(request, token).to_message("q").encode())
+    assert list(direct) == list(modelled)
+    for field in ("message_id", "message_timestamp"):
+        direct.pop(field), modelled.pop(field)
+    assert direct == modelled
+    assert dramatiq.Message.decode(encoded_task(request, token, "q", "m-1")).kwargs == \
+        TaskMessage.for_lease(request, token).model_dump()

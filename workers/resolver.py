@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, texts
-from pending_actions.broker.connection import is_cluster
+from pending_actions.broker.connection import is_cluster, pipeline
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.events import WorkerEvent
@@ -34,11 +34,11 @@ from pending_actions.broker.results import (
     base_details,
     expired,
     not_the_target,
-    nothing_to_target,
+    nothing_to_target_json,
     text_result,
 )
 from pending_actions.broker.taskbroker import StreamsBroker
-from pending_actions.broker.tasks import TaskMessage, pool_queue
+from pending_actions.broker.tasks import TaskMessage, encoded_task, pool_queue
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.upgrade import upgrade
@@ -72,8 +72,10 @@ class ResolveWorker:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> ResolveWorker:
-        # several serve threads, each its own consumer in the group: a request's round trips
-        # are sequential, so one thread would cap throughput at 1 / (round trips x latency)
+        # one serve thread by default: each read takes up to 16 waiting requests and their
+        # takes go in one pipeline, so under load one thread serves batches; more threads
+        # (each its own consumer in the group) split the same load into smaller reads, which
+        # costs every process more CPU per resolve (measured: docs/design.md)
         s = self.ctx.settings
         block_s = s.block_ms / 1000
         loops = [Loop(f"resolve-{i}", _Server(self, f"resolve-{i}", group).step, self.stop,
@@ -221,17 +223,20 @@ class ResolveWorker:
         """Every take (each with its lease's index entry and, inline, its task) in one round
         trip; a take Redis refused is its error."""
         ctx = self.ctx
-        pipe = ctx.client.pipeline(transaction=False)
+        pipe = pipeline(ctx.client)
         calls = []
         for (stream, entry_id), request in requests:
-            token = uuid.uuid4().hex
+            lease = uuid.uuid4()
+            token = lease.hex
             # the marker must outlive every redelivery of this request, which stops at its
             # expiry
             expires = request.expires_ms(entry_id)
             marker_ttl = max(ctx.settings.reply_ttl_s, (expires - now_ms) // 1000 + 60)
-            none = nothing_to_target(request.action, request.reason, request.extra).to_json()
-            message = (TaskMessage.for_lease(request, token).to_message(ctx.settings.queue)
-                       .encode() if self.inline else None)
+            none = nothing_to_target_json(request.action, request.reason, request.extra)
+            # the message id is the token's uuid spelled with dashes, so that take.lua, which
+            # puts an earlier token in its place for a redelivered request, leaves it alone
+            message = (encoded_task(request, token, ctx.settings.queue, str(lease))
+                       if self.inline else None)
             conflict = gone = b""
             if request.expect_id is not None:
                 args = (request.action, request.reason, request.extra, request.expect_id)
