@@ -6,7 +6,7 @@ Cluster, reached through any of the listed startup nodes with redis-py's ``Redis
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
@@ -23,6 +23,7 @@ from redis.exceptions import (
     ConnectionError,
     MasterDownError,
     ReadOnlyError,
+    ResponseError,
     SlotNotCoveredError,
     TimeoutError,
     TryAgainError,
@@ -193,3 +194,66 @@ def async_producer_client(url: str) -> redis.asyncio.Redis:
                     redis.asyncio.RedisCluster(startup_nodes=nodes, **options))
     return redis.asyncio.Redis.from_url(url, health_check_interval=30,
                                         retry_on_error=list(TRANSIENT), **options)
+
+
+def transactions(client: redis.Redis,
+                 queues: Sequence[Callable[[Any], object]]) -> list[list[Any]]:
+    """The commands each of ``queues`` queues on a pipeline, as one MULTI/EXEC each, sent one
+    after the other over one connection; the replies are read once all are sent, so Redis runs
+    (and syncs) a transaction while the next is being built. Returns each one's replies, a
+    command's error in its place (a transaction Redis refused whole: that error for each).
+    A dropped connection sends them all again, as a pipeline's would be."""
+    pool = client.connection_pool
+    conn: Any = pool.get_connection()
+    try:
+        return conn.retry.call_with_retry(  # type: ignore[no-any-return]
+            lambda: _transactions(client, conn, queues), lambda _error: conn.disconnect())
+    finally:
+        pool.release(conn)
+
+
+def _transactions(client: redis.Redis, conn: Any,
+                  queues: Sequence[Callable[[Any], object]]) -> list[list[Any]]:
+    stacks = []
+    try:
+        for i, queue in enumerate(queues):
+            pipe = client.pipeline(transaction=True)  # only collects the commands
+            queue(pipe)
+            stacks.append(pipe.command_stack)
+            # a health check (PING) once replies are due would read one of those instead
+            conn.send_packed_command(conn.pack_commands(
+                [("MULTI",), *(args for args, _options in pipe.command_stack), ("EXEC",)]),
+                check_health=i == 0)
+        return [_exec_replies(client, conn, stack) for stack in stacks]
+    except BaseException:
+        conn.disconnect()  # replies left unread would be taken for the next command's
+        raise
+
+
+def _exec_replies(client: redis.Redis, conn: Any, stack: list[Any]) -> list[Any]:
+    """A MULTI/EXEC's replies, read as redis-py's transaction pipeline reads them."""
+    errors: list[tuple[int, Exception]] = []
+    try:
+        conn.read_response()  # MULTI's OK
+    except ResponseError as exc:
+        errors.append((-1, exc))
+    for i, _command in enumerate(stack):
+        try:
+            conn.read_response()  # QUEUED, or the command refused before it ran
+        except ResponseError as exc:
+            errors.append((i, exc))
+    try:
+        replies = conn.read_response()
+    except ResponseError as exc:  # EXECABORT: none ran
+        return [errors[0][1] if errors else exc] * len(stack)
+    for i, error in errors:
+        if i >= 0:
+            replies.insert(i, error)
+    callbacks = client.response_callbacks
+    out = []
+    for reply, (args, options) in zip(replies, stack, strict=True):
+        if not isinstance(reply, Exception) and args[0] in callbacks:
+            options = {k: v for k, v in options.items() if k != "keys"}
+            reply = callbacks[args[0]](reply, **options)
+        out.append(reply)
+    return out

@@ -25,7 +25,7 @@ from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.client import FIRST_WAIT_S, WAIT_RETRIES, redis_errors
-from pending_actions.producers.core import Batch, Core, Plan, Run, Wait
+from pending_actions.producers.core import Batch, Chunks, Core, Plan, Run, Wait
 
 T = TypeVar("T")
 
@@ -66,6 +66,12 @@ class AsyncPendingActions:
                 step = plan.send(reply)
                 if isinstance(step, Batch):
                     reply = await self._batch(step)
+                elif isinstance(step, Chunks):
+                    # one by one: each in the round trip after the previous one's
+                    reply = [await self._batch(Batch(queue, transaction=not self.cluster,
+                                                     wait_on=step.wait_on,
+                                                     raise_on_error=False))
+                             for queue in step.queues]
                 elif isinstance(step, Run):
                     with redis_errors():
                         reply = await step.call.run_async()
