@@ -37,6 +37,7 @@ MAX_FINGERPRINT_CHARS = 1_000
 # a part of a stage sent as one transaction: its script calls, and what queues more after them
 Part = tuple[list[Call[Any]], Callable[[Any], None] | None]
 FEED_FIELDS = ["event", "at", "session", "tenant", "id", "tool", "kind", "created_at"]
+STAGED = Event.STAGED.value
 
 
 def _incrby(pipe: Any, key: str, by: int) -> None:
@@ -251,13 +252,14 @@ class Staging:
 
     def _feed(self, specs: list[dict[str, Any]]) -> Call[int]:
         """The feed's entries for these stages, in one script call: an XADD each would double
-        the commands of a stage (one more to pack, send, run and answer per action)."""
-        at = f"{time.time():.3f}"
+        the commands of a stage (one more to pack, send, run and answer per action). What is
+        the same in all of them (the event, the time, the kind: a batch stages actions only)
+        goes once."""
         values: list[Any] = []
         for s in specs:
-            values += [Event.STAGED.value, at, s["session"], s["tenant"], s["id"], s["tool"],
-                       s["kind"], f"{s['created_at']:.3f}"]
-        return self.scripts.feed(FEED_FIELDS, values)
+            values += [s["session"], s["tenant"], s["id"], s["tool"], f"{s['created_at']:.3f}"]
+        return self.scripts.feed(FEED_FIELDS, [STAGED, f"{time.time():.3f}", "", "", "", "",
+                                               specs[0]["kind"], ""], values)
 
     def _tenant_sets(self, pipe: Any, specs: list[dict[str, Any]]) -> None:
         # the default tenant has no set: its sessions are those the partitions' sessions
