@@ -203,27 +203,33 @@ def transactions(client: redis.Redis,
     after the other over one connection; the replies are read once all are sent, so Redis runs
     (and syncs) a transaction while the next is being built. Returns each one's replies, a
     command's error in its place (a transaction Redis refused whole: that error for each).
-    A dropped connection sends them all again, as a pipeline's would be."""
+    A dropped connection sends again those whose reply was not read, as the client's retry
+    would a pipeline."""
     pool = client.connection_pool
     conn: Any = pool.get_connection()
+    done: list[list[Any]] = []
     try:
-        return conn.retry.call_with_retry(  # type: ignore[no-any-return]
-            lambda: _transactions(client, conn, queues), lambda _error: conn.disconnect())
+        conn.retry.call_with_retry(lambda: _transactions(client, conn, queues, done),
+                                   lambda _error: conn.disconnect())
+        return done
     finally:
         pool.release(conn)
 
 
-def _transactions(client: redis.Redis, conn: Any,
-                  queues: Sequence[Callable[[Any], object]]) -> list[list[Any]]:
+def _transactions(client: redis.Redis, conn: Any, queues: Sequence[Callable[[Any], object]],
+                  done: list[list[Any]]) -> None:
+    """Send those of ``queues`` that ``done`` has no replies for, and read their replies
+    into it."""
     stacks = []
     try:
-        for i, queue in enumerate(queues):
+        for i, queue in enumerate(queues[len(done):]):
             pipe = client.pipeline(transaction=True)  # only collects the commands
             queue(pipe)
             stacks.append(pipe.command_stack)
             # a health check (PING) once replies are due would read one of those instead
             conn.send_packed_command([_packed(pipe.command_stack)], check_health=i == 0)
-        return [_exec_replies(client, conn, stack) for stack in stacks]
+        for stack in stacks:
+            done.append(_exec_replies(client, conn, stack))
     except BaseException:
         conn.disconnect()  # replies left unread would be taken for the next command's
         raise

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from pending_actions.broker.errors import RedisUnavailable
 from pending_actions.producers import PendingActions
-from tests.support.faults import cluster
+from tests.support.faults import K, cluster
 from tests.support.outages import check_exactly_once, run_drains
 from tests.support.procs import Worker
 from tests.support.proxy import ChaosProxy
+from tests.support.replies import byte_list, entries
 
 
 def stage_all(pa: PendingActions, sessions: list[str], n: int) -> dict[str, list[str]]:
@@ -78,3 +80,49 @@ def test_connections_cut_mid_operation(tmp_path: Path) -> None:
         assert totals["applied"] == 100
         print(f"cuts={proxy.cuts} totals={totals}")
         assert proxy.cuts > 5
+
+
+def test_batches_through_connections_cut_mid_way(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """stage_many sends its transactions one after the other before reading their replies;
+    connections cut meanwhile send again those whose reply was not read. What a call returned
+    is staged, and no id is on a stack, or in a history, twice."""
+    with cluster(tmp_path, workers=1) as (server, _workers, _pa):
+        proxy = ChaosProxy(server.port)
+        pa = PendingActions.from_url(proxy.url)
+        monkeypatch.setattr(pa.core, "CHUNK", 3)  # a batch of 40: 14 transactions
+        rc = redis.Redis.from_url(server.url)
+        sessions = [f"b{i}" for i in range(4)]
+        pa.stage(session=sessions[0], tool="edit", label="first", apply="t.idem")
+        stop = threading.Event()
+        rng = random.Random(11)
+
+        def chaos() -> None:
+            while not stop.is_set():
+                if proxy.wait_traffic(rng.randint(2, 40), timeout=0.5):
+                    proxy.cut()
+
+        returned: list[str] = []
+        failed = 0
+        chaos_thread = threading.Thread(target=chaos)
+        chaos_thread.start()
+        try:
+            for _ in range(30):
+                try:
+                    returned += pa.stage_many(
+                        {"session": sessions[i % 4], "tool": "edit", "label": f"#{i}",
+                         "apply": "t.idem"} for i in range(40))
+                except RedisUnavailable:
+                    failed += 1
+        finally:
+            stop.set()
+            chaos_thread.join()
+            proxy.close()
+        stacked = [x.decode() for s in sessions for x in byte_list(rc.lrange(K.stack(s), 0, -1))]
+        history = [f[b"id"].decode() for s in sessions
+                   for _e, f in entries(rc.xrange(K.history(s))) if f[b"event"] == b"staged"]
+        assert len(set(stacked)) == len(stacked)
+        assert len(set(history)) == len(history)
+        assert set(returned) <= set(stacked) & set(history)
+        print(f"cuts={proxy.cuts} returned={len(returned)} failed calls={failed}")
+        assert proxy.cuts > 5 and returned

@@ -91,10 +91,14 @@ def test_a_batch_longer_than_a_transaction(pa: PendingActions, rc: redis.Redis, 
         (b"staged", sessions[0].encode(), b"default", b"edit", b"action")
 
 
+@pytest.mark.parametrize("chunk", [250, 2])
 def test_a_stage_after_redis_lost_its_scripts(pa: PendingActions, rc: redis.Redis,
-                                              session: str) -> None:
+                                              session: str, chunk: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """SCRIPT FLUSH (as a restart or a failover leaves Redis): the calls sent by digest come
-    back NOSCRIPT and go again with the body; each action is staged once."""
+    back NOSCRIPT and go again with the body, those of every transaction of a batch; each
+    action is staged once."""
+    monkeypatch.setattr(pa.core, "CHUNK", chunk)
     rc.script_flush()
     sessions = [f"{session}-{i}" for i in range(2)]
     ids = pa.stage_many({"session": sessions[i % 2], "tool": "edit", "label": "L",
