@@ -91,6 +91,24 @@ def test_a_batch_longer_than_a_transaction(pa: PendingActions, rc: redis.Redis, 
         (b"staged", sessions[0].encode(), b"default", b"edit", b"action")
 
 
+def test_a_batch_leaves_the_history_and_the_feed_about_their_maxlen(
+        deployment: Deployment, session: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stage.lua and feed.lua append without trimming, then trim once per call: a stream ends
+    at least maxlen long, and shorter than maxlen and a whole stream node (at most 100
+    entries) more."""
+    monkeypatch.setattr("pending_actions.broker.scripts.FEED_MAXLEN", 20)
+    pa = PendingActions.from_url(deployment.url, history_maxlen=10)
+    try:
+        monkeypatch.setattr(pa.core, "CHUNK", 100)
+        pa.stage_many({"session": session, "tool": "edit", "label": f"L{i}", "apply": "t.ok"}
+                      for i in range(400))
+        k, rc = pa.ctx.keys, deployment.rc
+        assert 10 <= rc.xlen(k.history(session)) < 10 + 100
+        assert 20 <= rc.xlen(k.events) < 20 + 100
+    finally:
+        pa.close()
+
+
 @pytest.mark.parametrize("chunk", [250, 2])
 def test_a_stage_after_redis_lost_its_scripts(pa: PendingActions, rc: redis.Redis,
                                               session: str, chunk: int,

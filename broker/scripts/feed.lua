@@ -25,7 +25,8 @@ for first = 3 + 2 * n, #ARGV, m do
   for j = 1, m do
     if own[j] == 0 then event = ARGV[first + j - 1] else fields[own[j]] = ARGV[first + j - 1] end
   end
-  history(KEYS[1], ARGV[1], event, unpack(fields))
+  append(KEYS[1], event, unpack(fields))
   added = added + 1
 end
+trim(KEYS[1], ARGV[1])
 return added

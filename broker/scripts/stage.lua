@@ -80,9 +80,10 @@ for k, i in ipairs(new) do
     local at = now + tonumber(ARGV[i + 2])
     redis.call('ZADD', KEYS[4], at, ARGV[i])
     redis.call('ZADD', KEYS[6], at, ARGV[3] .. '/' .. ARGV[i])
-    history(KEYS[3], ARGV[1], EVENT.STAGED, 'id', ARGV[i], 'expires_at', at)
+    append(KEYS[3], EVENT.STAGED, 'id', ARGV[i], 'expires_at', at)
   else
-    history(KEYS[3], ARGV[1], EVENT.STAGED, 'id', ARGV[i])
+    append(KEYS[3], EVENT.STAGED, 'id', ARGV[i])
   end
 end
+trim(KEYS[3], ARGV[1])
 return out
