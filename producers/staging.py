@@ -1,6 +1,7 @@
 """Staging, the producer's hot path: every check that needs no Redis, then one round trip
 that checks handlers and tenants and reserves ids, then per ``CHUNK`` actions one MULTI/EXEC of
-a stage.lua call by digest for each session's and one feed.lua call for their feed entries.
+a stage.lua call by digest for each session's and one feed.lua call for their feed entries, the
+MULTI/EXECs of a batch sent one after the other before their replies are read (``Chunks``).
 ``Core`` (``producers/core.py``) adds resolving and reading."""
 
 from __future__ import annotations
