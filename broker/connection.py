@@ -6,11 +6,10 @@ Cluster, reached through any of the listed startup nodes with redis-py's ``Redis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
-import hiredis
 import redis
 import redis.asyncio
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
@@ -24,7 +23,6 @@ from redis.exceptions import (
     ConnectionError,
     MasterDownError,
     ReadOnlyError,
-    ResponseError,
     SlotNotCoveredError,
     TimeoutError,
     TryAgainError,
@@ -195,83 +193,3 @@ def async_producer_client(url: str) -> redis.asyncio.Redis:
                     redis.asyncio.RedisCluster(startup_nodes=nodes, **options))
     return redis.asyncio.Redis.from_url(url, health_check_interval=30,
                                         retry_on_error=list(TRANSIENT), **options)
-
-
-def transactions(client: redis.Redis,
-                 queues: Sequence[Callable[[Any], object]]) -> list[list[Any]]:
-    """The commands each of ``queues`` queues on a pipeline, as one MULTI/EXEC each, sent one
-    after the other over one connection; the replies are read once all are sent, so Redis runs
-    (and syncs) a transaction while the next is being built. Returns each one's replies, a
-    command's error in its place (a transaction Redis refused whole: that error for each).
-    A dropped connection sends again those whose reply was not read, as the client's retry
-    would a pipeline."""
-    pool = client.connection_pool
-    conn: Any = pool.get_connection()
-    done: list[list[Any]] = []
-    try:
-        conn.retry.call_with_retry(lambda: _transactions(client, conn, queues, done),
-                                   lambda _error: conn.disconnect())
-        return done
-    finally:
-        pool.release(conn)
-
-
-def _transactions(client: redis.Redis, conn: Any, queues: Sequence[Callable[[Any], object]],
-                  done: list[list[Any]]) -> None:
-    """Send those of ``queues`` that ``done`` has no replies for, and read their replies
-    into it."""
-    stacks = []
-    try:
-        for i, queue in enumerate(queues[len(done):]):
-            pipe = client.pipeline(transaction=True)  # only collects the commands
-            queue(pipe)
-            stacks.append(pipe.command_stack)
-            # a health check (PING) once replies are due would read one of those instead
-            conn.send_packed_command([_packed(pipe.command_stack)], check_health=i == 0)
-        for stack in stacks:
-            done.append(_exec_replies(client, conn, stack))
-    except BaseException:
-        conn.disconnect()  # replies left unread would be taken for the next command's
-        raise
-
-
-def _packed(stack: list[Any]) -> bytes:
-    """A pipeline's commands as a MULTI/EXEC in RESP, packed by hiredis in one go (redis-py's
-    packer looks at every argument in Python first: a stage is thousands of them)."""
-    out = [b"*1\r\n$5\r\nMULTI\r\n"]
-    for args, _options in stack:
-        name = args[0]
-        if isinstance(name, str) and " " in name:
-            args = (*name.split(), *args[1:])  # two words, as redis-py takes them ("CLIENT ID")
-        out.append(hiredis.pack_command(args))
-    out.append(b"*1\r\n$4\r\nEXEC\r\n")
-    return b"".join(out)
-
-
-def _exec_replies(client: redis.Redis, conn: Any, stack: list[Any]) -> list[Any]:
-    """A MULTI/EXEC's replies, read as redis-py's transaction pipeline reads them."""
-    errors: list[tuple[int, Exception]] = []
-    try:
-        conn.read_response()  # MULTI's OK
-    except ResponseError as exc:
-        errors.append((-1, exc))
-    for i, _command in enumerate(stack):
-        try:
-            conn.read_response()  # QUEUED, or the command refused before it ran
-        except ResponseError as exc:
-            errors.append((i, exc))
-    try:
-        replies = conn.read_response()
-    except ResponseError as exc:  # EXECABORT: none ran
-        return [errors[0][1] if errors else exc] * len(stack)
-    for i, error in errors:
-        if i >= 0:
-            replies.insert(i, error)
-    callbacks = client.response_callbacks
-    out = []
-    for reply, (args, options) in zip(replies, stack, strict=True):
-        if not isinstance(reply, Exception) and args[0] in callbacks:
-            options = {k: v for k, v in options.items() if k != "keys"}
-            reply = callbacks[args[0]](reply, **options)
-        out.append(reply)
-    return out

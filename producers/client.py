@@ -12,19 +12,14 @@ from typing import Any, TypeVar
 import redis
 
 from pending_actions.broker.backoff import Backoff, retry
-from pending_actions.broker.connection import (
-    BLOCK_CHUNK_S,
-    TRANSIENT,
-    acked,
-    is_cluster,
-    transactions,
-)
+from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisUnavailable
 from pending_actions.broker.failures import translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.pools import LiveView
 from pending_actions.broker.settings import Settings
+from pending_actions.broker.transactions import transactions
 from pending_actions.producers.core import Batch, Chunks, Core, Plan, Run, Wait
 
 T = TypeVar("T")

@@ -3,6 +3,7 @@ nothing applied twice."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import redis
 
 from pending_actions.broker.errors import RedisUnavailable
-from pending_actions.producers import PendingActions
+from pending_actions.producers import AsyncPendingActions, PendingActions
 from tests.support.faults import K, cluster
 from tests.support.outages import check_exactly_once, run_drains
 from tests.support.procs import Worker
@@ -82,18 +83,19 @@ def test_connections_cut_mid_operation(tmp_path: Path) -> None:
         assert proxy.cuts > 5
 
 
-def test_batches_through_connections_cut_mid_way(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_batches_through_connections_cut_mid_way(tmp_path: Path, client: str) -> None:
     """stage_many sends its transactions one after the other before reading their replies;
     connections cut meanwhile send again those whose reply was not read. What a call returned
     is staged, and no id is on a stack, or in a history, twice."""
     with cluster(tmp_path, workers=1) as (server, _workers, _pa):
         proxy = ChaosProxy(server.port)
-        pa = PendingActions.from_url(proxy.url)
-        monkeypatch.setattr(pa.core, "CHUNK", 3)  # a batch of 40: 14 transactions
         rc = redis.Redis.from_url(server.url)
         sessions = [f"b{i}" for i in range(4)]
-        pa.stage(session=sessions[0], tool="edit", label="first", apply="t.idem")
+        batch = [{"session": sessions[i % 4], "tool": "edit", "label": f"#{i}",
+                  "apply": "t.idem"} for i in range(40)]  # with a chunk of 3: 14 transactions
+        PendingActions.from_url(proxy.url).stage(session=sessions[0], tool="edit",
+                                                 label="first", apply="t.idem")
         stop = threading.Event()
         rng = random.Random(11)
 
@@ -104,16 +106,30 @@ def test_batches_through_connections_cut_mid_way(tmp_path: Path,
 
         returned: list[str] = []
         failed = 0
+
+        async def stage_async() -> None:
+            nonlocal failed, returned
+            async with AsyncPendingActions.from_url(proxy.url) as apa:
+                apa.core.CHUNK = 3
+                for _ in range(30):
+                    try:
+                        returned += await apa.stage_many(batch)
+                    except RedisUnavailable:
+                        failed += 1
+
         chaos_thread = threading.Thread(target=chaos)
         chaos_thread.start()
         try:
-            for _ in range(30):
-                try:
-                    returned += pa.stage_many(
-                        {"session": sessions[i % 4], "tool": "edit", "label": f"#{i}",
-                         "apply": "t.idem"} for i in range(40))
-                except RedisUnavailable:
-                    failed += 1
+            if client == "async":
+                asyncio.run(stage_async())
+            else:
+                pa = PendingActions.from_url(proxy.url)
+                pa.core.CHUNK = 3
+                for _ in range(30):
+                    try:
+                        returned += pa.stage_many(batch)
+                    except RedisUnavailable:
+                        failed += 1
         finally:
             stop.set()
             chaos_thread.join()

@@ -128,18 +128,25 @@ def test_a_stage_after_redis_lost_its_scripts(pa: PendingActions, rc: redis.Redi
     assert pa.pending(sessions[0])[0].id == again
 
 
+@pytest.mark.parametrize("chunk", [250, 2])
 def test_the_async_client_after_redis_lost_its_scripts(deployment: Deployment,
-                                                      rc: redis.Redis, session: str) -> None:
+                                                      rc: redis.Redis, session: str,
+                                                      chunk: int) -> None:
+    """As above, with ``AsyncPendingActions``; with a chunk of 2, a batch of 7 is 4
+    transactions sent back to back, each with its own NOSCRIPT replies."""
     rc.script_flush()
+    sessions = [f"{session}-{i}" for i in range(2)]
 
     async def main() -> list[str]:
         async with AsyncPendingActions(deployment.pa.settings) as apa:
-            return await apa.stage_many({"session": session, "tool": "edit", "label": "L",
-                                         "apply": "t.ok"} for _ in range(3))
+            apa.core.CHUNK = chunk
+            return await apa.stage_many({"session": sessions[i % 2], "tool": "edit",
+                                         "label": "L", "apply": "t.ok"} for i in range(7))
 
     ids = asyncio.run(main())
-    assert [a.id for a in deployment.pa.pending(session)] == ids[::-1]
-    assert staged_ids(deployment.pa, session) == ids
+    for n, s in enumerate(sessions):
+        assert [a.id for a in deployment.pa.pending(s)] == ids[n::2][::-1]
+        assert staged_ids(deployment.pa, s) == ids[n::2]
 
 
 PLANT: dict[str, Callable[[PendingActions, str], str]] = {
