@@ -38,7 +38,7 @@ class Chunks:
     """Batches sent as MULTI/EXEC each, over one connection, the next one sent before the
     previous one's reply is read: Redis runs and syncs one while the client builds and packs
     the next, and serves other clients in between. ``queues[i](pipe)`` queues the i-th, called
-    once its turn comes (again if all are sent again after a dropped connection). The driver
+    once its turn comes (again if it is sent again after a dropped connection). The driver
     sends back each one's replies, a command's error left in its place. On a cluster (no
     transaction across slots) and with REPLICA_WAIT the driver sends them as ``Batch``es one
     by one, acknowledged on ``wait_on`` as a ``Batch`` is."""

@@ -281,8 +281,9 @@ class Staging:
                 functools.partial(self._tenant_sets, specs=chunk))
 
     def _send(self, parts: list[Callable[[], Part]], wait_on: str | None) -> Plan[list[list[Any]]]:
-        """Each part's calls by digest, ``extra``'s commands after them, in a MULTI/EXEC (but on
-        a cluster, whose slots it would span) each, built when its turn comes (``Chunks``);
+        """Each part's calls by digest, and the commands its second item queues after them, in
+        a MULTI/EXEC (but on a cluster, whose slots it would span) each, built when its turn
+        comes (``Chunks``);
         then, by body, those Redis lacked the script for (none ran: sending a stage again is
         safe anyway, its id stages once). Returns each part's calls' decoded replies."""
         built: dict[int, Part] = {}
