@@ -143,11 +143,12 @@ class Scripts:
             Staged.decode,
         )
 
-    def feed(self, names: list[str], values: list[Any]) -> Call[int]:
-        """Entries with the fields ``names`` (the first "event"), their values one after the
-        other, for the event feed (``broker/feed.py``)."""
+    def feed(self, names: list[str], common: list[Any], values: list[Any]) -> Call[int]:
+        """Entries with the fields ``names`` (the first "event"), for the event feed
+        (``broker/feed.py``): ``common`` gives each field's value in every entry, or "" where
+        each entry has its own; ``values`` those, entry after entry."""
         return self._call("feed", [self._k.events],
-                          [FEED_MAXLEN, len(names), *names, *values], int)
+                          [FEED_MAXLEN, len(names), *names, *common, *values], int)
 
     def _leases(self, session: str, token: str) -> tuple[str, str]:
         """The lease index of the session's partition and the lease's member in it."""

@@ -24,8 +24,9 @@ from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
+from pending_actions.broker.transactions import transactions_async
 from pending_actions.producers.client import FIRST_WAIT_S, WAIT_RETRIES, redis_errors
-from pending_actions.producers.core import Batch, Core, Plan, Run, Wait
+from pending_actions.producers.core import Batch, Chunks, Core, Plan, Run, Wait
 
 T = TypeVar("T")
 
@@ -66,6 +67,8 @@ class AsyncPendingActions:
                 step = plan.send(reply)
                 if isinstance(step, Batch):
                     reply = await self._batch(step)
+                elif isinstance(step, Chunks):
+                    reply = await self._chunks(step)
                 elif isinstance(step, Run):
                     with redis_errors():
                         reply = await step.call.run_async()
@@ -89,6 +92,15 @@ class AsyncPendingActions:
                 raise RedisUnavailable(f"{replies[-1]} of {replicas} replicas confirmed in "
                                        f"{self.settings.replica_wait_timeout_ms} ms")
             return replies[:-1]
+
+    async def _chunks(self, step: Chunks) -> list[list[Any]]:
+        """As ``PendingActions._chunks``."""
+        if self.cluster or self.settings.replica_wait:
+            return [await self._batch(Batch(queue, transaction=not self.cluster,
+                                            wait_on=step.wait_on, raise_on_error=False))
+                    for queue in step.queues]
+        with redis_errors():
+            return await transactions_async(self.client, step.queues)
 
     async def _first_wait(self, first: Callable[[Any], object], key: str,
                           seconds: float) -> Any:

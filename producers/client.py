@@ -19,7 +19,8 @@ from pending_actions.broker.failures import translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.pools import LiveView
 from pending_actions.broker.settings import Settings
-from pending_actions.producers.core import Batch, Core, Plan, Run, Wait
+from pending_actions.broker.transactions import transactions
+from pending_actions.producers.core import Batch, Chunks, Core, Plan, Run, Wait
 
 T = TypeVar("T")
 WAIT_RETRIES = 3  # dropped connections in a row a reply wait rides out
@@ -77,6 +78,8 @@ class PendingActions:
                 step = plan.send(reply)
                 if isinstance(step, Batch):
                     reply = self._batch(step)
+                elif isinstance(step, Chunks):
+                    reply = self._chunks(step)
                 elif isinstance(step, Run):
                     with redis_errors():
                         reply = step.call.run()
@@ -99,6 +102,14 @@ class PendingActions:
             pipe = self.client.pipeline(transaction=step.transaction)
             step.queue(pipe)
             return pipe.execute(raise_on_error=step.raise_on_error)
+
+    def _chunks(self, step: Chunks) -> list[list[Any]]:
+        cluster = is_cluster(self.client)
+        if cluster or self.settings.replica_wait:
+            return [self._batch(Batch(queue, transaction=not cluster, wait_on=step.wait_on,
+                                      raise_on_error=False)) for queue in step.queues]
+        with redis_errors():
+            return transactions(self.client, step.queues)
 
     def _first_wait(self, first: Callable[[Any], object], key: str, seconds: float) -> Any:
         """The commands ``first`` queues (the request) and, in the same round trip, a BLPOP of

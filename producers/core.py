@@ -27,11 +27,11 @@ from pending_actions.broker.pools import parse_live, queue_live
 from pending_actions.broker.replies import Peeked, Pending
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.broker.scripts import Slot
-from pending_actions.producers.plans import Batch, Plan, Run, Wait
+from pending_actions.producers.plans import Batch, Chunks, Plan, Run, Wait
 from pending_actions.producers.staging import Staging
 from pending_actions.producers.tool import soft_requirement
 
-__all__ = ["Batch", "Core", "Plan", "Run", "Wait"]
+__all__ = ["Batch", "Chunks", "Core", "Plan", "Run", "Wait"]
 BY_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 
 

@@ -1,9 +1,9 @@
 """The steps a plan yields. The client's logic (``producers/core.py``, ``producers/staging.py``)
 has no I/O: each operation is a generator (a ``Plan``) that validates its input, yields what it
-needs from Redis, a ``Batch`` of commands for one pipeline, a ``Run`` of one script or a
-``Wait`` on a reply list, gets the answer sent back, and returns the value the caller sees. The
-two clients only drive plans, one with redis-py's blocking client, one with ``redis.asyncio``:
-validation, request building and result building exist once."""
+needs from Redis, a ``Batch`` of commands for one pipeline, ``Chunks`` of them, a ``Run`` of one
+script or a ``Wait`` on a reply list, gets the answer sent back, and returns the value the
+caller sees. The two clients only drive plans, one with redis-py's blocking client, one with
+``redis.asyncio``: validation, request building and result building exist once."""
 
 from __future__ import annotations
 
@@ -34,6 +34,20 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class Chunks:
+    """Batches sent as MULTI/EXEC each, over one connection, the next one sent before the
+    previous one's reply is read: Redis runs and syncs one while the client builds and packs
+    the next, and serves other clients in between. ``queues[i](pipe)`` queues the i-th, called
+    once its turn comes (again if it is sent again after a dropped connection). The driver
+    sends back each one's replies, a command's error left in its place. On a cluster (no
+    transaction across slots) and with REPLICA_WAIT the driver sends them as ``Batch``es one
+    by one, acknowledged on ``wait_on`` as a ``Batch`` is."""
+
+    queues: list[Callable[[Any], object]]
+    wait_on: str | None = None
+
+
+@dataclass(frozen=True)
 class Wait:
     """Block on the list ``key`` for up to ``seconds``; the driver sends back its first item,
     or None when the time ran out. ``first`` queues commands that go in the same round trip
@@ -52,4 +66,4 @@ class Run:
     call: Call[Any]
 
 
-Plan = Generator[Batch | Wait | Run, Any, T]
+Plan = Generator[Batch | Chunks | Wait | Run, Any, T]

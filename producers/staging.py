@@ -1,6 +1,7 @@
 """Staging, the producer's hot path: every check that needs no Redis, then one round trip
 that checks handlers and tenants and reserves ids, then per ``CHUNK`` actions one MULTI/EXEC of
-a stage.lua call by digest for each session's and one feed.lua call for their feed entries.
+a stage.lua call by digest for each session's and one feed.lua call for their feed entries, the
+MULTI/EXECs of a batch sent one after the other before their replies are read (``Chunks``).
 ``Core`` (``producers/core.py``) adds resolving and reading."""
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ from pending_actions.broker.pools import Live, parse_live, queue_live
 from pending_actions.broker.replies import Staged
 from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
 from pending_actions.broker.settings import Settings
-from pending_actions.producers.plans import Batch, Plan
+from pending_actions.producers.plans import Batch, Chunks, Plan
 
 MAX_FINGERPRINT_CHARS = 1_000
+# a part of a stage sent as one transaction: its script calls, and what queues more after them
+Part = tuple[list[Call[Any]], Callable[[Any], None] | None]
 FEED_FIELDS = ["event", "at", "session", "tenant", "id", "tool", "kind", "created_at"]
+STAGED = Event.STAGED.value
 
 
 def _incrby(pipe: Any, key: str, by: int) -> None:
@@ -220,18 +224,18 @@ class Staging:
             # WAIT covers one connection, so one master: with it on a cluster a batch goes a
             # session at a time, and the feed (other slots) after
             for group in _by_session(specs):
-                [got] = yield from self._send([self._call(group)], None,
-                                              self.keys.stack(group[0]["session"]))
+                [[got]] = yield from self._send(
+                    [functools.partial(self._alone, group)], self.keys.stack(group[0]["session"]))
                 staged.update(zip((s["id"] for s in group), got, strict=True))
-            yield from self._send([self._feed(specs)],
-                                  functools.partial(self._tenant_sets, specs=specs), None)
+            yield from self._send([functools.partial(self._feed_part, specs)], None)
         else:
-            for i in range(0, len(specs), self.CHUNK):
-                chunk = specs[i:i + self.CHUNK]
-                groups = _by_session(chunk)
-                got = yield from self._send([*map(self._call, groups), self._feed(chunk)],
-                                            functools.partial(self._tenant_sets, specs=chunk),
-                                            self.keys.stack(chunk[0]["session"]))
+            chunks = [specs[i:i + self.CHUNK] for i in range(0, len(specs), self.CHUNK)]
+            grouped = [_by_session(chunk) for chunk in chunks]
+            got_all = yield from self._send(
+                [functools.partial(self._chunk, c, g)
+                 for c, g in zip(chunks, grouped, strict=True)],
+                self.keys.stack(specs[0]["session"]))
+            for groups, got in zip(grouped, got_all, strict=True):
                 for group, depths in zip(groups, got, strict=False):  # the feed's reply last
                     staged.update(zip((s["id"] for s in group), depths, strict=True))
         for spec in specs:
@@ -249,13 +253,14 @@ class Staging:
 
     def _feed(self, specs: list[dict[str, Any]]) -> Call[int]:
         """The feed's entries for these stages, in one script call: an XADD each would double
-        the commands of a stage (one more to pack, send, run and answer per action)."""
-        at = f"{time.time():.3f}"
+        the commands of a stage (one more to pack, send, run and answer per action). What is
+        the same in all of them (the event, the time, the kind: a batch stages actions only)
+        goes once."""
         values: list[Any] = []
         for s in specs:
-            values += [Event.STAGED.value, at, s["session"], s["tenant"], s["id"], s["tool"],
-                       s["kind"], f"{s['created_at']:.3f}"]
-        return self.scripts.feed(FEED_FIELDS, values)
+            values += [s["session"], s["tenant"], s["id"], s["tool"], f"{s['created_at']:.3f}"]
+        return self.scripts.feed(FEED_FIELDS, [STAGED, f"{time.time():.3f}", "", "", "", "",
+                                               specs[0]["kind"], ""], values)
 
     def _tenant_sets(self, pipe: Any, specs: list[dict[str, Any]]) -> None:
         # the default tenant has no set: its sessions are those the partitions' sessions
@@ -264,38 +269,54 @@ class Staging:
             pipe.sadd(self.keys.tenant_sessions(tenant),
                       *{s["session"] for s in specs if s["tenant"] == tenant})
 
-    def _send(self, calls: list[Call[Any]], extra: Callable[[Any], None] | None,
-              wait_on: str | None) -> Plan[list[Any]]:
-        """The calls by digest in one pipeline (a MULTI/EXEC but on a cluster, whose slots
-        it would span), ``extra``'s commands after them; then, by body, those Redis lacked the
-        script for (none ran: sending a stage again is safe anyway, its id stages once).
-        Returns the calls' decoded replies."""
-        queued: list[Queued[Any]] = []
+    def _alone(self, group: list[dict[str, Any]]) -> Part:
+        return [self._call(group)], None
 
-        def queue(pipe: Any) -> None:
-            queued.clear()  # a batch sent again (REPLICA_WAIT through a failover) queues anew
-            queued.extend(c.on(pipe, by_digest=True) for c in calls)
+    def _feed_part(self, specs: list[dict[str, Any]]) -> Part:
+        return [self._feed(specs)], functools.partial(self._tenant_sets, specs=specs)
+
+    def _chunk(self, chunk: list[dict[str, Any]], groups: list[list[dict[str, Any]]]) -> Part:
+        """A chunk's stage.lua calls (one per session), its feed entries, its tenants' sets."""
+        return ([*map(self._call, groups), self._feed(chunk)],
+                functools.partial(self._tenant_sets, specs=chunk))
+
+    def _send(self, parts: list[Callable[[], Part]], wait_on: str | None) -> Plan[list[list[Any]]]:
+        """Each part's calls by digest, and the commands its second item queues after them, in
+        a MULTI/EXEC (but on a cluster, whose slots it would span) each, built when its turn
+        comes (``Chunks``);
+        then, by body, those Redis lacked the script for (none ran: sending a stage again is
+        safe anyway, its id stages once). Returns each part's calls' decoded replies."""
+        built: dict[int, Part] = {}
+        queued: dict[int, list[Queued[Any]]] = {}
+
+        def queue(i: int, pipe: Any) -> None:
+            if i not in built:
+                built[i] = parts[i]()
+            calls, extra = built[i]
+            # queued anew when sent again (a dropped connection, REPLICA_WAIT through a failover)
+            queued[i] = [c.on(pipe, by_digest=True) for c in calls]
             if extra is not None:
                 extra(pipe)
 
-        replies = yield Batch(queue, transaction=not self.cluster, wait_on=wait_on,
-                              raise_on_error=False)
-        failed = next((r for r in replies if isinstance(r, Exception) and not _noscript(r)),
-                      None)
+        replies = yield Chunks([functools.partial(queue, i) for i in range(len(parts))], wait_on)
+        failed = next((r for rs in replies for r in rs
+                       if isinstance(r, Exception) and not _noscript(r)), None)
         if failed is not None:
             raise translate(failed) from failed
-        missing = [i for i, q in enumerate(queued) if _noscript(replies[q.index])]
-        again: dict[int, Any] = {}
+        missing = [(i, j) for i in range(len(parts)) for j, q in enumerate(queued[i])
+                   if _noscript(replies[i][q.index])]
+        again: dict[tuple[int, int], Any] = {}
         if missing:
             resent: list[Queued[Any]] = []
 
             def resend(pipe: Any) -> None:
                 resent.clear()
-                resent.extend(calls[i].on(pipe) for i in missing)
+                resent.extend(built[i][0][j].on(pipe) for i, j in missing)
 
             more = yield Batch(resend, wait_on=wait_on)
-            again = {i: q.get(more) for i, q in zip(missing, resent, strict=True)}
-        return [again[i] if i in again else q.get(replies) for i, q in enumerate(queued)]
+            again = {m: q.get(more) for m, q in zip(missing, resent, strict=True)}
+        return [[again[(i, j)] if (i, j) in again else q.get(replies[i])
+                 for j, q in enumerate(queued[i])] for i in range(len(parts))]
 
     def set_slot(self, session: str, slot: Slot, tool: object, label: object, apply: object,
                  reject: object) -> Plan[str]:

@@ -3,6 +3,7 @@ nothing applied twice."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from pathlib import Path
@@ -10,11 +11,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from pending_actions.producers import PendingActions
-from tests.support.faults import cluster
+from pending_actions.broker.errors import RedisUnavailable
+from pending_actions.producers import AsyncPendingActions, PendingActions
+from tests.support.faults import K, cluster
 from tests.support.outages import check_exactly_once, run_drains
 from tests.support.procs import Worker
 from tests.support.proxy import ChaosProxy
+from tests.support.replies import byte_list, entries
 
 
 def stage_all(pa: PendingActions, sessions: list[str], n: int) -> dict[str, list[str]]:
@@ -78,3 +81,64 @@ def test_connections_cut_mid_operation(tmp_path: Path) -> None:
         assert totals["applied"] == 100
         print(f"cuts={proxy.cuts} totals={totals}")
         assert proxy.cuts > 5
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_batches_through_connections_cut_mid_way(tmp_path: Path, client: str) -> None:
+    """stage_many sends its transactions one after the other before reading their replies;
+    connections cut meanwhile send again those whose reply was not read. What a call returned
+    is staged, and no id is on a stack, or in a history, twice."""
+    with cluster(tmp_path, workers=1) as (server, _workers, _pa):
+        proxy = ChaosProxy(server.port)
+        rc = redis.Redis.from_url(server.url)
+        sessions = [f"b{i}" for i in range(4)]
+        batch = [{"session": sessions[i % 4], "tool": "edit", "label": f"#{i}",
+                  "apply": "t.idem"} for i in range(40)]  # with a chunk of 3: 14 transactions
+        PendingActions.from_url(proxy.url).stage(session=sessions[0], tool="edit",
+                                                 label="first", apply="t.idem")
+        stop = threading.Event()
+        rng = random.Random(11)
+
+        def chaos() -> None:
+            while not stop.is_set():
+                if proxy.wait_traffic(rng.randint(2, 40), timeout=0.5):
+                    proxy.cut()
+
+        returned: list[str] = []
+        failed = 0
+
+        async def stage_async() -> None:
+            nonlocal failed, returned
+            async with AsyncPendingActions.from_url(proxy.url) as apa:
+                apa.core.CHUNK = 3
+                for _ in range(30):
+                    try:
+                        returned += await apa.stage_many(batch)
+                    except RedisUnavailable:
+                        failed += 1
+
+        chaos_thread = threading.Thread(target=chaos)
+        chaos_thread.start()
+        try:
+            if client == "async":
+                asyncio.run(stage_async())
+            else:
+                pa = PendingActions.from_url(proxy.url)
+                pa.core.CHUNK = 3
+                for _ in range(30):
+                    try:
+                        returned += pa.stage_many(batch)
+                    except RedisUnavailable:
+                        failed += 1
+        finally:
+            stop.set()
+            chaos_thread.join()
+            proxy.close()
+        stacked = [x.decode() for s in sessions for x in byte_list(rc.lrange(K.stack(s), 0, -1))]
+        history = [f[b"id"].decode() for s in sessions
+                   for _e, f in entries(rc.xrange(K.history(s))) if f[b"event"] == b"staged"]
+        assert len(set(stacked)) == len(stacked)
+        assert len(set(history)) == len(history)
+        assert set(returned) <= set(stacked) & set(history)
+        print(f"cuts={proxy.cuts} returned={len(returned)} failed calls={failed}")
+        assert proxy.cuts > 5 and returned

@@ -91,10 +91,32 @@ def test_a_batch_longer_than_a_transaction(pa: PendingActions, rc: redis.Redis, 
         (b"staged", sessions[0].encode(), b"default", b"edit", b"action")
 
 
+def test_a_batch_leaves_the_history_and_the_feed_about_their_maxlen(
+        deployment: Deployment, session: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stage.lua and feed.lua append without trimming, then trim once per call: a stream ends
+    at least maxlen long, and shorter than maxlen and a whole stream node (at most 100
+    entries) more."""
+    monkeypatch.setattr("pending_actions.broker.scripts.FEED_MAXLEN", 20)
+    pa = PendingActions.from_url(deployment.url, history_maxlen=10)
+    try:
+        monkeypatch.setattr(pa.core, "CHUNK", 100)
+        pa.stage_many({"session": session, "tool": "edit", "label": f"L{i}", "apply": "t.ok"}
+                      for i in range(400))
+        k, rc = pa.ctx.keys, deployment.rc
+        assert 10 <= rc.xlen(k.history(session)) < 10 + 100
+        assert 20 <= rc.xlen(k.events) < 20 + 100
+    finally:
+        pa.close()
+
+
+@pytest.mark.parametrize("chunk", [250, 2])
 def test_a_stage_after_redis_lost_its_scripts(pa: PendingActions, rc: redis.Redis,
-                                              session: str) -> None:
+                                              session: str, chunk: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """SCRIPT FLUSH (as a restart or a failover leaves Redis): the calls sent by digest come
-    back NOSCRIPT and go again with the body; each action is staged once."""
+    back NOSCRIPT and go again with the body, those of every transaction of a batch; each
+    action is staged once."""
+    monkeypatch.setattr(pa.core, "CHUNK", chunk)
     rc.script_flush()
     sessions = [f"{session}-{i}" for i in range(2)]
     ids = pa.stage_many({"session": sessions[i % 2], "tool": "edit", "label": "L",
@@ -106,18 +128,25 @@ def test_a_stage_after_redis_lost_its_scripts(pa: PendingActions, rc: redis.Redi
     assert pa.pending(sessions[0])[0].id == again
 
 
+@pytest.mark.parametrize("chunk", [250, 2])
 def test_the_async_client_after_redis_lost_its_scripts(deployment: Deployment,
-                                                      rc: redis.Redis, session: str) -> None:
+                                                      rc: redis.Redis, session: str,
+                                                      chunk: int) -> None:
+    """As above, with ``AsyncPendingActions``; with a chunk of 2, a batch of 7 is 4
+    transactions sent back to back, each with its own NOSCRIPT replies."""
     rc.script_flush()
+    sessions = [f"{session}-{i}" for i in range(2)]
 
     async def main() -> list[str]:
         async with AsyncPendingActions(deployment.pa.settings) as apa:
-            return await apa.stage_many({"session": session, "tool": "edit", "label": "L",
-                                         "apply": "t.ok"} for _ in range(3))
+            apa.core.CHUNK = chunk
+            return await apa.stage_many({"session": sessions[i % 2], "tool": "edit",
+                                         "label": "L", "apply": "t.ok"} for i in range(7))
 
     ids = asyncio.run(main())
-    assert [a.id for a in deployment.pa.pending(session)] == ids[::-1]
-    assert staged_ids(deployment.pa, session) == ids
+    for n, s in enumerate(sessions):
+        assert [a.id for a in deployment.pa.pending(s)] == ids[n::2][::-1]
+        assert staged_ids(deployment.pa, s) == ids[n::2]
 
 
 PLANT: dict[str, Callable[[PendingActions, str], str]] = {

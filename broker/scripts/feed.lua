@@ -3,16 +3,30 @@
 -- state, only what webhooks and metrics read, on a slot of its own.
 -- KEYS[1] the feed (stream)
 -- ARGV[1] maxlen   ARGV[2] n, the number of fields of each entry, the first "event"
--- ARGV[3..2+n] the fields' names   ARGV[3+n..] the entries' values, n each, in that order
--- Returns: the number of entries added.
+-- ARGV[3..2+n] the fields' names   ARGV[3+n..2+2n] for each field, the value it has in every
+-- entry, or "" where each entry gives its own (sent once, not once per entry)
+-- ARGV[3+2n..] the entries' own values, in the fields' order, as many for each
+-- Returns: the number of entries added (none when no field is an entry's own).
 local n = tonumber(ARGV[2])
-local entry = {}
+-- the fields after the event, names and values, the same for every entry but for the slots in
+-- own (the event's own slot is 0)
+local fields, own = {}, {}
+if ARGV[3 + n] == '' then own[1] = 0 end
+for i = 2, n do
+  fields[#fields + 1] = ARGV[2 + i]
+  fields[#fields + 1] = ARGV[2 + n + i]
+  if ARGV[2 + n + i] == '' then own[#own + 1] = #fields end
+end
+local m = #own
+if m == 0 then return 0 end  -- (a loop by 0 steps would never end)
+local event = ARGV[3 + n]
 local added = 0
-for first = 3 + n, #ARGV, n do
-  for i = 2, n do
-    entry[2 * i - 3], entry[2 * i - 2] = ARGV[2 + i], ARGV[first + i - 1]
+for first = 3 + 2 * n, #ARGV, m do
+  for j = 1, m do
+    if own[j] == 0 then event = ARGV[first + j - 1] else fields[own[j]] = ARGV[first + j - 1] end
   end
-  history(KEYS[1], ARGV[1], ARGV[first], unpack(entry))
+  append(KEYS[1], event, unpack(fields))
   added = added + 1
 end
+trim(KEYS[1], ARGV[1])
 return added

@@ -55,6 +55,18 @@ local function history(key, maxlen, event, ...)
   call_on('XADD', key, 'MAXLEN', '~', maxlen, '*', 'event', event, ...)
 end
 
+-- append an event to a stream as history() does, untrimmed: for a script that appends many,
+-- then trims once (trim). An XADD that trims is written to the AOF with the trim's arguments,
+-- and checks for a node to drop at every entry
+local function append(key, event, ...)
+  call_on('XADD', key, '*', 'event', event, ...)
+end
+
+-- trim a stream that append() wrote to to about maxlen entries
+local function trim(key, maxlen)
+  redis.call('XTRIM', key, 'MAXLEN', '~', maxlen)
+end
+
 -- the JSON at field of a hash, decoded; nil when absent, POISON when it does not parse
 local function json_field(what, key, field)
   local raw = call_on('HGET', key, field)

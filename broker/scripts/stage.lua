@@ -43,23 +43,36 @@ if owner and owner ~= '' and owner ~= ARGV[2] then
   for i = 4, #ARGV, 3 do out[#out + 1] = -1 end
   return out
 end
-local new = {}
-for i = 4, #ARGV, 3 do
-  local added = typed(redis.pcall('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]), 2)
-  if added == 1 then new[#new + 1] = i end
-  out[#out + 1] = added
+-- one HMGET and one HSET for the lot, not an HSETNX each: a command costs Redis far more to
+-- call from a script, and to write to the AOF, than its arguments do
+local ids = {}
+for i = 4, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
+local there = typed(redis.pcall('HMGET', KEYS[2], unpack(ids)), 2)
+local new, fields, fresh = {}, {}, {}
+for k, id in ipairs(ids) do
+  if there[k] or fresh[id] then
+    out[k] = 0
+  else
+    local at = 3 * k + 1  -- the id's index in ARGV
+    fresh[id] = true
+    new[#new + 1] = at
+    fields[#fields + 1] = id
+    fields[#fields + 1] = ARGV[at + 1]
+    out[k] = 1
+  end
 end
 if #new == 0 then
   return out
 end
+redis.call('HSET', KEYS[2], unpack(fields))
 if owner ~= ARGV[2] then
   redis.call('HSET', KEYS[5], ARGV[3], ARGV[2])
 end
 -- live again: what retire.lua set to expire stays (PERSIST is a no-op on a key without a ttl)
 redis.call('PERSIST', KEYS[3])
-local ids = {}
-for k, i in ipairs(new) do ids[k] = ARGV[i] end
-local depth = redis.call('LPUSH', KEYS[1], unpack(ids)) - #new
+local pushed = {}
+for k, i in ipairs(new) do pushed[k] = ARGV[i] end
+local depth = redis.call('LPUSH', KEYS[1], unpack(pushed)) - #new
 local now = ttl and now_ms()
 for k, i in ipairs(new) do
   out[(i - 1) / 3] = depth + k
@@ -67,9 +80,10 @@ for k, i in ipairs(new) do
     local at = now + tonumber(ARGV[i + 2])
     redis.call('ZADD', KEYS[4], at, ARGV[i])
     redis.call('ZADD', KEYS[6], at, ARGV[3] .. '/' .. ARGV[i])
-    history(KEYS[3], ARGV[1], EVENT.STAGED, 'id', ARGV[i], 'expires_at', at)
+    append(KEYS[3], EVENT.STAGED, 'id', ARGV[i], 'expires_at', at)
   else
-    history(KEYS[3], ARGV[1], EVENT.STAGED, 'id', ARGV[i])
+    append(KEYS[3], EVENT.STAGED, 'id', ARGV[i])
   end
 end
+trim(KEYS[3], ARGV[1])
 return out
