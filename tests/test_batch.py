@@ -1,0 +1,70 @@
+"""``connection.Batch``, the pipeline of the hot paths on a single Redis, against a real
+redis-server: replies in order with each error in its place, a dropped connection retried by
+the client's Retry, and a connection with replies left unread never handed to the next caller."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from pending_actions.broker.connection import Batch, worker_client
+from pending_actions.embedded import EmbeddedRedis
+
+
+def _key() -> str:
+    return f"test:batch:{uuid.uuid4().hex}"
+
+
+def test_replies_in_order_with_errors_in_place(redis_server: EmbeddedRedis) -> None:
+    client = worker_client(redis_server.url)
+    key = _key()
+    batch = Batch(client)
+    batch.execute_command("SET", key, "v")
+    batch.execute_command("INCR", key)  # not an integer: an error, and the next still runs
+    batch.execute_command("GET", key)
+    assert len(batch) == 3
+    ok, error, value = batch.execute(raise_on_error=False)
+    assert ok in (b"OK", "OK") and value == b"v"
+    assert isinstance(error, redis.ResponseError) and "not an integer" in str(error)
+    assert len(batch) == 0  # emptied for the next use
+
+    batch.execute_command("INCR", key)
+    batch.execute_command("SET", key, "w")
+    with pytest.raises(redis.ResponseError):
+        batch.execute()
+    assert client.get(key) == b"w"  # the command after the error ran all the same
+
+
+def test_a_killed_connection_is_retried(redis_server: EmbeddedRedis) -> None:
+    client = worker_client(redis_server.url, max_connections=1)
+    key = _key()
+    client.set(key, 1)
+    own = client.client_id()  # the pool's one connection
+    killer = redis.Redis.from_url(redis_server.url)
+    assert killer.client_kill_filter(_id=own) == 1
+    batch = Batch(client)
+    batch.execute_command("INCR", key)
+    assert batch.execute() == [2]  # sent again on a new connection, once
+    assert client.client_id() != own
+
+
+def test_unread_replies_never_reach_the_next_caller(redis_server: EmbeddedRedis) -> None:
+    # a read that times out leaves the BLPOP's reply owed on that connection: it must be
+    # dropped, not put back in the pool as it is, or the next command would read that reply as
+    # its own. The client retries nothing (no Retry cleanup): the failed read and Batch drop
+    # it, and the pool's one connection serves the next batch afresh.
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=0.3, max_connections=1,
+                                  retry=Retry(NoBackoff(), 0, supported_errors=()))
+    key = _key()
+    batch = Batch(client)
+    batch.execute_command("BLPOP", key, 2)
+    with pytest.raises(redis.TimeoutError):
+        batch.execute()
+    redis.Redis.from_url(redis_server.url).rpush(key, "x")
+    batch.execute_command("PING")
+    assert batch.execute() in ([b"PONG"], ["PONG"], [True])
+    assert client.llen(key) == 1  # the abandoned BLPOP took nothing: its connection is gone
