@@ -45,7 +45,7 @@ def test_a_killed_connection_is_retried(redis_server: EmbeddedRedis) -> None:
     client.set(key, 1)
     own = client.client_id()  # the pool's one connection
     killer = redis.Redis.from_url(redis_server.url)
-    assert killer.client_kill_filter(_id=own) == 1
+    assert killer.client_kill_filter(_id=str(own)) == 1
     batch = Batch(client)
     batch.execute_command("INCR", key)
     assert batch.execute() == [2]  # sent again on a new connection, once
