@@ -153,7 +153,7 @@ class Batch:
         commands, self.commands = self.commands, []
         if not commands:
             return []
-        conn: Any = self.pool.get_connection()
+        conn: Any = checkout(self.pool)
         try:
             replies: list[Any] = conn.retry.call_with_retry(
                 lambda: _exchange(conn, commands), lambda _error: conn.disconnect())
@@ -172,8 +172,22 @@ class Batch:
 
 def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
     conn.send_packed_command(conn.pack_commands(commands))
+    return read_replies(conn, len(commands))
+
+
+def checkout(pool: Any) -> Any:
+    """A connection of ``pool``, for the caller to release (redis-py before 5.3 wants the name
+    of a command for it)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("PING")
+
+
+def read_replies(conn: Any, n: int) -> list[Any]:
+    """The next ``n`` replies on ``conn``, each error in its place, not raised."""
     replies: list[Any] = []
-    for _ in commands:
+    for _ in range(n):
         try:
             replies.append(conn.read_response())
         except ResponseError as exc:

@@ -27,8 +27,9 @@ def poison_of(exc: BaseException) -> Poison | None:
     text = str(exc)
     if not isinstance(exc, rx.ResponseError) or POISON_PREFIX not in text:
         return None
-    # Redis may add the script's name and line after the message
-    parts = text[text.index(POISON_PREFIX) + len(POISON_PREFIX):].split(" ")
+    # Redis may add the script's name and line after the message, and a cluster pipeline of
+    # an older redis-py the command before it, a script's body (and its poison()) included
+    parts = text[text.rindex(POISON_PREFIX) + len(POISON_PREFIX):].split(" ")
     what, key, field = [*parts, "", "", ""][:3]
     return Poison(what, key, field)
 

@@ -14,6 +14,8 @@ import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from pending_actions.broker.connection import checkout, read_replies
+
 Queue = Callable[[Any], object]
 
 
@@ -23,7 +25,7 @@ def transactions(client: redis.Redis, queues: Sequence[Queue]) -> list[list[Any]
     error for each). A dropped connection sends again those whose replies were not read, as
     the client's retry would a pipeline."""
     pool = client.connection_pool
-    conn = _connection(pool)
+    conn = checkout(pool)
     done: list[list[Any]] = []
     try:
         conn.retry.call_with_retry(lambda: _send_and_read(client, conn, queues, done),
@@ -56,13 +58,6 @@ async def transactions_async(client: redis.asyncio.Redis,
         await pool.release(conn)
 
 
-def _connection(pool: Any) -> Any:
-    try:
-        return pool.get_connection()
-    except TypeError:
-        return pool.get_connection("MULTI")  # redis-py before 5.3 wants a name
-
-
 def _send_and_read(client: redis.Redis, conn: Any, queues: Sequence[Queue],
                    done: list[list[Any]]) -> None:
     """Send those of ``queues`` that ``done`` has no replies for, and read theirs into it."""
@@ -74,12 +69,8 @@ def _send_and_read(client: redis.Redis, conn: Any, queues: Sequence[Queue],
             # a health check (PING) once replies are due would read one of those instead
             conn.send_packed_command([_packed(stack)], check_health=i == 0)
         for stack in stacks:
-            raw = []
-            for _ in range(len(stack) + 2):  # MULTI's, each command's QUEUED, EXEC's
-                try:
-                    raw.append(conn.read_response())
-                except ResponseError as exc:
-                    raw.append(exc)
+            # MULTI's, each command's QUEUED, EXEC's
+            raw = read_replies(conn, len(stack) + 2)
             done.append(_replies(client.response_callbacks, stack, raw))
     except BaseException:
         conn.disconnect()  # replies left unread would be taken for the next command's

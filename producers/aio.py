@@ -81,7 +81,8 @@ class AsyncPendingActions:
         with redis_errors():
             replicas = self.settings.replica_wait if step.wait_on is not None else 0
             # (WAIT is no command for a MULTI/EXEC: with it the batch is a plain pipeline)
-            pipe = self.client.pipeline(transaction=step.transaction and not replicas)
+            pipe = self.client.pipeline(transaction=step.transaction and not replicas
+                                        and not self.cluster)
             step.queue(pipe)
             if not replicas:
                 return await pipe.execute(raise_on_error=step.raise_on_error)

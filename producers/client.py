@@ -99,7 +99,9 @@ class PendingActions:
                 # sent again (a stage.lua call is a no-op where it went through) until a replica
                 # has it, through a failover of up to FAILOVER_WAIT_S
                 return retry(send, FAILOVER_WAIT_S)
-            pipe = self.client.pipeline(transaction=step.transaction)
+            # an older redis-py's cluster pipeline takes no MULTI/EXEC: a plain pipeline there
+            pipe = self.client.pipeline(transaction=step.transaction
+                                        and not is_cluster(self.client))
             step.queue(pipe)
             return pipe.execute(raise_on_error=step.raise_on_error)
 
