@@ -176,12 +176,8 @@ def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
 
 
 def checkout(pool: Any) -> Any:
-    """A connection of ``pool``, for the caller to release (redis-py before 5.3 wants the name
-    of a command for it)."""
-    try:
-        return pool.get_connection()
-    except TypeError:
-        return pool.get_connection("PING")
+    """A connection of ``pool``, for the caller to release."""
+    return pool.get_connection()
 
 
 def read_replies(conn: Any, n: int) -> list[Any]:

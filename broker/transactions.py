@@ -39,10 +39,7 @@ async def transactions_async(client: redis.asyncio.Redis,
                              queues: Sequence[Queue]) -> list[list[Any]]:
     """``transactions`` over ``redis.asyncio``."""
     pool: Any = client.connection_pool
-    try:
-        conn: Any = await pool.get_connection()
-    except TypeError:
-        conn = await pool.get_connection("MULTI")  # redis-py before 5.3 wants a name
+    conn: Any = await pool.get_connection()
     done: list[list[Any]] = []
 
     async def attempt() -> None:
