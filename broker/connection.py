@@ -153,7 +153,7 @@ class Batch:
         commands, self.commands = self.commands, []
         if not commands:
             return []
-        conn: Any = checkout(self.pool)
+        conn: Any = self.pool.get_connection()
         try:
             replies: list[Any] = conn.retry.call_with_retry(
                 lambda: _exchange(conn, commands), lambda _error: conn.disconnect())
@@ -173,11 +173,6 @@ class Batch:
 def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
     conn.send_packed_command(conn.pack_commands(commands))
     return read_replies(conn, len(commands))
-
-
-def checkout(pool: Any) -> Any:
-    """A connection of ``pool``, for the caller to release."""
-    return pool.get_connection()
 
 
 def read_replies(conn: Any, n: int) -> list[Any]:

@@ -14,7 +14,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from pending_actions.broker.connection import checkout, read_replies
+from pending_actions.broker.connection import read_replies
 
 Queue = Callable[[Any], object]
 
@@ -25,7 +25,7 @@ def transactions(client: redis.Redis, queues: Sequence[Queue]) -> list[list[Any]
     error for each). A dropped connection sends again those whose replies were not read, as
     the client's retry would a pipeline."""
     pool = client.connection_pool
-    conn = checkout(pool)
+    conn: Any = pool.get_connection()
     done: list[list[Any]] = []
     try:
         conn.retry.call_with_retry(lambda: _send_and_read(client, conn, queues, done),
