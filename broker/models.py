@@ -68,10 +68,13 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    id: str
-    session: str
+    # Not stored (``spec_json``): the actions hash's field is the id, which names the tool, and
+    # its key names the session, so ``read`` fills them in from where the spec was found
+    # (~80 B less per action); specs an older version wrote still carry them
+    id: str = ""
+    session: str = ""
     kind: Kind = "action"
-    tool: str
+    tool: str = ""
     label: str
     # take.lua reads apply, reject and expires_at from the stored JSON text: they must stay
     # ahead of any free-form field (payload, and any field added later that may hold an object)
@@ -86,8 +89,24 @@ class Spec(BaseModel):
     payload_schema: dict[str, Any] | None = None
     tenant: str = "default"  # older specs have none: they were all the default tenant's
 
+    @classmethod
+    def read(cls, raw: bytes | str, action_id: str, session: str) -> Spec:
+        """The spec stored as ``raw`` under ``action_id`` in ``session``'s actions hash or slot
+        (``ValidationError`` when it does not parse)."""
+        spec = cls.model_validate_json(raw)
+        return spec.model_copy(update={"id": action_id, "session": session,
+                                       "tool": spec.tool or tool_of(action_id)})
 
-SPEC_FIELDS = tuple(Spec.model_fields)
+
+def tool_of(action_id: str) -> str:
+    """``pending-action:<tool>:<seq>`` (a slot's: ``directive:<tool>:<seq>``): a tool name has
+    no colon, so the tool is the id's second part."""
+    parts = action_id.split(":")
+    return parts[1] if len(parts) == 3 else "?"
+
+
+_UNSTORED = ("id", "session", "tool")
+SPEC_FIELDS = tuple(name for name in Spec.model_fields if name not in _UNSTORED)
 # the stored value of a field that has a default and is at it (a required field never is)
 _DEFAULTS = {name: f.get_default(call_default_factory=True)
              for name, f in Spec.model_fields.items() if not f.is_required()}
@@ -98,7 +117,7 @@ def spec_json(fields: dict[str, Any]) -> bytes:
     """A spec as stored, from fields a producer has checked (no model on this path: it is the
     stage's hot loop): in ``Spec``'s order, which take.lua relies on, and without the fields at
     their default. An action in the default tenant with no reject handler, ttl, fingerprint or
-    schema stores 6 fields, not 13: the actions hash is most of a staged action's memory."""
+    schema stores 4 fields, not 13: the actions hash is most of a staged action's memory."""
     return orjson.dumps({name: fields[name] for name in SPEC_FIELDS
                          if name in fields and fields[name] != _DEFAULTS.get(name, _REQUIRED)})
 

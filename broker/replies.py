@@ -50,15 +50,15 @@ class Pending(NamedTuple):
     actions: list[PendingAction]
 
     @classmethod
-    def decode(cls, raw: Any) -> Pending:
+    def decode(cls, raw: Any, session: str) -> Pending:
         """An entry whose spec or counters do not parse is left out (with a warning): the
         worker that takes it parks it in the session's dead letters."""
         out = []
-        for i in range(0, len(raw), 3):
+        for i in range(0, len(raw), 4):
             try:
-                out.append(PendingAction.build(Spec.model_validate_json(raw[i + 1]),
-                                               ActionState.model_validate_json(raw[i + 2]),
-                                               _text(raw[i])))
+                out.append(PendingAction.build(
+                    Spec.read(raw[i + 2], _text(raw[i + 1]), session),
+                    ActionState.model_validate_json(raw[i + 3]), _text(raw[i])))
             except ValidationError as exc:
                 log.warning("an unreadable pending action left out: %s",
                             exc.errors()[0]["msg"])
@@ -72,11 +72,11 @@ class Peeked(NamedTuple):
     head: str | None
 
     @classmethod
-    def decode(cls, raw: Any) -> Peeked:
+    def decode(cls, raw: Any, session: str) -> Peeked:
         if not raw:
             return cls(None, None)
         if _text(raw[0]) == "directive":
-            return cls(Spec.model_validate_json(raw[1]), None)
+            return cls(Spec.read(raw[2], _text(raw[1]), session), None)
         return cls(None, _text(raw[1]))
 
 
@@ -105,11 +105,12 @@ class Taken(NamedTuple):
     spec: Spec | None = None
 
     @classmethod
-    def decode(cls, raw: Any) -> Taken:
+    def decode(cls, raw: Any, session: str) -> Taken:
         status = TakeStatus(_text(raw[0]))
         if status is TakeStatus.NO_WORKER:
-            return cls(status, _text(raw[1]), handler=_text(raw[2]),
-                       spec=Spec.model_validate_json(raw[3]))
+            action_id = _text(raw[1])
+            return cls(status, action_id, handler=_text(raw[2]),
+                       spec=Spec.read(raw[3], action_id, session))
         if status is not TakeStatus.OK:
             return cls(status)
         _s, action_id, kind, attempt, deadline, token, pool = raw
@@ -133,13 +134,14 @@ class Begun(NamedTuple):
     counters: ActionState | None = None
 
     @classmethod
-    def decode(cls, raw: Any) -> Begun:
+    def decode(cls, raw: Any, session: str) -> Begun:
         status = BeginStatus(_text(raw[0]))
         if status is BeginStatus.GONE:
             return cls(status, Lease.model_validate_json(raw[1]))
         if status is not BeginStatus.OK:
             return cls(status)
-        return cls(status, Lease.model_validate_json(raw[3]), Spec.model_validate_json(raw[1]),
+        lease = Lease.model_validate_json(raw[3])
+        return cls(status, lease, Spec.read(raw[1], lease.id, session),
                    ActionState.model_validate_json(raw[2]))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
 import redis
@@ -179,7 +180,7 @@ class Scripts:
             "pending",
             [k.stack(session), k.inflight(session), k.actions(session), k.state(session),
              k.expiry(session)],
-            [limit], Pending.decode,
+            [limit], partial(Pending.decode, session=session),
         )
 
     def peek(self, session: str) -> Call[Peeked]:
@@ -187,7 +188,7 @@ class Scripts:
         return self._call(
             "peek",
             [k.directive(session), k.stack(session), k.actions(session), k.expiry(session)],
-            [], Peeked.decode,
+            [], partial(Peeked.decode, session=session),
         )
 
     # --- resolve worker --------------------------------------------------------------------
@@ -214,7 +215,7 @@ class Scripts:
              self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s, session,
              live.routes_json, len(live.pools), message or b"", expect_id, by, conflict_reply,
              expired_reply, self._s.expired_memory_s * 1000, entry, RESOLVER_GROUP],
-            Taken.decode,
+            partial(Taken.decode, session=session),
         )
 
     def expire(self, session: str, action_id: str) -> Call[Expiry]:
@@ -249,7 +250,8 @@ class Scripts:
         index, member = self._leases(session, token)
         return self._call(
             "begin", [k.inflight(session), k.actions(session), k.state(session), index],
-            [token, self._s.lease_ms, member, claimant], Begun.decode,
+            [token, self._s.lease_ms, member, claimant],
+            partial(Begun.decode, session=session),
         )
 
     def renew(self, session: str, token: str) -> Call[Renewed]:

@@ -15,16 +15,17 @@ from pending_actions.broker.errors import ConfigError
 from pending_actions.procs import Child, ChildExited, await_ready
 
 # The README's "Redis settings" for memory, as docker-compose.yml has them. Redis 7
-# preallocates a stream's newest node whole, 4 KiB by default: most of what a session that has
-# staged one action costs (its history stream); nodes of 128 B keep that to ~380 B (256 B:
-# ~510 B), for ~6% more than 256 B in a history of 9 entries; the event feed's entries fill a
-# node of either size alone, so its cost is the same (~22 MB at its cap). A value of up
+# preallocates a stream's newest node whole (the node size, 4 KiB by default): most of what a
+# session that has staged one action costs (its history stream). Nodes of 64 B keep that to
+# ~360 B; history entries past the first (taken, applied: over 64 B each) fill a node alone
+# already at 128 B, and the event feed's at 256 B, so smaller nodes cost them nothing (measured
+# per entry at 3, 10, 100 and 1,000 entries: the same at 64, 80, 96 and 128 B). A value of up
 # to 1 KiB stays in a hash's compact listpack encoding, so a session's actions hash with a spec
 # of a few hundred bytes costs ~100 B less; up to 32 of them, since every write copies the
 # listpack whole (at the default 512, 200 KB of specs: a stage into such a session took ~30 us
 # more in Redis).
 # (The ziplist names: Redis 6.2 knows no other, 7 both.)
-MEMORY_SETTINGS = ("--stream-node-max-bytes", "128", "--hash-max-ziplist-value", "1024",
+MEMORY_SETTINGS = ("--stream-node-max-bytes", "64", "--hash-max-ziplist-value", "1024",
                    "--hash-max-ziplist-entries", "32")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from pending_actions.broker.models import DEFAULT_TENANT, Spec
+from pending_actions.broker.models import DEFAULT_TENANT, Spec, tool_of
 from pending_actions.producers import PendingActions
 
 BATCH = 200
@@ -54,12 +54,6 @@ def _batches(items: Iterable[str]) -> Iterator[list[str]]:
     it = iter(items)
     while chunk := list(islice(it, BATCH)):
         yield chunk
-
-
-def tool_of(action_id: str) -> str:
-    """``pending-action:<tool>:<seq>``: the tool is in the id, so counting by tool needs no spec."""
-    parts = action_id.split(":")
-    return parts[1] if len(parts) == 3 else "?"
 
 
 def inbox(pa: PendingActions, tenant: str) -> list[dict[str, Any]]:
@@ -156,9 +150,9 @@ def figures(pa: PendingActions) -> Figures:
             pipe = c.pipeline(transaction=False)
             for session, _t, action_id in tails:
                 pipe.hget(k.actions(session), action_id)
-            for (_s, tenant, _a), raw in zip(tails, pipe.execute(), strict=True):
+            for (session, tenant, action_id), raw in zip(tails, pipe.execute(), strict=True):
                 if raw is not None:
-                    created = Spec.model_validate_json(raw).created_at
+                    created = Spec.read(raw, action_id, session).created_at
                     f.oldest[tenant] = min(f.oldest.get(tenant, created), created)
     base = pa.stats()
     f.requests_waiting = base["requests_waiting"]

@@ -106,7 +106,7 @@ class Core(Staging):
             return None
         head = got.head
         raw, = yield Batch(lambda p: p.hget(self.keys.actions(session), head))
-        return Spec.model_validate_json(raw) if raw else None
+        return Spec.read(raw, head, session) if raw else None
 
     # --- reading ---------------------------------------------------------------------------
     def pending(self, session: str, limit: int = 1000) -> Plan[list[PendingAction]]:
@@ -127,7 +127,7 @@ class Core(Staging):
         raw, st = yield Batch(queue, transaction=True)
         if raw is None:
             return None
-        spec = Spec.model_validate_json(raw)
+        spec = Spec.read(raw, action_id, session)
         if spec.expires_at is not None and spec.expires_at <= time.time():
             return None  # past its ttl: gone, as pending() says, whether or not it is swept
         return PendingAction.build(spec, ActionState.model_validate_json(st or b"{}"))

@@ -32,11 +32,12 @@ def test_a_spec_stores_what_is_not_a_default(pa: PendingActions, rc: redis.Redis
     k = pa.ctx.keys
     plain = pa.stage(session=session, tool="edit", label="L", apply="t.ok", payload={"a": 1})
     [text] = byte_list([rc.hget(k.actions(session), plain)])
-    assert list(orjson.loads(text)) == ["id", "session", "tool", "label", "apply", "payload",
-                                        "created_at"]
+    # the id, its tool and the session are where the spec is stored: not in it
+    assert list(orjson.loads(text)) == ["label", "apply", "payload", "created_at"]
     [read] = pa.pending(session)
-    assert (read.kind, read.reject, read.expires_at, read.fingerprint, read.payload_schema,
-            read.tenant) == ("action", None, None, None, None, "default")
+    assert (read.id, read.session, read.tool, read.kind, read.reject, read.expires_at,
+            read.fingerprint, read.payload_schema, read.tenant) == \
+        (plain, session, "edit", "action", None, None, None, None, "default")
     other = f"{session}-red"
     full = pa.stage(session=other, tool="edit", label="L", apply="t.ok", reject="t.ok",
                     payload={"b": "x"}, ttl=600, fingerprint="f1",
@@ -178,3 +179,16 @@ def test_a_key_of_another_type_is_refused_before_any_write(
         rc.delete(key)
         if rc.exists(aside):
             rc.rename(aside, key)
+
+
+def test_a_spec_an_older_version_stored_reads_the_same(pa: PendingActions, rc: redis.Redis,
+                                                       session: str) -> None:
+    """Older specs carry their id, session and tool: still read, and the same."""
+    k = pa.ctx.keys
+    action_id = pa.stage(session=session, tool="edit", label="L", apply="t.ok", payload={"a": 1})
+    [before] = pa.pending(session)
+    [text] = byte_list([rc.hget(k.actions(session), action_id)])
+    rc.hset(k.actions(session), action_id, orjson.dumps(
+        {"id": action_id, "session": session, "tool": "edit", **orjson.loads(text)}))
+    assert pa.pending(session) == [before]
+    assert pa.show(session, action_id) == before

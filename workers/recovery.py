@@ -183,7 +183,7 @@ class Recovery:
     def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
         raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
         try:
-            spec = Spec.model_validate_json(raw) if raw else None
+            spec = Spec.read(raw, lease.id, session) if raw else None
         except ValidationError:
             spec = None  # parked by the worker that next begins it
         details = base_details(lease.action, lease.reason, lease.extra_value, spec)

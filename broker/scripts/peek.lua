@@ -2,12 +2,12 @@
 -- first stacked id that pending.lua would show too: one whose spec is gone, or that is past
 -- its ttl, is skipped, never named.
 -- KEYS[1] directive (string)  KEYS[2] stack (list)  KEYS[3] actions (hash)  KEYS[4] expiry (zset)
--- Returns: {"directive", spec JSON} | {"head", id} | {}
+-- Returns: {"directive", id, spec JSON} | {"head", id} | {}
 redis.replicate_commands()
 local id = redis.call('GET', KEYS[1])
 if id then
   local spec = redis.call('HGET', KEYS[3], id)
-  if spec then return {'directive', spec} end
+  if spec then return {'directive', id, spec} end
 end
 local now = now_ms()
 local start = 0

@@ -2,7 +2,8 @@
 -- KEYS[1] stack (list)  KEYS[2] inflight (hash)  KEYS[3] actions (hash)  KEYS[4] state (hash)
 -- KEYS[5] expiry (zset)
 -- ARGV[1] max stack entries to return
--- Returns: flat list of triples {where, spec JSON, state JSON}; where is "in_flight" for leased
+-- Returns: flat list of quadruples {where, id, spec JSON, state JSON} (a spec does not store
+-- its id: it is the field it is under); where is "in_flight" for leased
 -- actions (listed first) or "pending" for stacked ones (head first). A stacked action past its
 -- ttl is not shown: it is gone from that moment, whether or not the sweep has ended it yet.
 redis.replicate_commands()
@@ -15,6 +16,7 @@ for _, raw in ipairs(leases) do
     local spec = redis.call('HGET', KEYS[3], lease.id)
     if spec then
       out[#out + 1] = 'in_flight'
+      out[#out + 1] = lease.id
       out[#out + 1] = spec
       -- in flight, an action's counters are its lease's (take.lua)
       local ok2, st = pcall(cjson.decode, redis.call('HGET', KEYS[4], lease.id) or '{}')
@@ -29,6 +31,7 @@ for _, id in ipairs(ids) do
   local spec = redis.call('HGET', KEYS[3], id)
   if spec and not past_ttl(KEYS[5], id, now) then
     out[#out + 1] = 'pending'
+    out[#out + 1] = id
     out[#out + 1] = spec
     out[#out + 1] = redis.call('HGET', KEYS[4], id) or '{}'
   end
