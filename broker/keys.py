@@ -80,7 +80,8 @@ class Keys:
         return self._s(session, "tenant")
 
     def stack(self, session: str) -> str:
-        """LIST of pending action ids, head (newest) on the left."""
+        """ZSET of pending action ids, the head (newest) the lowest score: a one-member zset
+        is a listpack, smaller than a one-item list (see docs/design.md)."""
         return self._s(session, "stack")
 
     def actions(self, session: str) -> str:

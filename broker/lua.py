@@ -22,11 +22,12 @@ from pending_actions.broker.replies import (
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek", "expire", "beat", "park", "retire", "feed", "upgrade",
+    "pending", "peek", "expire", "beat", "park", "retire", "feed", "upgrade", "upgrade_stack",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
-# stops the script after the writes it already made (an LPOP kept, its lease never written).
+# stops the script after the writes it already made (a ZPOPMIN kept, its lease
+# never written).
 # Scripts that start or add work (stage, take, set_slot) are refused while Redis is full;
 # those that finish or return work already started, and change little, run regardless, so
 # that what is in flight when memory runs out still ends, and is never run twice.
@@ -36,6 +37,7 @@ FLAGS: dict[str, str] = {
     "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
     "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom", "upgrade": "",
+    "upgrade_stack": "",
 }
 # the enums a script may name, as the Lua tables of the prelude (e.g. EVENT.TAKEN)
 LUA_TABLES: dict[str, type[Enum]] = {

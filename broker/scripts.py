@@ -306,6 +306,10 @@ class Scripts:
         return self._call("upgrade", [k.sessions(partition), *map(k.legacy_tenant, sessions)],
                           list(sessions), int)
 
+    def upgrade_stack(self, session: str) -> Call[int]:
+        """The session's stack, if still the older list, into the zset (head first)."""
+        return self._call("upgrade_stack", [self._k.stack(session)], [], int)
+
     def beat(self, proc: str, loop: str, every_ms: int, ttl_ms: int,
              info: bytes) -> Call[int]:
         k = self._k

@@ -55,7 +55,7 @@ class Histories:
                     found.staged.add(action_id)
                 elif event in ("applied", "discarded"):
                     found.outcomes.setdefault(action_id, []).append(event)
-            found.pending.update(x.decode() for x in client.lrange(K.stack(s), 0, -1))
+            found.pending.update(x.decode() for x in client.zrange(K.stack(s), 0, -1))
             found.pending.update(orjson.loads(v)["id"] for v in client.hvals(K.inflight(s)))
             found.dead.update(orjson.loads(x)["id"] for x in client.lrange(K.dead(s), 0, -1))
         return found

@@ -130,7 +130,7 @@ def figures(pa: PendingActions) -> Figures:
     while chunk := list(islice(owned, BATCH)):
         pipe = c.pipeline(transaction=False)
         for session, _t in chunk:
-            pipe.lrange(k.stack(session), 0, -1)
+            pipe.zrange(k.stack(session), 0, -1)
             pipe.hvals(k.inflight(session))
             pipe.llen(k.dead(session))
         got = pipe.execute()

@@ -147,7 +147,7 @@ def drain(pa: PendingActions, rc: Any, session: str, timeout: float = 120) -> No
         res = pa.resolve(session=session, action="apply", reason="drain", timeout=15)
         if not res.is_error or res.text != NOTHING_TO_APPLY:
             continue
-        if not rc.hlen(K.inflight(session)) and not rc.llen(K.stack(session)):
+        if not rc.hlen(K.inflight(session)) and not rc.zcard(K.stack(session)):
             return
         tail = rc.xrevrange(K.history(session), count=1)  # in flight: await its next event
         rc.xread({K.history(session): tail[0][0] if tail else b"0-0"}, block=2000)

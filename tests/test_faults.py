@@ -42,7 +42,7 @@ def test_resolve_worker_killed_after_reading_a_request(tmp_path: Path) -> None:
         mark = tail_id(rc, K.workers)
         waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
         wait_for(rc, K.workers, lambda f: f.get(b"event") == b"after-read", mark)
-        assert rc.llen(K.stack("s")) == 1  # nothing taken yet
+        assert rc.zcard(K.stack("s")) == 1  # nothing taken yet
         doomed.kill()
         workers.append(Worker(server.url, overrides=FAST).start())  # claim_idle_ms 3000
         result = waiting.result(timeout=30)
@@ -62,7 +62,7 @@ def test_task_taken_but_never_started_goes_back(tmp_path: Path) -> None:
         mark = tail_id(rc, K.workers)
         waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
         wait_for(rc, K.workers, lambda f: f.get(b"event") == b"before-begin", mark)
-        assert rc.hlen(K.inflight("s")) == 1 and rc.llen(K.stack("s")) == 0  # popped
+        assert rc.hlen(K.inflight("s")) == 1 and rc.zcard(K.stack("s")) == 0  # popped
         doomed.kill()
         workers.append(Worker(server.url, overrides={"recovery_interval_ms": "100"}).start())
         result = waiting.result(timeout=30)

@@ -349,13 +349,13 @@ def test_redis_full_then_freed(tmp_path: Path) -> None:
         pending: Any = [rc.xpending(K.requests(p), K.RESOLVER_GROUP)
                         for p in {K.partition(s) for s in sessions}]
         assert sum(x["pending"] for x in pending) == len(sessions)  # read, refused, not acked
-        assert all(rc.llen(K.stack(s)) == 1 for s in sessions)  # nothing popped
+        assert all(rc.zcard(K.stack(s)) == 1 for s in sessions)  # nothing popped
         assert not any(rc.hlen(K.inflight(s)) for s in sessions)
         # the attempt in flight ended while full: t.gate's own record (an RPUSH to this
         # Redis) was refused, so it raised, and readd.lua (allow-oom) put it back at the head
         assert [f[b"event"] for _e, f in entries(rc.xrange(K.history("running")))][-1] == \
             b"failed"
-        assert not rc.hlen(K.inflight("running")) and rc.llen(K.stack("running")) == 1
+        assert not rc.hlen(K.inflight("running")) and rc.zcard(K.stack("running")) == 1
         rc.delete(*(f"junk:{n}" for n in range(80)))
         for s, fut in zip(sessions, waiting, strict=True):
             result = fut.result(timeout=60)

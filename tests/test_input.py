@@ -28,7 +28,7 @@ K = Keys()
 
 
 def snapshot(rc: redis.Redis, session: str) -> tuple[object, ...]:
-    return (rc.lrange(K.stack(session), 0, -1), rc.hgetall(K.actions(session)),
+    return (rc.zrange(K.stack(session), 0, -1), rc.hgetall(K.actions(session)),
             rc.hgetall(K.inflight(session)), rc.get(K.directive(session)))
 
 

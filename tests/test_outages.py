@@ -134,7 +134,7 @@ def test_batches_through_connections_cut_mid_way(tmp_path: Path, client: str) ->
             stop.set()
             chaos_thread.join()
             proxy.close()
-        stacked = [x.decode() for s in sessions for x in byte_list(rc.lrange(K.stack(s), 0, -1))]
+        stacked = [x.decode() for s in sessions for x in byte_list(rc.zrange(K.stack(s), 0, -1))]
         history = [f[b"id"].decode() for s in sessions
                    for _e, f in entries(rc.xrange(K.history(s))) if f[b"event"] == b"staged"]
         assert len(set(stacked)) == len(stacked)

@@ -160,7 +160,10 @@ def test_next_tool_choice_names_only_what_pending_shows(pa: PendingActions, rc: 
                                                         session: str) -> None:
     below = pa.stage(session=session, tool="edit", label="Below", apply="t.ok")
     # a stack entry whose spec is gone (as a crash between two writes by hand could leave)
-    rc.lpush(Keys().stack(session), "pending-action:edit:0")
+    stack = Keys().stack(session)
+    head: Any = rc.zrange(stack, 0, 0, withscores=True)
+    [(_id, score)] = head
+    rc.zadd(stack, {"pending-action:edit:0": float(score) - 1})  # the new head
     shown = [a.id for a in pa.pending(session)]
     choice = pa.next_tool_choice(session)
     assert shown == [below] and choice is not None and choice["id"] == below

@@ -1,10 +1,14 @@
-"""A deployment of the version before the sessions hash, upgraded in place: its sessions index
-(a SET, each session's tenant in a string key) is turned into the hash by a resolve worker's
-start, and its sessions keep their tenants."""
+"""A deployment of an older version, upgraded in place by a resolve worker's start: the
+sessions index (a SET, each session's tenant in a string key) is turned into the hash, and its
+sessions keep their tenants; each session's stack (a LIST, head on the left) becomes a ZSET,
+head first."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -15,8 +19,9 @@ from pending_actions.broker.errors import Forbidden
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
-from pending_actions.workers.upgrade import upgrade
+from pending_actions.workers.upgrade import upgrade, upgrade_stacks
 from tests.support.procs import Worker
+from tests.support.replies import byte_list
 
 
 def test_a_resolve_worker_upgrades_the_older_sessions_index(tmp_path: Path) -> None:
@@ -50,5 +55,97 @@ def test_a_resolve_worker_upgrades_the_older_sessions_index(tmp_path: Path) -> N
             pa.close()
     finally:
         worker.stop()
+        rc.close()
+        redis_server.stop()
+
+
+def _as_old_list(rc: redis.Redis, key: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """Rewrite a stack as the older version kept it: a LIST, head on the left (``extra``
+    appended below, as a list may hold an id twice). Returns its ids head first."""
+    got: Any = rc.zrange(key, 0, -1)
+    ids = [x.decode() for x in got]
+    rc.delete(key)
+    rc.rpush(key, *ids, *extra)
+    return ids
+
+
+def test_a_resolve_worker_upgrades_the_older_list_stacks(tmp_path: Path) -> None:
+    """Stacks written as the older LIST become ZSETs, head first, at a resolve worker's start;
+    a stack already a zset is left as it is; a resolve then takes the old head. A list an
+    older producer makes later is moved when a take meets it."""
+    redis_server = EmbeddedRedis(directory=tmp_path).start()
+    rc = redis.Redis.from_url(redis_server.url)
+    keys = Keys()
+    overrides = {"claim_idle_ms": "300"}
+    worker = Worker(redis_server.url, overrides=overrides).start()
+    pa = PendingActions.from_url(redis_server.url)
+    try:
+        def stage(session: str, n: int) -> None:
+            pa.stage_many({"session": session, "tool": "t", "label": f"{session}-{i}",
+                           "apply": "t.ok"} for i in range(n))
+
+        for session, n in (("few", 3), ("one", 1), ("deep", 1500), ("modern", 2)):
+            stage(session, n)
+        worker.stop()
+        old: dict[str, list[str]] = {}
+        for session in ("few", "one", "deep"):
+            # "few" holds its bottom id twice, below: the copy nearer the head is kept
+            bottom = rc.zrange(keys.stack(session), -1, -1)
+            extra = tuple(x.decode() for x in byte_list(bottom)) if session == "few" else ()
+            old[session] = _as_old_list(rc, keys.stack(session), extra)
+            assert rc.type(keys.stack(session)) == b"list"
+        modern: Any = rc.zrange(keys.stack("modern"), 0, -1, withscores=True)
+        worker = Worker(redis_server.url, overrides=overrides).start()
+        ctx = Context.create(Settings(redis_url=redis_server.url))
+        assert upgrade(ctx) == 0  # the worker's start did it already
+        for session, ids in old.items():
+            got: Any = rc.zrange(keys.stack(session), 0, -1, withscores=True)
+            assert rc.type(keys.stack(session)) == b"zset"
+            assert [(i.decode(), s) for i, s in got] == [(i, float(n)) for n, i in enumerate(ids)]
+        assert rc.zrange(keys.stack("modern"), 0, -1, withscores=True) == modern
+        for session, ids in (*old.items(), ("modern", [m.decode() for m, _s in modern])):
+            result = pa.resolve(session=session, action="apply", reason="r", timeout=20)
+            assert not result.is_error, result.text
+            assert [a.id for a in pa.pending(session, limit=2000)] == ids[1:]
+        # an older producer, still running, makes a new session's stack a list: the take that
+        # meets it moves it, and the request, claimed again, is served
+        stage("late", 2)
+        late = _as_old_list(rc, keys.stack("late"))
+        result = pa.resolve(session="late", action="apply", reason="r", timeout=20)
+        assert not result.is_error, result.text
+        assert [a.id for a in pa.pending("late")] == late[1:]
+    finally:
+        pa.close()
+        worker.stop()
+        rc.close()
+        redis_server.stop()
+
+
+def test_two_upgrades_at_once_move_each_stack_once(tmp_path: Path) -> None:
+    redis_server = EmbeddedRedis(directory=tmp_path).start()
+    rc = redis.Redis.from_url(redis_server.url)
+    keys = Keys()
+    sessions = [f"s{i}" for i in range(60)]
+    try:
+        for n, session in enumerate(sessions):
+            rc.hset(keys.sessions(keys.partition(session)), session, "default")
+            rc.rpush(keys.stack(session),
+                               *(f"pending-action:t:{n}-{j}" for j in range(1 + n % 4)))
+        ctxs = [Context.create(Settings(redis_url=redis_server.url)) for _ in range(2)]
+        start = threading.Barrier(2)
+
+        def run(ctx: Context) -> int:
+            start.wait()
+            return upgrade_stacks(ctx)
+
+        with ThreadPoolExecutor(2) as pool:
+            moved = list(pool.map(run, ctxs))
+        assert sum(moved) == len(sessions)
+        for n, session in enumerate(sessions):
+            got: Any = rc.zrange(keys.stack(session), 0, -1)
+            assert [x.decode() for x in got] == [f"pending-action:t:{n}-{j}"
+                                                 for j in range(1 + n % 4)]
+        assert [upgrade_stacks(c) for c in ctxs] == [0, 0]
+    finally:
         rc.close()
         redis_server.stop()

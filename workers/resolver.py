@@ -41,7 +41,7 @@ from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import TaskMessage, encoded_task, pool_queue
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
-from pending_actions.workers.upgrade import upgrade
+from pending_actions.workers.upgrade import upgrade, upgrade_stack
 
 log = logging.getLogger("pending_actions.resolver")
 
@@ -275,8 +275,15 @@ class ResolveWorker:
         """A take that Redis refused. Returns whether the request may be acked: not when
         Redis is full (it stays pending and is claimed again once memory is back). A poison
         record in the way is parked and the caller told; any other refusal parks the request
-        in the dead requests, its caller told too."""
+        in the dead requests, its caller told too. A stack an older producer made as a list
+        is moved to a zset and the request left pending: claimed again, it is served."""
         found = poison_of(exc)
+        if (found is not None and found.what == "type" and found.field == "list"
+                and found.key == self.ctx.keys.stack(request.session)
+                and upgrade_stack(self.ctx, request.session)):
+            log.warning("session %s: its stack was a list (an older producer); request %s "
+                        "waits to be claimed again", request.session, request.req)
+            return False
         why = f"{found}; it was moved to the session's dead letters" if found else ""
         if found is not None and park_poison(self.ctx, request.session, found, request.req,
                                              not_served(request, why)):

@@ -2,7 +2,7 @@
 -- index. No handler runs; it leaves the stack, its spec and counters go, the history says
 -- "expired". One taken before its ttl passed is left to its attempt (if that fails and puts it
 -- back, a later look ends it).
--- KEYS[1] stack (list)   KEYS[2] actions (hash)   KEYS[3] state (hash)   KEYS[4] expiry (zset)
+-- KEYS[1] stack (zset)   KEYS[2] actions (hash)   KEYS[3] state (hash)   KEYS[4] expiry (zset)
 -- KEYS[5] expired (zset) KEYS[6] history (stream)
 -- ARGV[1] action id      ARGV[2] history maxlen   ARGV[3] expired memory ms
 -- Returns: {outcome, ms}, outcome one of EXPIRE: ENDED, GONE (resolved or ended already),
@@ -20,7 +20,7 @@ if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
   redis.call('ZREM', KEYS[4], ARGV[1])
   return {EXPIRE.GONE, 0}
 end
-if redis.call('LREM', KEYS[1], 0, ARGV[1]) == 0 then
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return {EXPIRE.IN_FLIGHT, 0}
 end
 end_expired(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[2], ARGV[3], ARGV[1], now)

@@ -3,7 +3,7 @@
 -- session and every other one carry on. Never loses an action: parking a spec dead-letters the
 -- action itself (with its raw spec); parking a lease puts the action it held back where it was
 -- (found as the one spec neither stacked, in a slot, nor held by another lease).
--- KEYS[1] actions (hash)  KEYS[2] state (hash)  KEYS[3] inflight (hash)  KEYS[4] stack (list)
+-- KEYS[1] actions (hash)  KEYS[2] state (hash)  KEYS[3] inflight (hash)  KEYS[4] stack (zset: the lowest score is the head)
 -- KEYS[5] directive (string)  KEYS[6] standing (string)  KEYS[7] dead (list)
 -- KEYS[8] history (stream)  KEYS[9] reply (list; a request's, or any key of the session)
 -- KEYS[10] the partition's lease index (zset): a lease ended here leaves it too
@@ -23,7 +23,7 @@ local id = ARGV[1] == 'lease' and '' or ARGV[2]
 redis.call('HDEL', hash, ARGV[2])
 if ARGV[1] == 'spec' then
   redis.call('HDEL', KEYS[2], id)
-  redis.call('LREM', KEYS[4], 0, id)
+  redis.call('ZREM', KEYS[4], id)
   for _, slot in ipairs({KEYS[5], KEYS[6]}) do
     if redis.call('GET', slot) == id then redis.call('DEL', slot) end
   end
@@ -35,7 +35,7 @@ elseif ARGV[1] == 'lease' then
   redis.call('ZREM', KEYS[10], ARGV[10] .. '/' .. ARGV[2])
   -- the ids accounted for: stacked, in a slot, or held by a lease that still parses
   local known = {}
-  for _, x in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do known[x] = true end
+  for _, x in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do known[x] = true end
   for _, slot in ipairs({KEYS[5], KEYS[6]}) do
     local x = redis.call('GET', slot)
     if x then known[x] = true end
@@ -49,7 +49,7 @@ elseif ARGV[1] == 'lease' then
       if string.sub(x, 1, 10) == 'directive:' then
         redis.call('SET', KEYS[5], x, 'NX')
       else
-        redis.call('LPUSH', KEYS[4], x)
+        push_head(KEYS[4], {x})
       end
       id = x
     end

@@ -1,7 +1,8 @@
 -- peek: what the next resolve would target, without taking it (read only). The head is the
 -- first stacked id that pending.lua would show too: one whose spec is gone, or that is past
 -- its ttl, is skipped, never named.
--- KEYS[1] directive (string)  KEYS[2] stack (list)  KEYS[3] actions (hash)  KEYS[4] expiry (zset)
+-- KEYS[1] directive (string)  KEYS[2] stack (zset: the lowest score is the head)
+-- KEYS[3] actions (hash)  KEYS[4] expiry (zset)
 -- Returns: {"directive", id, spec JSON} | {"head", id} | {}
 redis.replicate_commands()
 local id = redis.call('GET', KEYS[1])
@@ -12,7 +13,7 @@ end
 local now = now_ms()
 local start = 0
 while true do
-  local ids = redis.call('LRANGE', KEYS[2], start, start + 15)
+  local ids = redis.call('ZRANGE', KEYS[2], start, start + 15)
   if #ids == 0 then return {} end
   for _, one in ipairs(ids) do
     if redis.call('HEXISTS', KEYS[3], one) == 1 and not past_ttl(KEYS[4], one, now) then

@@ -1,6 +1,6 @@
 -- pending: read a session's actions in one consistent view (read only).
--- KEYS[1] stack (list)  KEYS[2] inflight (hash)  KEYS[3] actions (hash)  KEYS[4] state (hash)
--- KEYS[5] expiry (zset)
+-- KEYS[1] stack (zset: the lowest score is the head)  KEYS[2] inflight (hash)
+-- KEYS[3] actions (hash)  KEYS[4] state (hash)  KEYS[5] expiry (zset)
 -- ARGV[1] max stack entries to return
 -- Returns: flat list of quadruples {where, id, spec JSON, state JSON} (a spec does not store
 -- its id: it is the field it is under); where is "in_flight" for leased
@@ -26,7 +26,7 @@ for _, raw in ipairs(leases) do
     end
   end
 end
-local ids = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 for _, id in ipairs(ids) do
   local spec = redis.call('HGET', KEYS[3], id)
   if spec and not past_ttl(KEYS[5], id, now) then

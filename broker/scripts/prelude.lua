@@ -62,6 +62,22 @@ local function append(key, event, ...)
   call_on('XADD', key, '*', 'event', event, ...)
 end
 
+-- push ids on the head of a session's stack, in the order given (the last one ends up the
+-- head); returns the depth before. The stack is a zset whose lowest score is the head, kept a
+-- zset for memory: one with a single member is a listpack, ~90 B smaller than a one-item list
+-- on Redis 7.0. Scores are integers (exact in a double to 2^53), the head's less one per push
+local function push_head(key, ids)
+  local depth = redis.call('ZCARD', key)
+  local low = 1  -- an empty stack's first push scores 0
+  if depth > 0 then low = tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2]) end
+  local args = {}
+  for k, id in ipairs(ids) do
+    args[2 * k - 1], args[2 * k] = low - k, id
+  end
+  redis.call('ZADD', key, unpack(args))
+  return depth
+end
+
 -- trim a stream that append() wrote to to about maxlen entries
 local function trim(key, maxlen)
   redis.call('XTRIM', key, 'MAXLEN', '~', maxlen)

@@ -2,7 +2,7 @@
 -- (its worker died or hung) that is a stall: stalls + 1, and at max_stalls the action is moved
 -- to the dead-letter list instead. If no worker ever started it, it just goes back.
 -- The resolver waiting on it gets the matching error reply. No-op unless the lease is expired.
--- KEYS[1] inflight (hash)  KEYS[2] stack (list)  KEYS[3] directive (string)
+-- KEYS[1] inflight (hash)  KEYS[2] stack (zset: the lowest score is the head)  KEYS[3] directive (string)
 -- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)
 -- KEYS[7] dead (list)      KEYS[8] reply (list)  KEYS[9] the partition's lease index (zset)
 -- ARGV[1] lease token  ARGV[2] max stalls  ARGV[3] reply ttl s  ARGV[4] history maxlen
@@ -14,7 +14,7 @@
 -- recovered already), RETURNED, DEAD_LETTERED, UNSTARTED, or LIVE (nothing done; the deadline
 -- says when to look again).
 redis.replicate_commands()
-check_types({'hash', 'list', 'string', 'hash', 'hash', 'stream', 'list', 'list', 'zset'})
+check_types({'hash', 'zset', 'string', 'hash', 'hash', 'stream', 'list', 'list', 'zset'})
 local lease = json_field('lease', KEYS[1], ARGV[1])
 if not lease then
   redis.call('ZREM', KEYS[9], ARGV[10])
@@ -53,7 +53,7 @@ if spec then
   else
     redis.call('HSET', KEYS[5], lease.id, cjson.encode(st))
     if lease.kind == 'action' then
-      redis.call('LPUSH', KEYS[2], lease.id)
+      push_head(KEYS[2], {lease.id})
     elseif lease.kind == 'directive' and not redis.call('SET', KEYS[3], lease.id, 'NX') then
       redis.call('HDEL', KEYS[4], lease.id)
       redis.call('HDEL', KEYS[5], lease.id)

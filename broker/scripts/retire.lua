@@ -6,7 +6,7 @@
 -- stage.lua and set_slot.lua make the history persistent again.
 -- KEYS[1] actions (hash)  KEYS[2] dead (list)  KEYS[3] history (stream)
 -- KEYS[4] the partition's sessions (hash)
--- KEYS[5] stack (list: only ids of specs gone, when the actions hash is empty)
+-- KEYS[5] stack (zset: only ids of specs gone, when the actions hash is empty)
 -- ARGV[1] retention ms  ARGV[2] session
 -- Returns: 2 when the session had no keys left (and left the sessions hash), 1 when its
 -- history is set to expire (or was already), 0 when it is live.

@@ -4,7 +4,7 @@
 -- a session's first action a whole key, per pending action.
 -- The session's first stage makes it its tenant's (its field in its partition's sessions
 -- hash); a stage for another tenant is refused.
--- KEYS[1] stack (list)   KEYS[2] actions (hash)   KEYS[3] history (stream)
+-- KEYS[1] stack (zset: the lowest score is the head)   KEYS[2] actions (hash)   KEYS[3] history (stream)
 -- KEYS[4] expiry (zset: id -> expiry ms, for actions staged with a ttl)
 -- KEYS[5] the partition's sessions (hash: session -> tenant)
 -- KEYS[6] the partition's expiries (zset)
@@ -36,7 +36,7 @@ local ttl = false
 for i = 6, #ARGV, 3 do
   ttl = ttl or ARGV[i] ~= ''
 end
-check_types(ttl and {'list', nil, 'stream', 'zset', nil, 'zset'} or {'list', nil, 'stream'})
+check_types(ttl and {'zset', nil, 'stream', 'zset', nil, 'zset'} or {'zset', nil, 'stream'})
 local out = {}
 local owner = typed(redis.pcall('HGET', KEYS[5], ARGV[3]), 5)
 if owner and owner ~= '' and owner ~= ARGV[2] then
@@ -72,7 +72,7 @@ end
 redis.call('PERSIST', KEYS[3])
 local pushed = {}
 for k, i in ipairs(new) do pushed[k] = ARGV[i] end
-local depth = redis.call('LPUSH', KEYS[1], unpack(pushed)) - #new
+local depth = push_head(KEYS[1], pushed)
 local now = ttl and now_ms()
 for k, i in ipairs(new) do
   out[(i - 1) / 3] = depth + k

@@ -2,7 +2,7 @@
 -- lease it to one attempt, index the lease and enqueue its task to a pool of workers that has
 -- the handler it needs. The target leaves the stack/slot but its spec stays in the actions
 -- hash, so it is never missing: it is either stacked or in flight.
--- KEYS[1] directive (string)  KEYS[2] stack (list)  KEYS[3] standing (string)
+-- KEYS[1] directive (string)  KEYS[2] stack (zset: the lowest score is the head)  KEYS[3] standing (string)
 -- KEYS[4] actions (hash)      KEYS[5] state (hash)  KEYS[6] inflight (hash)
 -- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
 -- KEYS[9] reply (list)        KEYS[10] the partition's lease index (zset)
@@ -143,7 +143,7 @@ local function target()
   if spec then return id, 'directive', spec, false, 0 end
   local i = 0
   while true do
-    id = call_on('LINDEX', KEYS[2], i)
+    id = call_on('ZRANGE', KEYS[2], i, i)[1]
     if not id then break end
     spec = live_spec(id)
     if spec then return id, 'action', spec, stale_directive, i end
@@ -199,14 +199,16 @@ if stale_directive or kind == 'directive' then
   redis.call('DEL', KEYS[1])
 end
 if skipped > 0 then
-  for _, x in ipairs(redis.call('LPOP', KEYS[2], skipped)) do
+  local popped = redis.call('ZPOPMIN', KEYS[2], skipped)  -- id, score, id, score, ...
+  for j = 1, #popped, 2 do
+    local x = popped[j]
     if redis.call('HEXISTS', KEYS[4], x) == 1 then
       end_expired(KEYS[4], KEYS[5], KEYS[11], KEYS[12], KEYS[7], ARGV[6], ARGV[19], x, now)
     end
   end
 end
 if kind == 'action' then
-  redis.call('LPOP', KEYS[2])
+  redis.call('ZPOPMIN', KEYS[2])
 end
 if not id then
   redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])

@@ -77,7 +77,7 @@ def by_depth(pa: PendingActions, depths: tuple[int, ...], samples: int, gap_s: f
                 dists[depth].samples_ms.extend(one.samples_ms)
                 dists[depth].errors += one.errors
     for depth in depths:
-        left = int(ctx.client.llen(ctx.keys.stack(depth_session(depth))))
+        left = int(ctx.client.zcard(ctx.keys.stack(depth_session(depth))))
         if left != depth - 1:
             raise RuntimeError(f"depth drifted: {left} stacked, expected {depth - 1}")
     return [(depth, dists[depth]) for depth in depths]

@@ -30,7 +30,7 @@ def drain(pa: PendingActions, rc: redis.Redis, session: str, progress: threading
                 continue
             if res.text != NOTHING_TO_APPLY:
                 continue  # interrupted / timed out: the action is pending or in flight
-            if not rc.hlen(K.inflight(session)) and not rc.llen(K.stack(session)):
+            if not rc.hlen(K.inflight(session)) and not rc.zcard(K.stack(session)):
                 return
             # something is in flight: wait for its next history event
             read(rc, K.history(session), tail_id(rc, K.history(session)), 2000)
@@ -75,7 +75,7 @@ def check_exactly_once(rc: redis.Redis, staged: dict[str, list[str]]) -> dict[st
         ran = runs(rc, session)
         attempts = Counter((r["id"], r["attempt"]) for r in ran)
         assert max(attempts.values()) == 1, [k for k, v in attempts.items() if v > 1]
-        assert rc.llen(K.stack(session)) == 0 and rc.hlen(K.inflight(session)) == 0
+        assert rc.zcard(K.stack(session)) == 0 and rc.hlen(K.inflight(session)) == 0
         assert rc.llen(K.dead(session)) == 0
         totals["staged"] += len(ids)
         totals["applied"] += len(effects)
