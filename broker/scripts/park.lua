@@ -3,7 +3,8 @@
 -- session and every other one carry on. Never loses an action: parking a spec dead-letters the
 -- action itself (with its raw spec); parking a lease puts the action it held back where it was
 -- (found as the one spec neither stacked, in a slot, nor held by another lease).
--- KEYS[1] actions (hash)  KEYS[2] state (hash)  KEYS[3] inflight (hash)  KEYS[4] stack (zset: the lowest score is the head)
+-- KEYS[1] actions (hash)  KEYS[2] state (hash)  KEYS[3] inflight (hash)
+-- KEYS[4] stack (zset: the lowest score is the head)
 -- KEYS[5] directive (string)  KEYS[6] standing (string)  KEYS[7] dead (list)
 -- KEYS[8] history (stream)  KEYS[9] reply (list; a request's, or any key of the session)
 -- KEYS[10] the partition's lease index (zset): a lease ended here leaves it too

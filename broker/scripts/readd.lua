@@ -1,7 +1,8 @@
 -- readd: a failed attempt puts its target back where it was (stack head, or the directive slot)
 -- under the same id, with last_error set, and replies the error to the resolver. One step, so
 -- no observer sees the action missing. Fenced by the lease token like finalize.
--- KEYS[1] inflight (hash)  KEYS[2] stack (zset: the lowest score is the head)  KEYS[3] directive (string)
+-- KEYS[1] inflight (hash)  KEYS[2] stack (zset: the lowest score is the head)
+-- KEYS[3] directive (string)
 -- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)  KEYS[7] reply (list)
 -- KEYS[8] the partition's lease index (zset)
 -- ARGV[1] lease token  ARGV[2] error text  ARGV[3] reply JSON  ARGV[4] reply ttl s

@@ -2,7 +2,8 @@
 -- (its worker died or hung) that is a stall: stalls + 1, and at max_stalls the action is moved
 -- to the dead-letter list instead. If no worker ever started it, it just goes back.
 -- The resolver waiting on it gets the matching error reply. No-op unless the lease is expired.
--- KEYS[1] inflight (hash)  KEYS[2] stack (zset: the lowest score is the head)  KEYS[3] directive (string)
+-- KEYS[1] inflight (hash)  KEYS[2] stack (zset: the lowest score is the head)
+-- KEYS[3] directive (string)
 -- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)
 -- KEYS[7] dead (list)      KEYS[8] reply (list)  KEYS[9] the partition's lease index (zset)
 -- ARGV[1] lease token  ARGV[2] max stalls  ARGV[3] reply ttl s  ARGV[4] history maxlen

@@ -4,7 +4,8 @@
 -- a session's first action a whole key, per pending action.
 -- The session's first stage makes it its tenant's (its field in its partition's sessions
 -- hash); a stage for another tenant is refused.
--- KEYS[1] stack (zset: the lowest score is the head)   KEYS[2] actions (hash)   KEYS[3] history (stream)
+-- KEYS[1] stack (zset: the lowest score is the head)   KEYS[2] actions (hash)
+-- KEYS[3] history (stream)
 -- KEYS[4] expiry (zset: id -> expiry ms, for actions staged with a ttl)
 -- KEYS[5] the partition's sessions (hash: session -> tenant)
 -- KEYS[6] the partition's expiries (zset)

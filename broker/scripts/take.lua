@@ -2,7 +2,8 @@
 -- lease it to one attempt, index the lease and enqueue its task to a pool of workers that has
 -- the handler it needs. The target leaves the stack/slot but its spec stays in the actions
 -- hash, so it is never missing: it is either stacked or in flight.
--- KEYS[1] directive (string)  KEYS[2] stack (zset: the lowest score is the head)  KEYS[3] standing (string)
+-- KEYS[1] directive (string)  KEYS[2] stack (zset: the lowest score is the head)
+-- KEYS[3] standing (string)
 -- KEYS[4] actions (hash)      KEYS[5] state (hash)  KEYS[6] inflight (hash)
 -- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
 -- KEYS[9] reply (list)        KEYS[10] the partition's lease index (zset)
