@@ -244,6 +244,12 @@ class Keys:
         return f"{self.prefix}:{{beats}}:proc:{proc}"
 
     @property
+    def layout(self) -> str:
+        """STRING: the newest key layout every session has been brought up to
+        (workers/upgrade.py), so that a resolve worker's start looks at each session once."""
+        return f"{self.prefix}:layout"
+
+    @property
     def housekeeping_lock(self) -> str:
         """STRING with a TTL: the resolve worker retiring the next page of sessions."""
         return f"{self.prefix}:housekeeping-lock"

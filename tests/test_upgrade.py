@@ -94,6 +94,7 @@ def test_a_resolve_worker_upgrades_the_older_list_stacks(tmp_path: Path) -> None
             extra = tuple(x.decode() for x in byte_list(bottom)) if session == "few" else ()
             old[session] = _as_old_list(rc, keys.stack(session), extra)
             assert rc.type(keys.stack(session)) == b"list"
+        rc.delete(keys.layout)  # an older version writes no layout mark
         modern: Any = rc.zrange(keys.stack("modern"), 0, -1, withscores=True)
         worker = Worker(redis_server.url, overrides=overrides).start()
         ctx = Context.create(Settings(redis_url=redis_server.url))
@@ -146,6 +147,11 @@ def test_two_upgrades_at_once_move_each_stack_once(tmp_path: Path) -> None:
             assert [x.decode() for x in got] == [f"pending-action:t:{n}-{j}"
                                                  for j in range(1 + n % 4)]
         assert [upgrade_stacks(c) for c in ctxs] == [0, 0]
+        # every stack looked at: later starts skip the scan (a take moves a later list)
+        assert rc.get(keys.layout) == b"zset-stacks"
+        rc.hset(keys.sessions(keys.partition("late")), "late", "default")
+        rc.rpush(keys.stack("late"), "pending-action:t:late")
+        assert upgrade_stacks(ctxs[0]) == 0 and rc.type(keys.stack("late")) == b"list"
     finally:
         rc.close()
         redis_server.stop()

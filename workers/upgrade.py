@@ -7,8 +7,10 @@ starts:
 * each session's stack, a LIST (head on the left) before it became a ZSET (the head the lowest
   score). Until then a stage or resolve in that session is refused (POISON type).
 
-So a deployment is upgraded by starting a new resolve worker first. A stack an older producer
-still makes as a list after that is moved when a take meets it (``upgrade_stack``)."""
+So a deployment is upgraded by starting a new resolve worker first. Once every stack has been
+looked at, ``Keys.layout`` says so and later starts skip the scan (one read of each session's
+stack type); a stack an older producer still makes as a list after that is moved when a take
+meets it (``upgrade_stack``)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pending_actions.broker.context import Context
 log = logging.getLogger("pending_actions.upgrade")
 ATTEMPTS = 10  # reads of a set that a producer of the older version keeps adding to
 BATCH = 500  # sessions whose stack types are asked in one round trip
+ZSET_STACKS = "zset-stacks"  # the layout (Keys.layout) once every stack has been looked at
 
 
 def upgrade(ctx: Context) -> int:
@@ -51,6 +54,8 @@ def upgrade_stacks(ctx: Context) -> int:
     """Every session's stack that is still a list into a zset; returns the stacks moved. Only
     those found to be lists are sent to the script, which looks again itself (another worker
     may be at it too)."""
+    if _text(ctx.client.get(ctx.keys.layout) or b"") == ZSET_STACKS:
+        return 0  # every session looked at by an earlier start; a take moves a later list
     moved = 0
     for partition in range(ctx.keys.partitions):
         key = ctx.keys.sessions(partition)
@@ -72,6 +77,7 @@ def upgrade_stacks(ctx: Context) -> int:
                 break
     if moved:
         log.warning("upgraded %d stacks from lists to zsets", moved)
+    ctx.client.set(ctx.keys.layout, ZSET_STACKS)
     return moved
 
 
