@@ -47,7 +47,7 @@ class Keys:
     prefix: str = "pa"
     partitions: int = 16
     tags: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    # session -> the start of its key names: a stage names six keys, a batch of them the same
+    # session -> the start of its key names: a stage names five keys, a batch of them the same
     # few sessions' over and over (bounded: cleared when full)
     _heads: dict[str, str] = field(default_factory=dict, init=False, repr=False,
                                    compare=False)
