@@ -47,7 +47,7 @@ class Keys:
     prefix: str = "pa"
     partitions: int = 16
     tags: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    # session -> the start of its key names: a stage names six keys, a batch of them the same
+    # session -> the start of its key names: a stage names five keys, a batch of them the same
     # few sessions' over and over (bounded: cleared when full)
     _heads: dict[str, str] = field(default_factory=dict, init=False, repr=False,
                                    compare=False)
@@ -112,9 +112,10 @@ class Keys:
         """LIST of dead-lettered actions with the reason."""
         return self._s(session, "dead")
 
-    def expiry(self, session: str) -> str:
-        """ZSET of the session's actions staged with a ttl, score the expiry time in ms: every
-        reader treats one past its score as gone, before the sweep ends it."""
+    def legacy_expiry(self, session: str) -> str:
+        """ZSET id -> expiry ms that versions before the one expiry index kept per session,
+        beside the partition's ``expiries`` (which always held the same entries). Nothing reads
+        it any more; deleted when the session is retired (retire.lua)."""
         return self._s(session, "expiry")
 
     def expired(self, session: str) -> str:
@@ -153,7 +154,9 @@ class Keys:
 
     def expiries(self, partition: int) -> str:
         """ZSET of the partition's actions staged with a ttl, member ``<session>/<id>`` (see
-        ``lease_member``), score its expiry in ms: where the recovery loop finds what to end."""
+        ``expiry_member``), score its expiry in ms (server clock): the only record of a ttl.
+        Every reader treats an action past its score as gone, before the sweep ends it; the
+        recovery loop finds there what to end."""
         return self._p(partition, "expiries")
 
     def sessions(self, partition: int) -> str:
@@ -180,6 +183,11 @@ class Keys:
     def lease_member(session: str, token: str) -> str:
         # "/" never occurs in a session id, so the member splits back unambiguously
         return f"{session}/{token}"
+
+    @staticmethod
+    def expiry_member(session: str, action_id: str) -> str:
+        """An action's member in its partition's ``expiries``, as the scripts write it."""
+        return f"{session}/{action_id}"
 
     @staticmethod
     def parse_lease_member(member: bytes | str) -> tuple[str, str]:

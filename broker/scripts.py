@@ -136,8 +136,8 @@ class Scripts:
         p = k.partition(session)
         return self._call(
             "stage",
-            [k.stack(session), k.actions(session), k.history(session), k.expiry(session),
-             k.sessions(p), k.expiries(p)],
+            [k.stack(session), k.actions(session), k.history(session), k.sessions(p),
+             k.expiries(p)],
             [self._s.history_maxlen, tenant, session,
              *(x for action_id, spec, ttl_ms in actions
                for x in (action_id, spec, "" if ttl_ms is None else ttl_ms))],
@@ -179,16 +179,17 @@ class Scripts:
         return self._call(
             "pending",
             [k.stack(session), k.inflight(session), k.actions(session), k.state(session),
-             k.expiry(session)],
-            [limit], partial(Pending.decode, session=session),
+             k.expiries(k.partition(session))],
+            [limit, session], partial(Pending.decode, session=session),
         )
 
     def peek(self, session: str) -> Call[Peeked]:
         k = self._k
         return self._call(
             "peek",
-            [k.directive(session), k.stack(session), k.actions(session), k.expiry(session)],
-            [], partial(Peeked.decode, session=session),
+            [k.directive(session), k.stack(session), k.actions(session),
+             k.expiries(k.partition(session))],
+            [session], partial(Peeked.decode, session=session),
         )
 
     # --- resolve worker --------------------------------------------------------------------
@@ -209,8 +210,8 @@ class Scripts:
             "take",
             [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
              k.state(session), k.inflight(session), k.history(session),
-             k.request_marker(session, req), k.reply(session, req), index, k.expiry(session),
-             k.expired(session), k.requests(partition), *streams],
+             k.request_marker(session, req), k.reply(session, req), index,
+             k.expiries(partition), k.expired(session), k.requests(partition), *streams],
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
              self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s, session,
              live.routes_json, len(live.pools), message or b"", expect_id, by, conflict_reply,
@@ -222,9 +223,9 @@ class Scripts:
         k = self._k
         return self._call(
             "expire",
-            [k.stack(session), k.actions(session), k.state(session), k.expiry(session),
-             k.expired(session), k.history(session)],
-            [action_id, self._s.history_maxlen, self._s.expired_memory_s * 1000],
+            [k.stack(session), k.actions(session), k.state(session),
+             k.expiries(k.partition(session)), k.expired(session), k.history(session)],
+            [action_id, self._s.history_maxlen, self._s.expired_memory_s * 1000, session],
             Expiry.decode,
         )
 
@@ -296,7 +297,7 @@ class Scripts:
         return self._call(
             "retire",
             [k.actions(session), k.dead(session), k.history(session),
-             k.sessions(k.partition(session)), k.stack(session)],
+             k.sessions(k.partition(session)), k.stack(session), k.legacy_expiry(session)],
             [retention_ms, session], int,
         )
 

@@ -9,16 +9,21 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 import redis
 
 from pending_actions.broker import Keys
+from pending_actions.broker.context import Context
 from pending_actions.broker.pools import LiveView, heartbeat
+from pending_actions.broker.replies import TakeStatus
+from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from pending_actions.producers.tool import render
+from pending_actions.workers.recovery import Recovery
 from tests.support.procs import Worker
 from tests.support.replies import read
 from tests.support.runs import runs
@@ -175,4 +180,66 @@ def test_take_passes_over_an_expired_head_whatever_its_spec_layout(
                                     60, b"{}", live, None).run()
         assert taken.id == keep
     finally:
+        pa.close()
+
+
+def test_one_record_of_a_ttl_which_holds_while_the_action_is_in_flight(
+        redis_server: EmbeddedRedis, rc: redis.Redis) -> None:
+    """An action's ttl is recorded once: its member ``<session>/<id>`` in its partition's
+    expiries, score the expiry of the history's staged entry, and no key of the session's own.
+    Taken before its ttl passes, it stays in flight past it; the sweep leaves it to its attempt
+    and leaves its score, the expiry every reader checks: once the failed attempt puts it back it
+    is gone for pending and peek at once, and the sweep ends it a lease later (by which time
+    a resolve naming it is told it expired). No resolve worker serves this prefix: the scripts
+    and the recovery loop's sweep are driven here."""
+    prefix, session = f"nw{uuid.uuid4().hex[:6]}", "s1"
+    keys = Keys(prefix)
+    index, lease_ms = keys.expiries(keys.partition(session)), 1000
+    heartbeat(rc, keys, "p", ["t.ok"], "by-hand", 60_000)  # t.ok live, no worker
+    pa = PendingActions.from_url(redis_server.url, key_prefix=prefix)
+    ctx = Context.create(Settings(redis_url=redis_server.url, key_prefix=prefix,
+                                  lease_ms=lease_ms), role="worker")
+    sweep = Recovery(ctx, "test", threading.Event())
+    try:
+        keep = pa.stage(session=session, tool="edit", label="Keep", apply="t.ok")
+        short = pa.stage(session=session, tool="edit", label="Short", apply="t.ok", ttl=0.3)
+        member = keys.expiry_member(session, short)
+        staged = next(e for e in pa.history(session) if e["id"] == short)
+        assert rc.zscore(index, member) == float(staged["expires_at"])
+        own: Any = rc.keys(f"{prefix}:*:s:{session}:*")
+        assert sorted(k.decode().rpartition(":")[2] for k in own) == [
+            "actions", "history", "stack"]
+        assert not rc.exists(keys.legacy_expiry(session))
+
+        live = LiveView(rc, keys).get()
+        taken = ctx.scripts.take(session, "req-1", "apply", uuid.uuid4().hex, "r", b"null", 60,
+                                 b"{}", live, None).run()
+        assert taken.id == short
+        time.sleep(0.35)  # the passing of time is what is tested here: the ttl passes
+        assert sweep.expire_due() == 0  # in flight: left to its attempt
+        assert rc.zscore(index, member) == float(staged["expires_at"])
+        assert member.encode() in sweep.in_flight
+
+        assert ctx.scripts.readd(session, taken.token, "req-1", "boom", b"{}", short,
+                                 taken.attempt).run()
+        assert rc.zscore(keys.stack(session), short) is not None  # back on the stack, yet:
+        assert [a.id for a in pa.pending(session)] == [keep]
+        choice = pa.next_tool_choice(session)
+        assert choice is not None and choice["id"] == keep
+        assert sweep.expire_due() == 0  # looked at again a lease after the first look, not now
+        time.sleep(lease_ms / 1000)  # as above: a lease passes
+        assert sweep.expire_due() == 1
+        assert sweep.in_flight == {}
+        ended = [e for e in pa.history(session) if e["event"] == "expired"]
+        assert [(e["id"], e["expires_at"]) for e in ended] == [(short, staged["expires_at"])]
+        assert rc.zscore(index, member) is None
+        assert not rc.hexists(keys.actions(session), short)
+
+        late = ctx.scripts.take(session, "req-2", "apply", uuid.uuid4().hex, "r", b"null", 60,
+                                b"{}", live, None, expect_id=short, conflict_reply=b"conflict",
+                                expired_reply=b"expired").run()
+        assert late.status is TakeStatus.CONFLICT
+        assert rc.lrange(keys.reply(session, "req-2"), 0, -1) == [b"expired"]
+    finally:
+        ctx.client.close()
         pa.close()

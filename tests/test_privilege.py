@@ -145,13 +145,15 @@ def test_reason_and_extra_limits(tmp_path: Path) -> None:
 def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
     """Retention 1 s: a finished session's history expires and it leaves the sessions hashes
     (its tenant claim with it) and sets; a session with a pending or a dead-lettered action
-    keeps everything."""
+    keeps everything. A per-session expiry zset an older version left goes with its session."""
     with cluster(tmp_path, retention_s="1", housekeeping_s="0.2") as (server, _w, pa):
         rc = redis.Redis.from_url(server.url)
         for i in range(50):
             pa.stage(session=f"done-{i}", tool="t", label="L", apply="t.idem")
             assert not pa.resolve(session=f"done-{i}", action="apply", reason="r").is_error
         kept = pa.stage(session="live", tool="t", label="L", apply="t.idem")
+        for session in ("done-0", "done-1", "live"):  # as an older version left them
+            rc.zadd(K.legacy_expiry(session), {"pending-action:t:1": 1})
         rc.lpush(K.dead("dead"), orjson.dumps({"id": "x", "reason": "r"}))
         rc.hset(K.sessions(K.partition("dead")), "dead", "default")
 
@@ -165,6 +167,8 @@ def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert members() == {"live", "dead"}
         assert not any(rc.exists(K.history(f"done-{i}")) for i in range(50))
+        assert not rc.exists(K.legacy_expiry("done-0"), K.legacy_expiry("done-1"))
+        assert rc.exists(K.legacy_expiry("live"))
         assert [a.id for a in pa.pending("live")] == [kept]
         assert rc.ttl(K.history("live")) == -1 and rc.llen(K.dead("dead")) == 1
         # what 50 finished sessions leave after retention: only their request marker and

@@ -155,6 +155,7 @@ PLANT: dict[str, Callable[[PendingActions, str], str]] = {
     "actions": lambda pa, s: pa.ctx.keys.actions(s),
     "history": lambda pa, s: pa.ctx.keys.history(s),
     "sessions": lambda pa, s: pa.ctx.keys.sessions(pa.ctx.keys.partition(s)),
+    "expiries": lambda pa, s: pa.ctx.keys.expiries(pa.ctx.keys.partition(s)),
 }
 
 
@@ -163,7 +164,7 @@ def test_a_key_of_another_type_is_refused_before_any_write(
         pa: PendingActions, rc: redis.Redis, session: str, kind: str) -> None:
     k = pa.ctx.keys
     key = PLANT[kind](pa, session)
-    aside = f"{key}:aside"  # the partition's sessions hash is shared: kept aside, then back
+    aside = f"{key}:aside"  # the partition's keys are shared: kept aside, then back
     if rc.exists(key):
         rc.rename(key, aside)
     try:
@@ -171,10 +172,13 @@ def test_a_key_of_another_type_is_refused_before_any_write(
         with pytest.raises(Poison) as bad:
             pa.stage(session=session, tool="edit", label="L", apply="t.ok", ttl=60)
         assert (bad.value.what, bad.value.key, bad.value.field) == ("type", key, "string")
-        written = [x for x in (k.stack(session), k.actions(session), k.history(session),
-                               k.expiry(session)) if x != key and rc.exists(x)]
+        written = [x for x in (k.stack(session), k.actions(session), k.history(session))
+                   if x != key and rc.exists(x)]
         assert written == []
         assert kind == "sessions" or pa.tenant_of(session) is None
+        if kind != "expiries":  # the ttl's one record was not written either
+            index = k.expiries(k.partition(session))
+            assert list(rc.zscan_iter(index, match=f"{session}/*")) == []
     finally:
         rc.delete(key)
         if rc.exists(aside):

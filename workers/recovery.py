@@ -50,6 +50,10 @@ class Recovery:
         every = s.policy_check_s
         self.next_check = time.monotonic() + random.uniform(0, every)  # spread out
         self.retire = Retirement(ctx)
+        # expiries members found in flight past their ttl -> (partition, when to look again,
+        # ms). Their entry keeps its score, the expiry that every reader checks, so the due
+        # range goes on listing them: each is asked about again a lease later, not each round
+        self.in_flight: dict[bytes, tuple[int, int]] = {}
 
     def step(self) -> None:
         """One round of the recovery loop (run by ``broker.loops.Loop`` every
@@ -140,31 +144,39 @@ class Recovery:
         history entry and frees their keys. One taken before its ttl passed is looked at again
         a lease later."""
         ctx, now = self.ctx, self._now_ms()
+        waiting: list[set[bytes]] = [set() for _ in range(ctx.keys.partitions)]
+        for member, (p, look_at) in self.in_flight.items():
+            if look_at > now:
+                waiting[p].add(member)
         pipe = ctx.client.pipeline(transaction=False)
         for p in range(ctx.keys.partitions):
-            pipe.zrangebyscore(ctx.keys.expiries(p), "-inf", now, start=0, num=DUE_BATCH)
-        due = [m for members in pipe.execute() for m in members]
+            pipe.zrangebyscore(ctx.keys.expiries(p), "-inf", now, start=0,
+                               num=DUE_BATCH + len(waiting[p]))
+        due: list[bytes] = []
+        for p, members in enumerate(pipe.execute()):
+            if len(members) < DUE_BATCH + len(waiting[p]):  # all that is due: the rest is gone
+                for member in waiting[p].difference(members):
+                    del self.in_flight[member]
+            due.extend(m for m in members if m not in waiting[p])
         if not due:
             return 0
         pairs = [Keys.parse_lease_member(m) for m in due]
         pipe = ctx.client.pipeline(transaction=False)
         calls = [ctx.scripts.expire(session, action_id).on(pipe) for session, action_id in pairs]
         replies = pipe.execute()
-        fix = ctx.client.pipeline(transaction=False)
+        feed = ctx.client.pipeline(transaction=False)
         ended = 0
         for member, (session, action_id), queued in zip(due, pairs, calls, strict=True):
-            index = ctx.keys.expiries(ctx.keys.partition(session))
             got = queued.get(replies)
             if got.outcome is ExpireOutcome.IN_FLIGHT:
-                fix.zadd(index, {member: now + ctx.settings.lease_ms}, xx=True)
-            elif got.outcome is ExpireOutcome.LATER:
-                fix.zadd(index, {member: got.at}, xx=True)
-            else:
-                if got.outcome is ExpireOutcome.ENDED:
-                    ended += 1
-                    publish(fix, ctx.keys, Event.EXPIRED, session=session, id=action_id)
-                fix.zrem(index, member)
-        fix.execute()
+                self.in_flight[member] = (ctx.keys.partition(session), now + ctx.settings.lease_ms)
+                continue
+            self.in_flight.pop(member, None)
+            if got.outcome is ExpireOutcome.ENDED:  # GONE and LATER: the script did all there is
+                ended += 1
+                publish(feed, ctx.keys, Event.EXPIRED, session=session, id=action_id)
+        if len(feed):
+            feed.execute()
         return ended
 
     def _lease(self, session: str, token: str, raw: bytes | None) -> Lease | None:

@@ -1,15 +1,19 @@
--- expire: end one action whose ttl has passed, found by the recovery loop through the global
--- index. No handler runs; it leaves the stack, its spec and counters go, the history says
--- "expired". One taken before its ttl passed is left to its attempt (if that fails and puts it
--- back, a later look ends it).
--- KEYS[1] stack (zset)   KEYS[2] actions (hash)   KEYS[3] state (hash)   KEYS[4] expiry (zset)
+-- expire: end one action whose ttl has passed, found by the recovery loop through its
+-- partition's expiries. No handler runs; it leaves the stack, its spec and counters go, the
+-- history says "expired". One taken before its ttl passed is left to its attempt (if that fails
+-- and puts it back, a later look ends it); its entry stays as it is, since its score is what
+-- every reader checks.
+-- KEYS[1] stack (zset)   KEYS[2] actions (hash)   KEYS[3] state (hash)
+-- KEYS[4] the partition's expiries (zset "<session>/<id>" -> expiry ms)
 -- KEYS[5] expired (zset) KEYS[6] history (stream)
--- ARGV[1] action id      ARGV[2] history maxlen   ARGV[3] expired memory ms
--- Returns: {outcome, ms}, outcome one of EXPIRE: ENDED, GONE (resolved or ended already),
--- IN_FLIGHT (taken; look again later), LATER (not due yet: ms is its expiry time)
+-- ARGV[1] action id      ARGV[2] history maxlen   ARGV[3] expired memory ms   ARGV[4] session
+-- Returns: {outcome, ms}, outcome one of EXPIRE: ENDED, GONE (resolved or ended already: its
+-- entry is gone too), IN_FLIGHT (taken; look again later), LATER (not due yet: ms is its
+-- expiry time)
 redis.replicate_commands()
 local now = now_ms()
-local at = redis.call('ZSCORE', KEYS[4], ARGV[1])
+local member = ARGV[4] .. '/' .. ARGV[1]
+local at = redis.call('ZSCORE', KEYS[4], member)
 if not at then
   return {EXPIRE.GONE, 0}
 end
@@ -17,11 +21,11 @@ if tonumber(at) > now then
   return {EXPIRE.LATER, tonumber(at)}
 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
-  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('ZREM', KEYS[4], member)
   return {EXPIRE.GONE, 0}
 end
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return {EXPIRE.IN_FLIGHT, 0}
 end
-end_expired(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[2], ARGV[3], ARGV[1], now)
+end_expired(KEYS[2], KEYS[3], KEYS[4], member, KEYS[5], KEYS[6], ARGV[2], ARGV[3], ARGV[1], now)
 return {EXPIRE.ENDED, 0}

@@ -2,7 +2,8 @@
 -- first stacked id that pending.lua would show too: one whose spec is gone, or that is past
 -- its ttl, is skipped, never named.
 -- KEYS[1] directive (string)  KEYS[2] stack (zset: the lowest score is the head)
--- KEYS[3] actions (hash)  KEYS[4] expiry (zset)
+-- KEYS[3] actions (hash)  KEYS[4] the partition's expiries (zset "<session>/<id>" -> expiry ms)
+-- ARGV[1] session
 -- Returns: {"directive", id, spec JSON} | {"head", id} | {}
 redis.replicate_commands()
 local id = redis.call('GET', KEYS[1])
@@ -16,7 +17,8 @@ while true do
   local ids = redis.call('ZRANGE', KEYS[2], start, start + 15)
   if #ids == 0 then return {} end
   for _, one in ipairs(ids) do
-    if redis.call('HEXISTS', KEYS[3], one) == 1 and not past_ttl(KEYS[4], one, now) then
+    if redis.call('HEXISTS', KEYS[3], one) == 1
+        and not past_ttl(KEYS[4], ARGV[1] .. '/' .. one, now) then
       return {'head', one}
     end
   end

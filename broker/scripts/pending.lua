@@ -1,7 +1,8 @@
 -- pending: read a session's actions in one consistent view (read only).
 -- KEYS[1] stack (zset: the lowest score is the head)  KEYS[2] inflight (hash)
--- KEYS[3] actions (hash)  KEYS[4] state (hash)  KEYS[5] expiry (zset)
--- ARGV[1] max stack entries to return
+-- KEYS[3] actions (hash)  KEYS[4] state (hash)
+-- KEYS[5] the partition's expiries (zset "<session>/<id>" -> expiry ms)
+-- ARGV[1] max stack entries to return  ARGV[2] session
 -- Returns: flat list of quadruples {where, id, spec JSON, state JSON} (a spec does not store
 -- its id: it is the field it is under); where is "in_flight" for leased
 -- actions (listed first) or "pending" for stacked ones (head first). A stacked action past its
@@ -29,7 +30,7 @@ end
 local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 for _, id in ipairs(ids) do
   local spec = redis.call('HGET', KEYS[3], id)
-  if spec and not past_ttl(KEYS[5], id, now) then
+  if spec and not past_ttl(KEYS[5], ARGV[2] .. '/' .. id, now) then
     out[#out + 1] = 'pending'
     out[#out + 1] = id
     out[#out + 1] = spec

@@ -106,19 +106,21 @@ local function counters(state_key, id)
 end
 
 -- whether an action staged with a ttl is past it at server time ``now`` (ms): from that moment
--- every reader treats it as gone, whether or not the sweep has ended it yet
-local function past_ttl(expiry_key, id, now)
-  local at = call_on('ZSCORE', expiry_key, id)
+-- every reader treats it as gone, whether or not the sweep has ended it yet. Its one record is
+-- its member "<session>/<id>" in its partition's expiries zset, score the expiry
+local function past_ttl(expiries, member, now)
+  local at = call_on('ZSCORE', expiries, member)
   return at ~= false and tonumber(at) <= now
 end
 
 -- end an action past its ttl that is on no stack any more: spec and counters go, no handler
 -- runs, the expired zset remembers it (trimmed to ``memory_ms``) for a late expect_id
-local function end_expired(actions, state, expiry, expired, hist, maxlen, memory_ms, id, now)
-  local at = redis.call('ZSCORE', expiry, id)
+local function end_expired(actions, state, expiries, member, expired, hist, maxlen, memory_ms,
+                           id, now)
+  local at = redis.call('ZSCORE', expiries, member)
   redis.call('HDEL', actions, id)
   redis.call('HDEL', state, id)
-  redis.call('ZREM', expiry, id)
+  redis.call('ZREM', expiries, member)
   redis.call('ZADD', expired, now, id)
   redis.call('ZREMRANGEBYSCORE', expired, '-inf', now - tonumber(memory_ms))
   history(hist, maxlen, EVENT.EXPIRED, 'id', id, 'expires_at', at)

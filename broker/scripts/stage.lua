@@ -5,10 +5,9 @@
 -- The session's first stage makes it its tenant's (its field in its partition's sessions
 -- hash); a stage for another tenant is refused.
 -- KEYS[1] stack (zset: the lowest score is the head)   KEYS[2] actions (hash)
--- KEYS[3] history (stream)
--- KEYS[4] expiry (zset: id -> expiry ms, for actions staged with a ttl)
--- KEYS[5] the partition's sessions (hash: session -> tenant)
--- KEYS[6] the partition's expiries (zset)
+-- KEYS[3] history (stream)   KEYS[4] the partition's sessions (hash: session -> tenant)
+-- KEYS[5] the partition's expiries (zset "<session>/<id>" -> expiry ms: the one record of a
+--         ttl, read by every reader and by the sweep)
 -- ARGV[1] history maxlen   ARGV[2] tenant   ARGV[3] session (the expiries member is
 -- "<session>/<id>")
 -- ARGV[4..] three per action: its id, its spec JSON, its ttl in ms or "" for none (the expiry
@@ -37,9 +36,9 @@ local ttl = false
 for i = 6, #ARGV, 3 do
   ttl = ttl or ARGV[i] ~= ''
 end
-check_types(ttl and {'zset', nil, 'stream', 'zset', nil, 'zset'} or {'zset', nil, 'stream'})
+check_types(ttl and {'zset', nil, 'stream', nil, 'zset'} or {'zset', nil, 'stream'})
 local out = {}
-local owner = typed(redis.pcall('HGET', KEYS[5], ARGV[3]), 5)
+local owner = typed(redis.pcall('HGET', KEYS[4], ARGV[3]), 4)
 if owner and owner ~= '' and owner ~= ARGV[2] then
   for i = 4, #ARGV, 3 do out[#out + 1] = -1 end
   return out
@@ -67,7 +66,7 @@ if #new == 0 then
 end
 redis.call('HSET', KEYS[2], unpack(fields))
 if owner ~= ARGV[2] then
-  redis.call('HSET', KEYS[5], ARGV[3], ARGV[2])
+  redis.call('HSET', KEYS[4], ARGV[3], ARGV[2])
 end
 -- live again: what retire.lua set to expire stays (PERSIST is a no-op on a key without a ttl)
 redis.call('PERSIST', KEYS[3])
@@ -79,8 +78,7 @@ for k, i in ipairs(new) do
   out[(i - 1) / 3] = depth + k
   if ARGV[i + 2] ~= '' then
     local at = now + tonumber(ARGV[i + 2])
-    redis.call('ZADD', KEYS[4], at, ARGV[i])
-    redis.call('ZADD', KEYS[6], at, ARGV[3] .. '/' .. ARGV[i])
+    redis.call('ZADD', KEYS[5], at, ARGV[3] .. '/' .. ARGV[i])
     append(KEYS[3], EVENT.STAGED, 'id', ARGV[i], 'expires_at', at)
   else
     append(KEYS[3], EVENT.STAGED, 'id', ARGV[i])

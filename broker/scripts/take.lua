@@ -7,7 +7,8 @@
 -- KEYS[4] actions (hash)      KEYS[5] state (hash)  KEYS[6] inflight (hash)
 -- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
 -- KEYS[9] reply (list)        KEYS[10] the partition's lease index (zset)
--- KEYS[11] expiry (zset)      KEYS[12] expired (zset)
+-- KEYS[11] the partition's expiries (zset "<session>/<id>" -> expiry ms)
+-- KEYS[12] expired (zset)
 -- KEYS[13] the partition's request stream (the request is acked here when ARGV[20] is set)
 -- KEYS[14..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
 --            ARGV[14] is empty: the caller enqueues on a broker of its own)
@@ -16,7 +17,8 @@
 -- ARGV[5] marker ttl seconds  ARGV[6] history maxlen  ARGV[7] reason
 -- ARGV[8] extra as a JSON string (kept opaque: cjson would rewrite {} as [])
 -- ARGV[9] reply JSON for "nothing to target"  ARGV[10] reply ttl seconds
--- ARGV[11] session (the lease index member is "<session>/<token>")
+-- ARGV[11] session (the lease index member is "<session>/<token>", an expiries one
+--          "<session>/<id>")
 -- ARGV[12] routes: JSON handler name -> list of pool numbers (1-based)
 -- ARGV[13] number of live pools
 -- ARGV[14] the task message (dramatiq, encoded; carries the token ARGV[3]) or ""
@@ -130,7 +132,9 @@ end
 local function live_spec(id)
   if not id then return nil end
   local spec = call_on('HGET', KEYS[4], id)
-  if spec and not (may_expire(spec) and past_ttl(KEYS[11], id, now)) then return spec end
+  if spec and not (may_expire(spec) and past_ttl(KEYS[11], ARGV[11] .. '/' .. id, now)) then
+    return spec
+  end
   return nil
 end
 
@@ -158,7 +162,8 @@ end
 
 local id, kind, spec, stale_directive, skipped = target()
 if ARGV[15] ~= '' and id ~= ARGV[15] then
-  local gone = call_on('ZSCORE', KEYS[12], ARGV[15]) or past_ttl(KEYS[11], ARGV[15], now)
+  local gone = call_on('ZSCORE', KEYS[12], ARGV[15])
+    or past_ttl(KEYS[11], ARGV[11] .. '/' .. ARGV[15], now)
   check({})
   reply(gone and ARGV[18] or ARGV[17])
   redis.call('SET', KEYS[8], 'conflict', 'EX', ARGV[5])
@@ -204,7 +209,8 @@ if skipped > 0 then
   for j = 1, #popped, 2 do
     local x = popped[j]
     if redis.call('HEXISTS', KEYS[4], x) == 1 then
-      end_expired(KEYS[4], KEYS[5], KEYS[11], KEYS[12], KEYS[7], ARGV[6], ARGV[19], x, now)
+      end_expired(KEYS[4], KEYS[5], KEYS[11], ARGV[11] .. '/' .. x, KEYS[12], KEYS[7], ARGV[6],
+        ARGV[19], x, now)
     end
   end
 end

@@ -54,7 +54,8 @@ def drop_sessions(ctx: Context, sessions: Sequence[str], batch: int = 1000) -> N
         chunk = sessions[i:i + batch]
         pipe = ctx.client.pipeline(transaction=False)
         for s in chunk:
-            pipe.unlink(k.stack(s), k.actions(s), k.state(s), k.history(s), k.inflight(s))
+            pipe.unlink(k.stack(s), k.actions(s), k.state(s), k.history(s), k.inflight(s),
+                        k.legacy_expiry(s))
             pipe.hdel(k.sessions(k.partition(s)), s)
         pipe.execute()
 
