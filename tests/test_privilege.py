@@ -173,8 +173,9 @@ def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
         assert rc.ttl(K.history("live")) == -1 and rc.llen(K.dead("dead")) == 1
         # what 50 finished sessions leave after retention: only their request marker and
         # reply, which expire on their own ttl (reply_ttl_s)
-        left = [k for k in byte_list(list(rc.scan_iter(match="pa:{done-*", count=1000)))]
-        assert all(rc.ttl(k) > 0 for k in left) and len(left) <= 2 * 50
+        left = byte_list(list(rc.scan_iter(match="pa:{*}:s:done-*", count=1000)))
+        assert {k.split(b":")[4] for k in left} <= {b"req", b"reply"}
+        assert all(rc.ttl(k) > 0 for k in left) and 50 <= len(left) <= 2 * 50
         per = sum(int(rc.memory_usage(k) or 0) for k in left) / 50
         feed = int(rc.memory_usage(K.events) or 0) / 100  # 2 entries per action, capped
         print(f"after retention, per finished session: {len(left) / 50:.0f} keys, {per:.0f} B "
