@@ -35,7 +35,7 @@ from dramatiq.broker import Consumer, MessageProxy
 from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
-from dramatiq.middleware import Retries, ShutdownNotifications, TimeLimit
+from dramatiq.middleware import Retries, TimeLimit
 
 from pending_actions.broker.connection import TRANSIENT, is_cluster, read_group
 from pending_actions.broker.keys import TASK_GROUP, Keys
@@ -76,9 +76,9 @@ class StreamsBroker(dramatiq.Broker):
         self.serving: dict[str, list[str]] = {}  # queue -> its streams, once serve() is called
         self.hidden: set[str] = set()
         if middleware is None:
-            # dramatiq's defaults but those no actor here uses (max_age, callbacks, pipelines):
-            # each middleware is called several times per message
-            middleware = [TimeLimit(), ShutdownNotifications(), Retries()]
+            # dramatiq's defaults but those no actor here uses (max_age, callbacks, pipelines,
+            # notify_shutdown): each middleware is called several times per message
+            middleware = [TimeLimit(), Retries()]
         super().__init__(middleware=middleware)
         self.client = client
         self.keys = keys
@@ -274,14 +274,19 @@ class StreamConsumer(Consumer):
             self.cache.extend((name, e, f.get(FIELD, b"")) for e, f in entries)
 
     def _proxy(self, stream: str, entry: bytes, data: bytes) -> MessageProxy | None:
+        # decoded as dramatiq's Message.decode does, but straight into the message this
+        # consumer hands on (its own queue, where it was read): decode() and then copy() built
+        # it twice, which an idle worker pays for on the path of each resolve
         try:
-            message = Message.decode(data)
+            fields = dramatiq.get_encoder().decode(data)
+            fields["args"] = tuple(fields["args"])
+            fields["queue_name"] = self.queue_name
+            fields["options"] = {**fields.get("options", {}), STREAM: stream,
+                                 ENTRY: entry.decode()}
+            message: Message[Any] = Message(**fields)
         except Exception as exc:  # malformed entry: park it in the dead stream, keep serving
             self._remove(stream, entry, {FIELD: data, b"reason": str(exc)[:500].encode()})
             return None
-        message = message.copy(queue_name=self.queue_name,
-                               options={**message.options, STREAM: stream,
-                                        ENTRY: entry.decode()})
         with self.room:
             self.outstanding += 1
         return MessageProxy(message)
