@@ -190,7 +190,6 @@ class StreamConsumer(Consumer):
         self.outstanding = 0
         self.room = threading.Condition()
         self.next_claim = 0.0
-        self.handed = False  # the last call returned a message (now on dramatiq's work queue)
 
     @staticmethod
     def _where(message: MessageProxy) -> tuple[str, bytes]:
@@ -294,14 +293,6 @@ class StreamConsumer(Consumer):
     def __next__(self) -> MessageProxy | None:
         try:
             if not self.cache:
-                if self.handed:
-                    # dramatiq's consumer thread has just put our last message on the work
-                    # queue, waking a worker thread, which then needs the GIL: held by this
-                    # thread while it builds its next read (~0.1 ms on an idle, cache-cold
-                    # process), it would start the handler that much later. A sleep of 0
-                    # lets it take the GIL first (an idle resolve: ~0.15 ms sooner)
-                    self.handed = False
-                    time.sleep(0)
                 with self.room:
                     if self.outstanding >= self.prefetch:
                         self.room.wait(self.timeout / 1000)
@@ -313,9 +304,7 @@ class StreamConsumer(Consumer):
                 self._fetch(room)
             if not self.cache:
                 return None
-            proxy = self._proxy(*self.cache.popleft())
-            self.handed = proxy is not None
-            return proxy
+            return self._proxy(*self.cache.popleft())
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         except redis.ResponseError as exc:
