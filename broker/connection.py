@@ -6,6 +6,8 @@ Cluster, reached through any of the listed startup nodes with redis-py's ``Redis
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
@@ -136,10 +138,14 @@ class Batch:
     Retry, as with redis-py's pipeline; but without that pipeline's per-call bookkeeping
     (response callbacks, metrics, its command stack), which cost a worker more CPU than the
     round trip itself. Commands go through ``execute_command`` only, and their replies are
-    Redis's own (no callbacks: an EVALSHA, XADD, XACK or XDEL reads the same either way)."""
+    Redis's own (no callbacks: an EVALSHA, XADD, XACK or XDEL reads the same either way).
 
-    def __init__(self, client: redis.Redis) -> None:
+    ``conn``: a connection the calling thread keeps (``own_connection``), sent on without a
+    checkout from the pool."""
+
+    def __init__(self, client: redis.Redis, conn: Any = None) -> None:
         self.pool = client.connection_pool
+        self.conn = conn
         self.commands: list[tuple[Any, ...]] = []
 
     def __len__(self) -> int:
@@ -153,21 +159,58 @@ class Batch:
         commands, self.commands = self.commands, []
         if not commands:
             return []
-        conn: Any = self.pool.get_connection()
+        conn: Any = self.conn or self.pool.get_connection()
         try:
             replies: list[Any] = conn.retry.call_with_retry(
                 lambda: _exchange(conn, commands), lambda _error: conn.disconnect())
         except BaseException:
             # replies may be left unread on it (an interrupt, an error not retried): a
-            # connection given back so would answer the next caller with them
+            # connection used again so would answer the next caller with them (a kept one
+            # connects again on its next use)
             conn.disconnect()
             raise
         finally:
-            self.pool.release(conn)
+            if self.conn is None:
+                self.pool.release(conn)
         if raise_on_error and (error := next(
                 (r for r in replies if isinstance(r, ResponseError)), None)) is not None:
             raise error
         return replies
+
+
+_kept = threading.local()
+
+
+def own_connection(client: redis.Redis) -> Any:
+    """A connection of ``client``'s pool that the calling thread keeps for the rest of its life
+    (taken on its first call), for the round trips of its hot path (``Batch(client, conn)``).
+    A checkout and release from the pool (its lock, a poll of the socket, its metrics) costs
+    a process woken from idle ~0.15 ms a round trip, as much as the round trip's own system
+    calls; for the few threads that serve resolves (one per process, or one per dramatiq
+    worker thread), one connection each is no cost. A kept connection that failed is
+    disconnected and connects again on its next use. Single Redis only."""
+    kept: weakref.WeakKeyDictionary[Any, Any] | None = getattr(_kept, "conns", None)
+    if kept is None:
+        # by pool, weakly: a test process makes many clients, each of which may go
+        kept = _kept.conns = weakref.WeakKeyDictionary()
+    pool = client.connection_pool
+    conn = kept.get(pool)
+    if conn is None:
+        conn = kept[pool] = pool.get_connection()
+    return conn
+
+
+def read_group(client: redis.Redis, group: str, consumer: str, streams: list[str],
+               count: int, block_ms: int) -> Any:
+    """``client.xreadgroup(group, consumer, {stream: ">"}, count, block_ms)`` on the calling
+    thread's own connection (``own_connection``): for the loops that wait on a stream for the
+    next resolve, whose wake-up is on its path. The reply as redis-py's ``xreadgroup`` gives
+    it; an error raised as it raises it. Single Redis only."""
+    pipe = Batch(client, own_connection(client))
+    pipe.execute_command("XREADGROUP", "GROUP", group, consumer, "COUNT", count,
+                         "BLOCK", block_ms, "STREAMS", *streams, *[">"] * len(streams))
+    raw, = pipe.execute()
+    return client.response_callbacks["XREADGROUP"](raw)
 
 
 def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
@@ -186,14 +229,17 @@ def read_replies(conn: Any, n: int) -> list[Any]:
     return replies
 
 
-def pipeline(client: Any) -> Any:
-    """A ``Batch`` on a single Redis; redis-py's pipeline (no transaction) on a cluster, which
-    sends each command to the node of its key."""
-    return client.pipeline(transaction=False) if is_cluster(client) else Batch(client)
+def pipeline(client: Any, own: bool = False) -> Any:
+    """A ``Batch`` on a single Redis (``own``: on the calling thread's own connection, see
+    ``own_connection``); redis-py's pipeline (no transaction) on a cluster, which sends each
+    command to the node of its key."""
+    if is_cluster(client):
+        return client.pipeline(transaction=False)
+    return Batch(client, own_connection(client) if own else None)
 
 
 def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[Any]], T]],
-          replicas: int, timeout_ms: int, raise_on_error: bool = True) -> T:
+          replicas: int, timeout_ms: int, raise_on_error: bool = True, own: bool = False) -> T:
     """Run the commands ``build`` queues on a pipeline and, with ``replicas`` > 0, ``WAIT`` for
     that many replicas to have them before returning (else ``NotReplicated``). ``build`` returns
     how to read its answer from the pipeline's replies.
@@ -202,9 +248,9 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
     to the master of ``key``'s slot over one connection (every command queued must be in that
     slot); a failover in between shows up as a connection error, and the caller's retry finds
     the new master. ``raise_on_error=False``: a command's error is left in its reply, for the
-    reader to weigh (some replies matter less than others)."""
+    reader to weigh (some replies matter less than others). ``own``: as for ``pipeline``."""
     if not replicas:
-        pipe = pipeline(client)
+        pipe = pipeline(client, own)
         read = build(pipe)
         return read(pipe.execute(raise_on_error=raise_on_error))
     if is_cluster(client):

@@ -217,6 +217,19 @@ class ResolveRequest(BaseModel):
     def to_fields(self) -> dict[FieldT, EncodableT]:
         return {self.FIELD: self.model_dump_json().encode()}
 
+    @staticmethod
+    def encode(req: str, session: str, action: str, reason: str, extra: dict[str, Any] | None,
+               timeout_ms: int, deadline_ms: int, expect_id: str | None, by: str | None,
+               edit: dict[str, Any] | None) -> bytes:
+        """``ResolveRequest(...).model_dump_json()``, made without the model from fields the
+        producer has checked as the model would: the caller's side of a resolve, where the
+        model's validation and dump cost an idle process ~0.15 ms. Same fields in the same
+        order (``tests/test_input.py`` compares the two)."""
+        return orjson.dumps({"req": req, "session": session, "action": action, "reason": reason,
+                             "extra": extra, "timeout_ms": timeout_ms,
+                             "deadline_ms": deadline_ms, "expect_id": expect_id, "by": by,
+                             "edit": edit})
+
     @classmethod
     def from_fields(cls, fields: dict[bytes, bytes]) -> ResolveRequest:
         """Raises pydantic's ValidationError for a malformed entry."""

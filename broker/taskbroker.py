@@ -35,9 +35,9 @@ from dramatiq.broker import Consumer, MessageProxy
 from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
-from dramatiq.middleware import Retries, ShutdownNotifications, TimeLimit
+from dramatiq.middleware import Retries, TimeLimit
 
-from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.connection import TRANSIENT, is_cluster, read_group
 from pending_actions.broker.keys import TASK_GROUP, Keys
 
 log = logging.getLogger("pending_actions.taskbroker")
@@ -76,9 +76,9 @@ class StreamsBroker(dramatiq.Broker):
         self.serving: dict[str, list[str]] = {}  # queue -> its streams, once serve() is called
         self.hidden: set[str] = set()
         if middleware is None:
-            # dramatiq's defaults but those no actor here uses (max_age, callbacks, pipelines):
-            # each middleware is called several times per message
-            middleware = [TimeLimit(), ShutdownNotifications(), Retries()]
+            # dramatiq's defaults but those no actor here uses (max_age, callbacks, pipelines,
+            # notify_shutdown): each middleware is called several times per message
+            middleware = [TimeLimit(), Retries()]
         super().__init__(middleware=middleware)
         self.client = client
         self.keys = keys
@@ -261,22 +261,31 @@ class StreamConsumer(Consumer):
                 self.cache.extend((stream, e, f[FIELD]) for e, f in claimed[1] if f and FIELD in f)
             if self.cache:
                 return
-        reply: Any = self.client.xreadgroup(
-            TASK_GROUP, self.name, dict.fromkeys(self.streams, ">"), count=count,
-            block=self.timeout)
+        reply: Any
+        if is_cluster(self.client):
+            reply = self.client.xreadgroup(TASK_GROUP, self.name, dict.fromkeys(self.streams, ">"),
+                                           count=count, block=self.timeout)
+        else:  # on the consumer thread's own connection
+            reply = read_group(self.client, TASK_GROUP, self.name, self.streams, count,
+                               self.timeout)
         for stream, entries in reply or ():
             name = stream.decode() if isinstance(stream, bytes) else stream
             self.cache.extend((name, e, f.get(FIELD, b"")) for e, f in entries)
 
     def _proxy(self, stream: str, entry: bytes, data: bytes) -> MessageProxy | None:
+        # decoded as dramatiq's Message.decode does, but straight into the message this
+        # consumer hands on (its own queue, where it was read): decode() and then copy() built
+        # it twice, which an idle worker pays for on the path of each resolve
         try:
-            message = Message.decode(data)
+            fields = dramatiq.get_encoder().decode(data)
+            fields["args"] = tuple(fields["args"])
+            fields["queue_name"] = self.queue_name
+            fields["options"] = {**fields.get("options", {}), STREAM: stream,
+                                 ENTRY: entry.decode()}
+            message: Message[Any] = Message(**fields)
         except Exception as exc:  # malformed entry: park it in the dead stream, keep serving
             self._remove(stream, entry, {FIELD: data, b"reason": str(exc)[:500].encode()})
             return None
-        message = message.copy(queue_name=self.queue_name,
-                               options={**message.options, STREAM: stream,
-                                        ENTRY: entry.decode()})
         with self.room:
             self.outstanding += 1
         return MessageProxy(message)

@@ -55,8 +55,9 @@ class Core(Staging):
             raise InvalidInput("extra", f"{size} bytes as JSON; the limit is "
                                f"{self.settings.max_extra_bytes}")
         if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, int | float) or timeout <= 0):
-            raise InvalidInput("timeout", "must be a positive number of seconds")
+                                    or not isinstance(timeout, int | float) or timeout < 0.001):
+            # (the request counts its timeout in whole ms)
+            raise InvalidInput("timeout", "must be a positive number of seconds, 0.001 or more")
         if expect_id is not None and (not isinstance(expect_id, str) or not expect_id
                                       or len(expect_id) > 300):
             raise InvalidInput("expect_id", "must be an action id")
@@ -70,14 +71,14 @@ class Core(Staging):
             expect_id = yield from self._check_edit(session, edit, expect_id)
         wait = float(timeout or self.settings.resolve_timeout_s)
         req = uuid.uuid4().hex
-        request = ResolveRequest(req=req, session=session, action=given.action,
-                                 reason=given.reason, extra=given.extra,
-                                 timeout_ms=int(wait * 1000),
-                                 deadline_ms=int((time.time() + wait) * 1000),
-                                 expect_id=expect_id, by=by, edit=edit)
+        # every field is checked above (req is ours): no model to validate it again
+        request = ResolveRequest.encode(req, session, given.action, given.reason, given.extra,
+                                        int(wait * 1000), int((time.time() + wait) * 1000),
+                                        expect_id, by, edit)
         requests = self.keys.requests(self.keys.partition(session))
         got = yield Wait(self.keys.reply(session, req), wait,
-                         first=lambda p: p.xadd(requests, request.to_fields()))
+                         first=lambda p: p.execute_command("XADD", requests, "*",
+                                                           ResolveRequest.FIELD, request))
         if got is None:
             details = base_details(given.action, given.reason, given.extra)
             return text_result(texts.timed_out(wait), details, is_error=True)

@@ -99,6 +99,19 @@ def test_bad_resolve_input_takes_nothing(pa: PendingActions, rc: redis.Redis, se
     assert snapshot(rc, session) == before
 
 
+@pytest.mark.parametrize("timeout", [0, -1, 0.0004, True, "5"])
+def test_bad_resolve_timeout_takes_nothing(pa: PendingActions, rc: redis.Redis, session: str,
+                                           timeout: object) -> None:
+    """A request counts its timeout in whole ms: under 1 ms is refused, not sent."""
+    pa.stage(session=session, tool="edit", label="x", apply="t.ok")
+    before = snapshot(rc, session)
+    with pytest.raises(InvalidInput) as err:
+        pa.resolve(session=session, action="apply", reason="r",
+                   timeout=timeout)  # type: ignore[arg-type]
+    assert err.value.field == "timeout"
+    assert snapshot(rc, session) == before
+
+
 def test_missing_reason_is_a_type_error_in_python(pa: PendingActions, session: str) -> None:
     with pytest.raises(TypeError, match="reason"):
         pa.resolve(session=session, action="apply")  # type: ignore[call-arg]
@@ -259,14 +272,22 @@ INT64 = st.integers(-2**63, 2**63 - 1)
 def test_the_resolvers_direct_encodings_match_the_models(
         action: str, reason: str, extra: dict[str, Any] | None,
         edit: dict[str, Any] | None) -> None:
-    """The resolve worker builds a take's task message and its nothing-to-target reply without
-    the models; what it builds must be what the models would have made."""
+    """The resolve worker builds a take's task message and its nothing-to-target reply, and the
+    producer its request, without the models; what they build must be what the models would
+    have made."""
     from pending_actions.broker.results import nothing_to_target, nothing_to_target_json
     from pending_actions.broker.taskbroker import OrjsonEncoder
     from pending_actions.broker.tasks import encoded_task
 
     request = ResolveRequest(req=uuid.uuid4().hex, session="s-1", action=action,  # type: ignore[arg-type]
-                             reason=reason, extra=extra, edit=edit, timeout_ms=1000)
+                             reason=reason, extra=extra, edit=edit, timeout_ms=1000,
+                             deadline_ms=123, expect_id=None if edit is None else "x:1",
+                             by=None if extra is None else "someone")
+    # the producer's request, as the resolve worker reads it
+    encoded = ResolveRequest.encode(request.req, "s-1", action, reason, extra, 1000, 123,
+                                    request.expect_id, request.by, edit)
+    assert list(orjson.loads(encoded)) == list(orjson.loads(request.model_dump_json()))
+    assert ResolveRequest.from_fields({ResolveRequest.FIELD: encoded}) == request
     assert nothing_to_target_json(action, reason, extra) == \
         nothing_to_target(action, reason, extra).to_json()
     token = uuid.uuid4().hex

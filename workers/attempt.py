@@ -160,7 +160,8 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         def build(pipe: Any) -> Callable[[list[Any]], Begun]:
             return _own(ctx.scripts.begin(session, token, claimant).on(pipe, by_digest=digest))
 
-        return acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False)
+        return acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False,
+                     own=True)
 
     # the feed is on another slot: on a cluster, a pipeline that WAITs on the session's master
     # cannot carry it, so it follows in a round trip of its own there
@@ -188,8 +189,8 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
             # one finds the lease gone, which is no refusal of ours
             nonlocal recorded
             try:
-                return (acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False)
-                        or recorded)
+                return (acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False,
+                              own=True) or recorded)
             except NotReplicated as exc:
                 recorded = recorded or bool(exc.result)
                 raise

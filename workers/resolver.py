@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, texts
-from pending_actions.broker.connection import is_cluster, pipeline
+from pending_actions.broker.connection import is_cluster, pipeline, read_group
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.events import WorkerEvent
@@ -124,10 +124,13 @@ class ResolveWorker:
                     raise
 
     def _read(self, consumer: str, streams: list[str]) -> list[Entry]:
-        reply: Any = self.ctx.client.xreadgroup(
-            RESOLVER_GROUP, consumer, dict.fromkeys(streams, ">"), count=16,
-            block=self.ctx.settings.block_ms,
-        )
+        client, block_ms = self.ctx.client, self.ctx.settings.block_ms
+        reply: Any
+        if is_cluster(client):
+            reply = client.xreadgroup(RESOLVER_GROUP, consumer, dict.fromkeys(streams, ">"),
+                                      count=16, block=block_ms)
+        else:  # on the serve thread's own connection, as its takes
+            reply = read_group(client, RESOLVER_GROUP, consumer, streams, 16, block_ms)
         return [(_text(s), e, f) for s, entries in reply or () for e, f in entries]
 
     def _claim(self, consumer: str, streams: list[str]) -> list[Entry]:
@@ -223,7 +226,7 @@ class ResolveWorker:
         """Every take (each with its lease's index entry and, inline, its task) in one round
         trip; a take Redis refused is its error."""
         ctx = self.ctx
-        pipe = pipeline(ctx.client)
+        pipe = pipeline(ctx.client, own=True)  # called by a serve thread only
         calls = []
         for (stream, entry_id), request in requests:
             lease = uuid.uuid4()
