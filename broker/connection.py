@@ -200,12 +200,16 @@ def own_connection(client: redis.Redis) -> Any:
     return conn
 
 
-def read_group(client: redis.Redis, group: str, consumer: str, streams: list[str],
+def read_group(client: Any, group: str, consumer: str, streams: list[str],
                count: int, block_ms: int) -> Any:
-    """``client.xreadgroup(group, consumer, {stream: ">"}, count, block_ms)`` on the calling
-    thread's own connection (``own_connection``): for the loops that wait on a stream for the
-    next resolve, whose wake-up is on its path. The reply as redis-py's ``xreadgroup`` gives
-    it; an error raised as it raises it. Single Redis only."""
+    """``client.xreadgroup(group, consumer, {stream: ">"}, count, block_ms)``, on a single
+    Redis on the calling thread's own connection (``own_connection``): for the loops that wait
+    on a stream for the next resolve, whose wake-up is on its path. The reply as redis-py's
+    ``xreadgroup`` gives it; an error raised as it raises it. On a cluster, redis-py's own
+    (its client sends each command to its key's node)."""
+    if is_cluster(client):
+        return client.xreadgroup(group, consumer, dict.fromkeys(streams, ">"), count=count,
+                                 block=block_ms)
     pipe = Batch(client, own_connection(client))
     pipe.execute_command("XREADGROUP", "GROUP", group, consumer, "COUNT", count,
                          "BLOCK", block_ms, "STREAMS", *streams, *[">"] * len(streams))

@@ -7,7 +7,6 @@ from typing import Any, ClassVar, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from redis.typing import EncodableT, FieldT
 
 from pending_actions.broker.errors import InvalidInput
 
@@ -213,9 +212,6 @@ class ResolveRequest(BaseModel):
         if self.timeout_ms is None:
             return self.deadline_ms
         return int(entry_id.split(b"-")[0]) + self.timeout_ms
-
-    def to_fields(self) -> dict[FieldT, EncodableT]:
-        return {self.FIELD: self.model_dump_json().encode()}
 
     @staticmethod
     def encode(req: str, session: str, action: str, reason: str, extra: dict[str, Any] | None,

@@ -37,7 +37,7 @@ from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
 from dramatiq.middleware import Retries, TimeLimit
 
-from pending_actions.broker.connection import TRANSIENT, is_cluster, read_group
+from pending_actions.broker.connection import TRANSIENT, read_group
 from pending_actions.broker.keys import TASK_GROUP, Keys
 
 log = logging.getLogger("pending_actions.taskbroker")
@@ -261,13 +261,9 @@ class StreamConsumer(Consumer):
                 self.cache.extend((stream, e, f[FIELD]) for e, f in claimed[1] if f and FIELD in f)
             if self.cache:
                 return
-        reply: Any
-        if is_cluster(self.client):
-            reply = self.client.xreadgroup(TASK_GROUP, self.name, dict.fromkeys(self.streams, ">"),
-                                           count=count, block=self.timeout)
-        else:  # on the consumer thread's own connection
-            reply = read_group(self.client, TASK_GROUP, self.name, self.streams, count,
-                               self.timeout)
+        # on a single Redis, on the consumer thread's own connection
+        reply: Any = read_group(self.client, TASK_GROUP, self.name, self.streams, count,
+                                self.timeout)
         for stream, entries in reply or ():
             name = stream.decode() if isinstance(stream, bytes) else stream
             self.cache.extend((name, e, f.get(FIELD, b"")) for e, f in entries)

@@ -124,13 +124,9 @@ class ResolveWorker:
                     raise
 
     def _read(self, consumer: str, streams: list[str]) -> list[Entry]:
-        client, block_ms = self.ctx.client, self.ctx.settings.block_ms
-        reply: Any
-        if is_cluster(client):
-            reply = client.xreadgroup(RESOLVER_GROUP, consumer, dict.fromkeys(streams, ">"),
-                                      count=16, block=block_ms)
-        else:  # on the serve thread's own connection, as its takes
-            reply = read_group(client, RESOLVER_GROUP, consumer, streams, 16, block_ms)
+        # on the serve thread's own connection, as its takes
+        reply: Any = read_group(self.ctx.client, RESOLVER_GROUP, consumer, streams, 16,
+                                self.ctx.settings.block_ms)
         return [(_text(s), e, f) for s, entries in reply or () for e, f in entries]
 
     def _claim(self, consumer: str, streams: list[str]) -> list[Entry]:
