@@ -5,12 +5,18 @@ uses, and each one, prelude included, loads in a real Redis."""
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 import redis
 
+from pending_actions.broker import Keys
 from pending_actions.broker.events import Event
+from pending_actions.broker.pools import LiveView, heartbeat
+from pending_actions.broker.replies import BeginStatus, Begun, TakeStatus
 from pending_actions.broker.scripts import LUA_TABLES, NAMES, lua_file, prelude, source
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.producers import PendingActions
 
 TABLE_USE = re.compile(r"\b(" + "|".join(LUA_TABLES) + r")\.([A-Za-z_]+)")
 EVENT_FIELD = re.compile(r"'event',\s*('[^']*'|\"[^\"]*\")")
@@ -63,3 +69,45 @@ def test_a_misspelt_code_fails_the_script(rc: redis.Redis) -> None:
     assert shebang == "#!lua flags=allow-oom"
     assert rest.startswith(prelude("now_ms()"))
     assert "EVENT" not in source("renew") and "local STRICT" in prelude("TAKE.OK")
+
+
+def test_begin_reads_counters_only_where_take_says_there_are_some(
+        redis_server: EmbeddedRedis) -> None:
+    """take copies an action's counters into its lease and says whether the state hash holds
+    more (a first attempt: none), so begin reads that hash only then: a first attempt's begin
+    does not even see a record planted there, a later attempt's begin gets the last error.
+    Driven by hand: a pool with the handler is made live, and no worker serves this prefix."""
+    prefix, session = f"bc{uuid.uuid4().hex[:6]}", "s1"
+    keys = Keys(prefix)
+    rc = redis.Redis.from_url(redis_server.url)
+    heartbeat(rc, keys, "p", ["t.ok"], "by-hand", 60_000)
+    pa = PendingActions.from_url(redis_server.url, key_prefix=prefix)
+    scripts = pa.ctx.scripts
+    try:
+        action_id = pa.stage(session=session, tool="edit", label="L", apply="t.ok")
+        live = LiveView(rc, keys).get()
+
+        def take_and_begin(req: str, plant: bool = False) -> tuple[str, Begun]:
+            token = uuid.uuid4().hex
+            taken = scripts.take(session, req, "apply", token, "r", b"null", 60, b"{}", live,
+                                 None).run()
+            assert (taken.status, taken.id) == (TakeStatus.OK, action_id)
+            if plant:  # after the take, which reads the hash (and would find it POISON)
+                rc.hset(keys.state(session), action_id, b"\x00planted")
+            return token, scripts.begin(session, token, "claimant").run()
+
+        token, first = take_and_begin("req-1", plant=True)  # never read: no POISON
+        assert first.status is BeginStatus.OK and first.counters is not None
+        assert (first.counters.attempts, first.counters.last_error) == (1, None)
+        rc.hdel(keys.state(session), action_id)  # readd reads the hash: it would be POISON
+        # the attempt fails and puts the action back with its counters, so the next
+        # attempt's begin reads them
+        scripts.readd(session, token, "req-1", "refused: try again", b'"no"', action_id,
+                      1).run()
+        _token, second = take_and_begin("req-2")
+        assert second.status is BeginStatus.OK and second.counters is not None
+        assert (second.counters.attempts, second.counters.last_error) == (
+            2, "refused: try again")
+    finally:
+        pa.close()
+        rc.close()

@@ -22,8 +22,14 @@ local spec = call_on('HGET', KEYS[2], lease.id)
 if not spec then
   return {BEGIN.GONE, raw}
 end
--- take keeps an action's counters in its lease while it is in flight (POISON before a write)
-local st = counters(KEYS[3], lease.id)
+-- take keeps an action's counters in its lease while it is in flight, and says whether the
+-- state hash holds more of them (counted): only then is it read (POISON before a write)
+local st
+if lease.counted == false then
+  st = cjson.decode(NEW_STATE)
+else
+  st = counters(KEYS[3], lease.id)
+end
 st.attempts = lease.attempt
 lease.state = 'running'
 lease.claimant = ARGV[4]
