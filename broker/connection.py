@@ -181,23 +181,42 @@ class Batch:
 _kept = threading.local()
 
 
+class _Kept:
+    """A thread's hold on one pooled connection: when the thread ends, its thread-local data
+    goes, and with it this hold, which hands the connection back to its pool."""
+
+    __slots__ = ("__weakref__", "conn")
+
+    def __init__(self, pool: Any) -> None:
+        self.conn = pool.get_connection()
+        # the pool weakly: a hold must not keep alive a client that its owner dropped
+        weakref.finalize(self, _give_back, weakref.ref(pool), self.conn)
+
+
+def _give_back(pool_ref: weakref.ref[Any], conn: Any) -> None:
+    pool = pool_ref()
+    if pool is not None:
+        pool.release(conn)
+
+
 def own_connection(client: redis.Redis) -> Any:
     """A connection of ``client``'s pool that the calling thread keeps for the rest of its life
-    (taken on its first call), for the round trips of its hot path (``Batch(client, conn)``).
-    A checkout and release from the pool (its lock, a poll of the socket, its metrics) costs
-    a process woken from idle ~0.15 ms a round trip, as much as the round trip's own system
-    calls; for the few threads that serve resolves (one per process, or one per dramatiq
-    worker thread), one connection each is no cost. A kept connection that failed is
-    disconnected and connects again on its next use. Single Redis only."""
-    kept: weakref.WeakKeyDictionary[Any, Any] | None = getattr(_kept, "conns", None)
+    (taken on its first call, given back when the thread ends), for the round trips of its hot
+    path (``Batch(client, conn)``). A checkout and release from the pool (its lock, a poll of
+    the socket, its metrics) costs a process woken from idle ~0.15 ms a round trip, as much as
+    the round trip's own system calls; for the few threads that serve resolves (one per
+    process, or one per dramatiq worker thread), one connection each is no cost. A kept
+    connection that failed is disconnected and connects again on its next use. Single Redis
+    only."""
+    kept: weakref.WeakKeyDictionary[Any, _Kept] | None = getattr(_kept, "conns", None)
     if kept is None:
         # by pool, weakly: a test process makes many clients, each of which may go
         kept = _kept.conns = weakref.WeakKeyDictionary()
     pool = client.connection_pool
-    conn = kept.get(pool)
-    if conn is None:
-        conn = kept[pool] = pool.get_connection()
-    return conn
+    hold = kept.get(pool)
+    if hold is None:
+        hold = kept[pool] = _Kept(pool)
+    return hold.conn
 
 
 def read_group(client: Any, group: str, consumer: str, streams: list[str],

@@ -4,14 +4,17 @@ the client's Retry, and a connection with replies left unread never handed to th
 
 from __future__ import annotations
 
+import gc
+import threading
 import uuid
+from typing import Any
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pending_actions.broker.connection import Batch, worker_client
+from pending_actions.broker.connection import Batch, own_connection, worker_client
 from pending_actions.embedded import EmbeddedRedis
 
 
@@ -68,3 +71,27 @@ def test_unread_replies_never_reach_the_next_caller(redis_server: EmbeddedRedis)
     batch.execute_command("PING")
     assert batch.execute() in ([b"PONG"], ["PONG"], [True])
     assert client.llen(key) == 1  # the abandoned BLPOP took nothing: its connection is gone
+
+
+def test_a_thread_that_ends_gives_its_kept_connection_back(redis_server: EmbeddedRedis) -> None:
+    """A serving thread keeps one connection for its life (own_connection); when it ends, the
+    pool has it back to hand out, rather than counting it in use for ever."""
+    client = worker_client(redis_server.url)
+    pool: Any = client.connection_pool
+    kept: list[Any] = []
+
+    def serve() -> None:
+        conn = own_connection(client)
+        assert own_connection(client) is conn  # kept: the same one at every call
+        batch = Batch(client, conn)
+        batch.execute_command("PING")
+        batch.execute()
+        kept.append(conn)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join()
+    gc.collect()  # the thread's local data may wait for a collection on other Pythons
+    assert kept and kept[0] not in pool._in_use_connections
+    assert kept[0] in pool._available_connections
+    assert pool.get_connection() is kept[0]  # handed out again, still connected
