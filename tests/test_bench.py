@@ -22,6 +22,7 @@ QUICK_ROWS = [
     "resolve.loaded.p50", "resolve.loaded.p99",
     "stage.pipelined", "stage.single",
     "memory.1_per_session", "memory.10_per_session", "memory.one_session",
+    "memory.1_per_session_ttl",
     "depth.1.p50", "depth.1000.p50", "depth.1000.p99",
     "sessions.1.p50", "sessions.1000.p50", "sessions.1000.p99",
     "idle.commands", "commands.per_resolve", "roundtrips.per_resolve",

@@ -25,15 +25,18 @@ def payload_of(size: int) -> dict[str, Any]:
 
 
 def stage_bulk(pa: PendingActions, sessions: Iterator[str], total: int,
-               payload: dict[str, Any], batch: int, tick: Tick) -> float:
+               payload: dict[str, Any], batch: int, tick: Tick,
+               ttl: float | None = None) -> float:
     """Stage ``total`` actions, the i-th on the i-th session yielded, ``batch`` per call of the
-    public ``PendingActions.stage_many`` (one pipeline each). Returns actions per second."""
+    public ``PendingActions.stage_many`` (one pipeline each), each with ``ttl`` if given.
+    Returns actions per second."""
+    extra = {} if ttl is None else {"ttl": ttl}
     done = 0
     start = time.perf_counter()
     while done < total:
         n = min(batch, total - done)
         pa.stage_many({"session": next(sessions), "tool": TOOL, "label": "bench action",
-                       "apply": NOOP, "payload": payload} for _ in range(n))
+                       "apply": NOOP, "payload": payload, **extra} for _ in range(n))
         done += n
         tick(n)
     return total / (time.perf_counter() - start)
@@ -58,6 +61,14 @@ def drop_sessions(ctx: Context, sessions: Sequence[str], batch: int = 1000) -> N
                         k.legacy_expiry(s))
             pipe.hdel(k.sessions(k.partition(s)), s)
         pipe.execute()
+    # and their entries in the expiry indexes (actions staged with a ttl): "<session>/<id>"
+    gone = {s.encode() for s in sessions}
+    for p in range(k.partitions):
+        index = k.expiries(p)
+        members = [m for m, _score in ctx.client.zscan_iter(index, count=1000)
+                   if m.rpartition(b"/")[0] in gone]
+        for i in range(0, len(members), batch):
+            ctx.client.zrem(index, *members[i:i + batch])
 
 
 def used_memory(client: Any) -> int:
@@ -68,14 +79,16 @@ def used_memory(client: Any) -> int:
 
 
 def memory_per_action(pa: PendingActions, prefix: str, sessions: int, per_session: int,
-                      payload: dict[str, Any], tick: Tick) -> dict[str, Any]:
+                      payload: dict[str, Any], tick: Tick,
+                      ttl: float | None = None) -> dict[str, Any]:
     """Redis memory per staged action beyond its payload: used_memory before and after staging
-    ``sessions * per_session`` actions with a payload of known size, then cleaned up."""
+    ``sessions * per_session`` actions with a payload of known size (and ``ttl``, which adds
+    an entry in the expiry index), then cleaned up."""
     names = [f"{prefix}-{i}" for i in range(sessions)]
     total = sessions * per_session
     payload_bytes = len(orjson.dumps(payload))
     before = used_memory(pa.ctx.client)
-    stage_bulk(pa, cycle(names, per_session), total, payload, 1000, tick)
+    stage_bulk(pa, cycle(names, per_session), total, payload, 1000, tick, ttl)
     after = used_memory(pa.ctx.client)
     drop_sessions(pa.ctx, names)
     per_action = (after - before) / total

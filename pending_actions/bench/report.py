@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from pending_actions.bench import throughput
-from pending_actions.bench.runner import Run
+from pending_actions.bench.runner import MEMORY_SHAPES, Run
 from pending_actions.bench.stats import Dist, Row, fmt, fmt_ratio
 
 KIB = 1024
@@ -139,9 +139,10 @@ def rows(r: Run) -> list[Row]:
                    better="higher"))
 
     stock_mem = f.get("memory.stock", {}).get("beyond_payload")
-    for label in ("1_per_session", "10_per_session", "one_session"):
+    for label in MEMORY_SHAPES:
         mem = f.get(f"memory.{label}", {}).get("beyond_payload")
-        row = Row(f"memory.{label}", f"memory/action beyond payload, {label.replace('_', ' ')}",
+        what = label.replace("_ttl", ", each with a ttl").replace("_", " ")
+        row = Row(f"memory.{label}", f"memory/action beyond payload, {what}",
                   mem, "B", "stock dramatiq queued message beyond payload", stock_mem,
                   target="<= 1 KiB")
         row.met = None if mem is None else mem <= KIB

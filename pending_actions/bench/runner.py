@@ -74,6 +74,11 @@ QUICK = Sizes(raw=200, raw_idle=5, idle=10, stock_idle=6, idle_gap_s=(0.05, 0.2)
               scaling_gap_s=0.005, sweep_window_s=0.0, layout_per_caller=10, traced=5)
 
 
+# the memory figures: one action per session, ten, all in one session, one per session with
+# a ttl (which adds its entry in the expiry index)
+MEMORY_SHAPES = ("1_per_session", "10_per_session", "one_session", "1_per_session_ttl")
+
+
 @dataclass
 class Options:
     out: Path
@@ -98,7 +103,7 @@ class Run:
 
 def _phases(s: Sizes, rabbit: bool) -> int:
     stock = 4 + (3 if rabbit else 0)
-    ours = 12 + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
+    ours = 10 + len(MEMORY_SHAPES) + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
     layouts = len(throughput.LAYOUTS) + len({x.processes for x in throughput.LAYOUTS})
     return 3 + stock + ours + layouts + 3
 
@@ -349,11 +354,11 @@ def _ours_stage_and_memory(r: Run, pa: PendingActions, scratch_url: str,
             pa, fill.cycle(names, 1), s.stage_pipelined, payload, 1000, tick)
     fill.drop_sessions(pa.ctx, names)
     n = s.memory_actions
-    for label, sessions, each in (("1_per_session", n, 1), ("10_per_session", n // 10, 10),
-                                  ("one_session", 1, n)):
+    shapes = ((n, 1, None), (n // 10, 10, None), (1, n, None), (n, 1, 3600.0))
+    for label, (sessions, each, ttl) in zip(MEMORY_SHAPES, shapes, strict=True):
         with progress.phase(f"ours: memory, {label.replace('_', ' ')}", n) as tick:
             r.facts[f"memory.{label}"] = fill.memory_per_action(
-                pa, f"bench-mem-{label}", sessions, each, payload, tick)
+                pa, f"bench-mem-{label}", sessions, each, payload, tick, ttl)
     with progress.phase("stock dramatiq (redis): memory per queued message",
                         s.stock_memory_messages) as tick:
         broker = stock_broker(scratch_url)
