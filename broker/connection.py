@@ -189,8 +189,9 @@ class _Kept:
 
     def __init__(self, pool: Any) -> None:
         self.conn = pool.get_connection()
-        # the pool weakly: a hold must not keep alive a client that its owner dropped
-        weakref.finalize(self, _give_back, weakref.ref(pool), self.conn)
+        # the pool weakly: a hold must not keep alive a client that its owner dropped; and
+        # not at exit, when the process's connections go anyway
+        weakref.finalize(self, _give_back, weakref.ref(pool), self.conn).atexit = False
 
 
 def _give_back(pool_ref: weakref.ref[Any], conn: Any) -> None:
