@@ -25,6 +25,9 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 RESOLVER_GROUP = "resolvers"
 TASK_GROUP = "workers"
+# the mark of an expiry index with no entry (``Keys.expiries_due``): a ms beyond any expiry,
+# kept exact by a Lua number (a double) and by a Python int alike
+NOTHING_DUE = 2**53 - 1
 
 
 @cache
@@ -158,6 +161,13 @@ class Keys:
         Every reader treats an action past its score as gone, before the sweep ends it; the
         recovery loop finds there what to end."""
         return self._p(partition, "expiries")
+
+    def expiries_due(self, partition: int) -> str:
+        """STRING, ms: no entry of the partition's ``expiries`` is due before it (a lower bound of
+        its lowest score; ``NOTHING_DUE`` when it has none). ``stage.lua`` lowers it, the sweep
+        sets it from the index (``mark_expiries.lua``), so an idle sweep reads these marks, one
+        command, rather than every index. Absent or unreadable: not known, the index is read."""
+        return self._p(partition, "expiries:due")
 
     def sessions(self, partition: int) -> str:
         """HASH session -> tenant of every session of the partition that staged something or

@@ -23,6 +23,7 @@ from pending_actions.broker.replies import (
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
     "pending", "peek", "expire", "beat", "park", "retire", "feed", "upgrade", "upgrade_stack",
+    "mark_expiries",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -37,7 +38,7 @@ FLAGS: dict[str, str] = {
     "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
     "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom", "upgrade": "",
-    "upgrade_stack": "",
+    "upgrade_stack": "", "mark_expiries": "allow-oom",
 }
 # the enums a script may name, as the Lua tables of the prelude (e.g. EVENT.TAKEN)
 LUA_TABLES: dict[str, type[Enum]] = {

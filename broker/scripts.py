@@ -137,7 +137,7 @@ class Scripts:
         return self._call(
             "stage",
             [k.stack(session), k.actions(session), k.history(session), k.sessions(p),
-             k.expiries(p)],
+             k.expiries(p), k.expiries_due(p)],
             [self._s.history_maxlen, tenant, session,
              *(x for action_id, spec, ttl_ms in actions
                for x in (action_id, spec, "" if ttl_ms is None else ttl_ms))],
@@ -228,6 +228,12 @@ class Scripts:
             [action_id, self._s.history_maxlen, self._s.expired_memory_s * 1000, session],
             Expiry.decode,
         )
+
+    def mark_expiries(self, partition: int, look_again_ms: int,
+                      waiting: list[bytes]) -> Call[int]:
+        k = self._k
+        return self._call("mark_expiries", [k.expiries(partition), k.expiries_due(partition)],
+                          [look_again_ms, *waiting], int)
 
     def recover(self, session: str, token: str, req: str, replies: tuple[bytes, bytes, bytes],
                 errors: tuple[str, str]) -> Call[Recovered]:

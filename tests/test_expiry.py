@@ -17,6 +17,7 @@ import redis
 
 from pending_actions.broker import Keys
 from pending_actions.broker.context import Context
+from pending_actions.broker.keys import NOTHING_DUE
 from pending_actions.broker.pools import LiveView, heartbeat
 from pending_actions.broker.replies import TakeStatus
 from pending_actions.broker.settings import Settings
@@ -243,3 +244,70 @@ def test_one_record_of_a_ttl_which_holds_while_the_action_is_in_flight(
     finally:
         ctx.client.close()
         pa.close()
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"])
+            for k, v in client.info("commandstats").items()}
+
+
+def test_an_idle_sweep_reads_the_marks_not_every_index(tmp_path: Path) -> None:
+    """Each partition's expiry index has a mark that no entry is due before: stage lowers it,
+    the sweep sets it from the index after reading it. So an idle round reads the marks (one
+    MGET on one Redis), and a round with something due reads that partition's index only; a
+    mark that is lost, does not parse or holds another type only costs a read of its index;
+    an entry added without lowering the mark (an older producer) still ends at the full sweep.
+    On a Redis of its own, so that its command counts are this test's alone; the sweep is
+    driven here."""
+    server = EmbeddedRedis(directory=tmp_path / "redis").start()
+    rc = redis.Redis.from_url(server.url)
+    keys, session = Keys("mk"), "s1"
+    p = keys.partition(session)
+    heartbeat(rc, keys, "p", ["t.ok"], "by-hand", 60_000)  # t.ok live, no worker
+    pa = PendingActions.from_url(server.url, key_prefix=keys.prefix)
+    ctx = Context.create(Settings(redis_url=server.url, key_prefix=keys.prefix), role="worker")
+    sweep = Recovery(ctx, "test", threading.Event())
+    try:
+        assert sweep.expire_due() == 0  # the first round reads every index, then marks it
+        assert {rc.get(keys.expiries_due(q)) for q in range(keys.partitions)} == {
+            str(NOTHING_DUE).encode()}
+        rc.config_resetstat()
+        for _ in range(3):
+            assert sweep.expire_due() == 0
+        calls = _calls(rc)
+        assert calls.get("mget") == 3 and "zrangebyscore" not in calls and "evalsha" not in calls
+
+        short = pa.stage(session=session, tool="edit", label="Short", apply="t.ok", ttl=0.3)
+        expiry = rc.zscore(keys.expiries(p), keys.expiry_member(session, short))
+        assert expiry is not None and rc.get(keys.expiries_due(p)) == b"%d" % expiry
+        time.sleep(0.35)  # the passing of time is what is tested here: the ttl passes
+        rc.config_resetstat()
+        assert sweep.expire_due() == 1
+        assert _calls(rc).get("zrangebyscore") == 1  # its partition's index, no other
+        assert [e["id"] for e in pa.history(session) if e["event"] == "expired"] == [short]
+        assert rc.get(keys.expiries_due(p)) == str(NOTHING_DUE).encode()
+
+        # an operator's doing: the mark deleted, garbage, another type; stage goes on
+        for spoil in (lambda: rc.delete(keys.expiries_due(p)),
+                      lambda: rc.set(keys.expiries_due(p), "soon"),
+                      lambda: (rc.delete(keys.expiries_due(p)),
+                               rc.hset(keys.expiries_due(p), "x", "y"))):
+            spoil()
+            gone = pa.stage(session=session, tool="edit", label="Spoilt", apply="t.ok", ttl=0.2)
+            time.sleep(0.25)  # as above
+            assert sweep.expire_due() == 1
+            assert rc.get(keys.expiries_due(p)) == str(NOTHING_DUE).encode()
+            assert not rc.hexists(keys.actions(session), gone)
+
+        # an older producer adds to the index and leaves the mark as it was
+        old = pa.stage(session=session, tool="edit", label="Old", apply="t.ok")
+        rc.zadd(keys.expiries(p), {keys.expiry_member(session, old): 0})
+        assert sweep.expire_due() == 0  # the mark says nothing is due
+        sweep.next_full_sweep = 0.0  # the full sweep's time has come
+        assert sweep.expire_due() == 1
+        assert not rc.hexists(keys.actions(session), old)
+    finally:
+        ctx.client.close()
+        pa.close()
+        rc.close()
+        server.stop()

@@ -18,12 +18,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from pending_actions.broker import texts
-from pending_actions.broker.connection import server_info
+from pending_actions.broker.connection import is_cluster, server_info
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import Event
 from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
-from pending_actions.broker.keys import Keys
+from pending_actions.broker.keys import NOTHING_DUE, Keys
 from pending_actions.broker.models import Lease, Spec
 from pending_actions.broker.policy import check_policy
 from pending_actions.broker.replies import ExpireOutcome, RecoverOutcome
@@ -34,6 +34,9 @@ from pending_actions.workers.retention import Retirement
 log = logging.getLogger("pending_actions.resolver")
 
 DUE_BATCH = 100  # entries looked at per partition per round
+# every expiry index is read at least this often, whatever its mark says: an older producer
+# stages a ttl without lowering the mark, and its action still ends within this
+FULL_SWEEP_S = 60.0
 _FEED = {RecoverOutcome.RETURNED: Event.RECOVERED,
          RecoverOutcome.DEAD_LETTERED: Event.DEAD_LETTERED}
 
@@ -54,6 +57,7 @@ class Recovery:
         # ms). Their entry keeps its score, the expiry that every reader checks, so the due
         # range goes on listing them: each is asked about again a lease later, not each round
         self.in_flight: dict[bytes, tuple[int, int]] = {}
+        self.next_full_sweep = 0.0
 
     def step(self) -> None:
         """One round of the recovery loop (run by ``broker.loops.Loop`` every
@@ -148,18 +152,59 @@ class Recovery:
         for member, (p, look_at) in self.in_flight.items():
             if look_at > now:
                 waiting[p].add(member)
+        parts = self._may_be_due(now)
         pipe = ctx.client.pipeline(transaction=False)
-        for p in range(ctx.keys.partitions):
+        for p in parts:
             pipe.zrangebyscore(ctx.keys.expiries(p), "-inf", now, start=0,
                                num=DUE_BATCH + len(waiting[p]))
         due: list[bytes] = []
-        for p, members in enumerate(pipe.execute()):
+        for p, members in zip(parts, pipe.execute() if parts else [], strict=True):
             if len(members) < DUE_BATCH + len(waiting[p]):  # all that is due: the rest is gone
                 for member in waiting[p].difference(members):
                     del self.in_flight[member]
             due.extend(m for m in members if m not in waiting[p])
-        if not due:
-            return 0
+        ended = self._end(due, now) if due else 0
+        if parts:
+            self._mark(parts, now)
+        return ended
+
+    def _may_be_due(self, now: int) -> list[int]:
+        """The partitions whose expiry index may hold an entry due by ``now``: those whose mark
+        (``Keys.expiries_due``) is not after it, is absent or does not parse; every one once
+        a ``FULL_SWEEP_S``. One read for all the marks on a single Redis (MGET)."""
+        ctx, every = self.ctx, list(range(self.ctx.keys.partitions))
+        if time.monotonic() >= self.next_full_sweep:
+            self.next_full_sweep = time.monotonic() + FULL_SWEEP_S
+            return every
+        names = [ctx.keys.expiries_due(p) for p in every]
+        if is_cluster(ctx.client):  # an MGET's keys must share a slot there
+            pipe = ctx.client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+            marks: list[Any] = pipe.execute(raise_on_error=False)  # another type: unknown
+        else:
+            marks = ctx.client.mget(names)
+        return [p for p, mark in zip(every, marks, strict=True)
+                if not (isinstance(mark, bytes) and mark.isdigit() and int(mark) > now)]
+
+    def _mark(self, parts: list[int], now: int) -> None:
+        """Set the marks of the partitions just read, from their indexes: the members this
+        loop waits on (in flight past their ttl) count by when it looks at them again."""
+        ctx = self.ctx
+        waits: list[list[bytes]] = [[] for _ in range(ctx.keys.partitions)]
+        again = [NOTHING_DUE] * ctx.keys.partitions
+        for member, (p, look_at) in self.in_flight.items():
+            waits[p].append(member)
+            again[p] = min(again[p], max(look_at, now))
+        pipe = ctx.client.pipeline(transaction=False)
+        for p in parts:
+            ctx.scripts.mark_expiries(p, again[p], waits[p]).on(pipe)
+        pipe.execute()
+
+    def _end(self, due: list[bytes], now: int) -> int:
+        """End the due actions (``expire.lua``) and publish each ending on the feed; one in
+        flight is looked at again a lease later."""
+        ctx = self.ctx
         pairs = [Keys.parse_lease_member(m) for m in due]
         pipe = ctx.client.pipeline(transaction=False)
         calls = [ctx.scripts.expire(session, action_id).on(pipe) for session, action_id in pairs]

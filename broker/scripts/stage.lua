@@ -8,6 +8,7 @@
 -- KEYS[3] history (stream)   KEYS[4] the partition's sessions (hash: session -> tenant)
 -- KEYS[5] the partition's expiries (zset "<session>/<id>" -> expiry ms: the one record of a
 --         ttl, read by every reader and by the sweep)
+-- KEYS[6] the expiries' mark (string, ms: none is due before it), lowered to a new expiry
 -- ARGV[1] history maxlen   ARGV[2] tenant   ARGV[3] session (the expiries member is
 -- "<session>/<id>")
 -- ARGV[4..] three per action: its id, its spec JSON, its ttl in ms or "" for none (the expiry
@@ -74,15 +75,25 @@ local pushed = {}
 for k, i in ipairs(new) do pushed[k] = ARGV[i] end
 local depth = push_head(KEYS[1], pushed)
 local now = ttl and now_ms()
+local soonest
 for k, i in ipairs(new) do
   out[(i - 1) / 3] = depth + k
   if ARGV[i + 2] ~= '' then
     local at = now + tonumber(ARGV[i + 2])
     redis.call('ZADD', KEYS[5], at, ARGV[3] .. '/' .. ARGV[i])
     append(KEYS[3], EVENT.STAGED, 'id', ARGV[i], 'expires_at', at)
+    soonest = math.min(soonest or at, at)
   else
     append(KEYS[3], EVENT.STAGED, 'id', ARGV[i])
   end
 end
 trim(KEYS[3], ARGV[1])
+if soonest then
+  -- the mark is a hint that only lowers: one absent, unreadable or of another type is left
+  -- as it is, and the sweep, which then reads the index, sets it again
+  local mark = redis.pcall('GET', KEYS[6])
+  if type(mark) == 'string' and tonumber(mark) and tonumber(mark) > soonest then
+    redis.call('SET', KEYS[6], string.format('%d', soonest))  -- digits, never 1.7e+12
+  end
+end
 return out

@@ -1,0 +1,23 @@
+-- mark_expiries: set a partition's expiry mark (Keys.expiries_due) from its index, after the
+-- sweep read it: the lowest expiry there that the sweep is not waiting on, or, if sooner, when
+-- it looks again at those it waits on (actions in flight past their ttl); NOTHING_DUE when
+-- there is neither. In one step with the read, so a stage in between (which lowers the mark
+-- itself) is never overwritten.
+-- KEYS[1] the partition's expiries (zset "<session>/<id>" -> expiry ms)
+-- KEYS[2] its mark (string, ms)
+-- ARGV[1] when the sweep looks again at the members it waits on (ms), or NOTHING_DUE
+-- ARGV[2...] those members
+-- Returns: the mark set, in ms.
+local waiting = {}
+for i = 2, #ARGV do waiting[ARGV[i]] = true end
+-- one entry more than are waited on: the first that is not waited on is among them
+local first = call_on('ZRANGE', KEYS[1], 0, #ARGV - 1, 'WITHSCORES')
+local mark = ARGV[1]
+for j = 1, #first, 2 do
+  if not waiting[first[j]] then
+    if tonumber(first[j + 1]) < tonumber(mark) then mark = first[j + 1] end
+    break
+  end
+end
+redis.call('SET', KEYS[2], mark)
+return tonumber(mark)
