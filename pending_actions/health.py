@@ -30,7 +30,7 @@ PRODUCER = ("incr", "incrby", "hmget", "sadd", "hsetnx", "blpop", "xrevrange", "
             "scard", "sscan", "smembers", "hscan", "xlen", "zcard", "zcount", "zrange",
             "zrangebyscore", "hgetall", "hvals", "hlen", "hkeys", "llen", "lrange",
             "xinfo|consumers", "xinfo|groups", "xinfo|stream")
-WORKER = (*PRODUCER, "xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "zrem",
+WORKER = (*PRODUCER, "xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "zrem", "mget",
           "srem", "scan", "info", "unlink", "xread")
 SERVE = (*PRODUCER, "xread", "unlink", "scan")  # tokens: the scripts' hset/hdel/hsetnx
 ROLES: dict[str, tuple[str, ...]] = {"producer": PRODUCER, "worker": WORKER, "serve": SERVE}
