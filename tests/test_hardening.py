@@ -321,6 +321,11 @@ def fill(rc: redis.Redis) -> None:
     rc.config_set("maxmemory", int(rc.info("memory")["used_memory"]) - 2_000_000)
 
 
+def rejected_scripts(rc: redis.Redis) -> int:
+    """Script calls Redis refused before running them (Redis 7: for memory, with our flags)."""
+    return int(rc.info("commandstats").get("cmdstat_evalsha", {}).get("rejected_calls", 0))
+
+
 def test_redis_full_then_freed(tmp_path: Path) -> None:
     """Full: a new stage or resolve raises RedisFull; requests already queued are read but
     their takes refused up front (nothing popped, nothing in flight that recovery cannot see,
@@ -340,12 +345,23 @@ def test_redis_full_then_freed(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             fill(rc)
+            refused = rejected_scripts(rc)
             os.kill(resolver, signal.SIGCONT)
             with pytest.raises(RedisFull):
                 pa.stage(session="x", tool="t", label="L", apply="t.idem")
             with pytest.raises(RedisFull):
                 pa.resolve(session="x", action="apply", reason="r")
-        time.sleep(2.0)  # full for a while: the resolver reads the queued requests
+        def settled() -> bool:
+            # the resolver has read the queued requests and Redis has refused their takes (a
+            # flagged script is refused before it runs: counted as rejected), and the stage
+            # above; and the gated attempt has ended
+            last = entries(rc.xrange(K.history("running")))[-1][1][b"event"]
+            return rejected_scripts(rc) >= refused + len(sessions) + 1 and last == b"failed"
+
+        deadline = time.monotonic() + 20
+        while not settled():
+            assert time.monotonic() < deadline, "the takes were never tried, or the attempt hung"
+            time.sleep(0.05)
         pending: Any = [rc.xpending(K.requests(p), K.RESOLVER_GROUP)
                         for p in {K.partition(s) for s in sessions}]
         assert sum(x["pending"] for x in pending) == len(sessions)  # read, refused, not acked
