@@ -20,12 +20,14 @@ TICK_S = 0.010
 MAX_LATE_S = 0.200
 
 
-async def _ticker(stop: asyncio.Event, lateness: list[float]) -> None:
-    """Sleeps 10 ms at a time and records how late each wake-up is."""
+async def _ticker(stop: asyncio.Event, ticking: asyncio.Event, lateness: list[float]) -> None:
+    """Sleeps 10 ms at a time and records how late each wake-up is; sets ``ticking`` after
+    its first."""
     while not stop.is_set():
         start = time.perf_counter()
         await asyncio.sleep(TICK_S)
         lateness.append(time.perf_counter() - start - TICK_S)
+        ticking.set()
 
 
 def test_twenty_concurrent_resolves_never_hold_up_the_loop(
@@ -37,9 +39,9 @@ def test_twenty_concurrent_resolves_never_hold_up_the_loop(
             ids = [await apa.stage(session=s, tool="edit", label=f"slow {i}", apply="t.async",
                                    payload={"sleep": 0.3})
                    for i, s in enumerate(sessions)]
-            stop, lateness = asyncio.Event(), list[float]()
-            ticker = asyncio.create_task(_ticker(stop, lateness))
-            await asyncio.sleep(0.05)  # the ticker is running before the load starts
+            stop, ticking, lateness = asyncio.Event(), asyncio.Event(), list[float]()
+            ticker = asyncio.create_task(_ticker(stop, ticking, lateness))
+            await ticking.wait()  # the ticker is running before the load starts
             started = time.perf_counter()
             results = await asyncio.gather(*(
                 apa.resolve(session=s, action="apply", reason="go", expect_id=i)
