@@ -268,6 +268,13 @@ class Keys:
         return f"{self.prefix}:layout"
 
     @property
+    def housekeeping(self) -> str:
+        """HASH: where the pass over the sessions stands (workers/retention.py): "turn" -> the
+        index of the next sessions hash or set to page, and each one's key -> "<scan cursor>
+        <its size when its pass began>". Lost or garbled: the passes start again."""
+        return f"{self.prefix}:housekeeping"
+
+    @property
     def housekeeping_lock(self) -> str:
         """STRING with a TTL: the resolve worker retiring the next page of sessions."""
         return f"{self.prefix}:housekeeping-lock"

@@ -298,13 +298,15 @@ class Scripts:
             lambda raw_reply: bool(int(raw_reply)),
         )
 
-    def retire(self, session: str, retention_ms: int) -> Call[int]:
+    def retire(self, partition: int, sessions: list[str], retention_ms: int) -> Call[list[int]]:
+        """A page of the partition's sessions, each 2 (gone), 1 (set to expire) or 0 (live)."""
         k = self._k
         return self._call(
             "retire",
-            [k.actions(session), k.dead(session), k.history(session),
-             k.sessions(k.partition(session)), k.stack(session), k.legacy_expiry(session)],
-            [retention_ms, session], int,
+            [k.sessions(partition),
+             *(key for s in sessions for key in (k.actions(s), k.dead(s), k.history(s),
+                                                  k.stack(s), k.legacy_expiry(s)))],
+            [retention_ms, *sessions], lambda codes: [int(c) for c in codes],
         )
 
     def upgrade(self, partition: int, sessions: list[str]) -> Call[int]:

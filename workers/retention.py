@@ -3,60 +3,126 @@ leave. retire.lua sets a finished session's history to expire after ``retention_
 touching a session with anything pending, in flight, in a slot or dead-lettered), and drops a
 session with no keys left from its partition's sessions hash (its tenant claim with it); the
 tenants' sessions sets follow. The dead streams are capped where they are written; markers and
-replies have their own ttl."""
+replies have their own ttl.
+
+The pages are paced by the retention, not by the number of sessions: one pass over every
+session takes about ``retention_s / PASSES`` (never less than one housekeeping round), so an
+idle worker beside many stored sessions sends a few commands a second, not hundreds, and a
+finished session's history is gone at most 1 + 1/``PASSES`` retentions after it finished."""
 
 from __future__ import annotations
 
+import math
 import time
+from collections import defaultdict
 from typing import Any
 
 from pending_actions.broker.context import Context
 
 
 class Retirement:
+    PASSES = 24  # passes over the sessions per retention (7 h each at the default 7 days)
+    MAX_PAGE = 200  # sessions per page, at most
+
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.next_at = 0.0
-        self.cursors: dict[str, int] = {}  # sessions hash or set -> scan cursor
+        self.sets: list[str] = []  # the tenants' sessions sets, found once a pass
+        self.sets_at = 0.0  # when to look for them again
+
+    @property
+    def pass_s(self) -> float:
+        s = self.ctx.settings
+        return max(s.housekeeping_s, s.retention_s / self.PASSES)
 
     def step(self) -> int:
-        """One page of each sessions hash and set, at most every ``housekeeping_s``, by one
-        worker at a time. Returns how many sessions were dropped."""
+        """At most every ``housekeeping_s``, by one worker at a time: a page of the next
+        sessions hashes and sets in turn (one each round when a pass spans more rounds than
+        there are of them; all of them when a pass is one round). Where a pass stands is kept
+        in Redis (``Keys.housekeeping``), so whichever worker holds the round carries it on.
+        Returns how many sessions were dropped."""
         s = self.ctx.settings
-        if time.monotonic() < self.next_at:
+        now = time.monotonic()
+        if now < self.next_at:
             return 0
-        self.next_at = time.monotonic() + s.housekeeping_s
-        if not self.ctx.client.set(self.ctx.keys.housekeeping_lock, "1", nx=True,
+        self.next_at = now + s.housekeeping_s
+        k = self.ctx.keys
+        if not self.ctx.client.set(k.housekeeping_lock, "1", nx=True,
                                    px=int(s.housekeeping_s * 1000)):
             return 0
-        k = self.ctx.keys
-        return (sum(self.page(k.sessions(p), hashed=True) for p in range(k.partitions))
-                + sum(self.page(key) for key in self.tenant_sets()))
+        if now >= self.sets_at:
+            self.sets, self.sets_at = self.tenant_sets(), now + self.pass_s
+        keys = [(k.sessions(p), True) for p in range(k.partitions)] + [
+            (key, False) for key in self.sets]
+        state = self.load()
+        rounds = self.pass_s / s.housekeeping_s
+        n = min(len(keys), math.ceil(len(keys) / rounds))
+        first = state.pop("turn", (0, 0))[0] % len(keys)
+        turn = [keys[(first + i) % len(keys)] for i in range(n)]
+        state.update(self.measure([(key, hashed) for key, hashed in turn
+                                   if not state.get(key, (0, 0))[0]]))
+        # the pages each hash or set gets in a pass, whole: a pass never takes longer than planned
+        pages = max(1, int(rounds * n / len(keys)))
+        dropped = 0
+        for key, hashed in turn:
+            cursor, size = state.get(key, (0, 0))
+            if cursor or size:
+                gone, cursor = self.page(key, hashed, cursor, size, pages)
+                dropped += gone
+            state[key] = (cursor, size)
+        self.ctx.client.hset(k.housekeeping, mapping={
+            "turn": (first + n) % len(keys),
+            **{key: f"{state[key][0]} {state[key][1]}" for key, _ in turn}})
+        return dropped
+
+    def load(self) -> dict[str, tuple[int, int]]:
+        """Where the pass stands: "turn" -> the next hash or set to page, and each one's
+        cursor and size when its pass began. What does not parse starts again from 0."""
+        state: dict[str, tuple[int, int]] = {}
+        raw: Any = self.ctx.client.hgetall(self.ctx.keys.housekeeping)
+        for field, value in raw.items():
+            try:
+                cursor, _, size = value.decode().partition(" ")
+                state[field.decode()] = (int(cursor), int(size or 0))
+            except ValueError:
+                continue
+        return state
 
     def tenant_sets(self) -> list[str]:
         found: Any = self.ctx.client.scan_iter(match=self.ctx.keys.tenant_sessions("*"),
                                                count=1000, _type="set")
         return [x.decode() if isinstance(x, bytes) else x for x in found]
 
-    def page(self, key: str, count: int = 200, retention_ms: int | None = None,
-             hashed: bool = False) -> int:
-        """One page of a partition's sessions hash (``hashed``: retire.lua drops the sessions
-        it finds gone) or of a tenant's sessions set (dropped here)."""
+    def measure(self, starting: list[tuple[str, bool]]) -> dict[str, tuple[int, int]]:
+        """The size of each hash and set whose pass begins now, which sets its page (and spares
+        the scan of one that is empty)."""
+        if not starting:
+            return {}
+        pipe = self.ctx.client.pipeline(transaction=False)
+        for key, hashed in starting:
+            if hashed:
+                pipe.hlen(key)
+            else:
+                pipe.scard(key)
+        return {key: (0, int(size))
+                for (key, _), size in zip(starting, pipe.execute(), strict=True)}
+
+    def page(self, key: str, hashed: bool, cursor: int, size: int,
+             pages: int) -> tuple[int, int]:
+        """One of the ``pages`` of a pass over a partition's sessions hash (``hashed``:
+        retire.lua drops the sessions it finds gone) or a tenant's sessions set (dropped
+        here), from ``cursor``. Returns how many were dropped and the cursor after."""
         ctx = self.ctx
-        retention = ctx.settings.retention_s * 1000 if retention_ms is None else retention_ms
-        cursor = self.cursors.get(key, 0)
+        # one more than its share: a scan stops once it has as many as asked, which for a
+        # last page would leave the cursor short of the end, and the pass a page longer
+        count = min(self.MAX_PAGE, math.ceil(size / pages) + 1)
         scanned: Any = (ctx.client.hscan(key, cursor, count=count) if hashed
                         else ctx.client.sscan(key, cursor, count=count))
-        self.cursors[key] = int(scanned[0])
+        after = int(scanned[0])
         sessions = [m.decode() for m in scanned[1]]  # a hash's fields, a set's members
-        if not sessions:
-            return 0
-        pipe = ctx.client.pipeline(transaction=False)
-        for session in sessions:
-            ctx.scripts.retire(session, retention).on(pipe)
-        gone = [x for x, code in zip(sessions, pipe.execute(), strict=True) if int(code) == 2]
-        if not gone or hashed:
-            return len(gone)
+        gone = self.retire(sessions) if sessions else []
+        if hashed or not gone:
+            return len(gone), after
         ctx.client.srem(key, *gone)
         # a stage may have come in between the look and the SREM (its producer adds the
         # session to its tenant's set), so whatever has keys again now goes back
@@ -67,4 +133,17 @@ class Retirement:
         back = [x for x, n in zip(gone, pipe.execute(), strict=True) if n]
         if back:
             ctx.client.sadd(key, *back)
-        return len(gone) - len(back)
+        return len(gone) - len(back), after
+
+    def retire(self, sessions: list[str]) -> list[str]:
+        """retire.lua on these sessions, one call per partition; returns those gone."""
+        ctx = self.ctx
+        by_partition: dict[int, list[str]] = defaultdict(list)
+        for session in sessions:
+            by_partition[ctx.keys.partition(session)].append(session)
+        retention = ctx.settings.retention_s * 1000
+        gone: list[str] = []
+        for partition, group in by_partition.items():
+            codes = ctx.scripts.retire(partition, group, retention).run()
+            gone += [x for x, code in zip(group, codes, strict=True) if code == 2]
+        return gone

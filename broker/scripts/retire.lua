@@ -1,25 +1,36 @@
--- retire: what a finished session leaves (its history) expires after the retention, and a
--- session with no keys left leaves its partition's sessions hash, its tenant claim with it (in
--- the same step, so a stage cannot come in between and find its claim gone).
+-- retire: for a page of one partition's sessions, what a finished session leaves (its history)
+-- expires after the retention, and a session with no keys left leaves its partition's
+-- sessions hash, its tenant claim with it (in the same step, so a stage cannot come in between
+-- and find its claim gone).
 -- A session with anything pending, in flight, in a slot or dead-lettered keeps all its keys:
 -- its actions hash holds every staged, slotted and in-flight spec, its dead list the rest.
--- stage.lua and set_slot.lua make the history persistent again.
--- KEYS[1] actions (hash)  KEYS[2] dead (list)  KEYS[3] history (stream)
--- KEYS[4] the partition's sessions (hash)
--- KEYS[5] stack (zset: only ids of specs gone, when the actions hash is empty)
--- KEYS[6] the per-session expiry zset an older version kept (Keys.legacy_expiry): read by
---         nothing now, deleted with the stack
--- ARGV[1] retention ms  ARGV[2] session
--- Returns: 2 when the session had no keys left (and left the sessions hash), 1 when its
+-- Such a session is only looked at (one EXISTS): the scripts that make a session live again
+-- (stage.lua, set_slot.lua) make its history persistent themselves, and a session is never
+-- made to expire while live, since this script checks and expires in one step.
+-- KEYS[1] the partition's sessions (hash)
+-- KEYS[2..] five per session, in ARGV's order: actions (hash), dead (list), history (stream),
+--   stack (zset: only ids of specs gone, when the actions hash is empty), the per-session
+--   expiry zset an older version kept (Keys.legacy_expiry: read by nothing now, deleted with
+--   the stack)
+-- ARGV[1] retention ms   ARGV[2..] the sessions (all of KEYS[1]'s partition)
+-- Returns: per session, 2 when it had no keys left (and left the sessions hash), 1 when its
 -- history is set to expire (or was already), 0 when it is live.
-if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
-  redis.call('PERSIST', KEYS[3])
-  return 0
+local out = {}
+for i = 2, #ARGV do
+  local k = 2 + 5 * (i - 2)
+  local actions, dead, hist, stack, legacy = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3],
+    KEYS[k + 4]
+  if redis.call('EXISTS', actions, dead) > 0 then
+    out[#out + 1] = 0
+  else
+    redis.call('DEL', stack, legacy)
+    if redis.call('EXISTS', hist) == 0 then
+      redis.call('HDEL', KEYS[1], ARGV[i])
+      out[#out + 1] = 2
+    else
+      if redis.call('PTTL', hist) == -1 then redis.call('PEXPIRE', hist, ARGV[1]) end
+      out[#out + 1] = 1
+    end
+  end
 end
-redis.call('DEL', KEYS[5], KEYS[6])
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  redis.call('HDEL', KEYS[4], ARGV[2])
-  return 2
-end
-if redis.call('PTTL', KEYS[3]) == -1 then redis.call('PEXPIRE', KEYS[3], ARGV[1]) end
-return 1
+return out

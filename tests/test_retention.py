@@ -1,0 +1,103 @@
+"""Retirement is paced by the retention: one pass over the stored sessions takes about
+``retention_s / Retirement.PASSES`` in housekeeping rounds, so an idle worker beside many live
+sessions looks at a few of them per round, not 200 per partition; a pass still reaches every
+session, and what it finds finished it retires. Where the pass stands is kept in Redis, so two
+workers taking rounds in turn carry one pass on. Driven by hand on a Redis of its own, so the
+command counts are this test's alone."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from pending_actions.broker.context import Context
+from pending_actions.broker.settings import Settings
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.workers.retention import Retirement
+
+LIVE = 2_000
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    s = EmbeddedRedis(directory=tmp_path / "redis").start()
+    yield s
+    s.stop()
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"])
+            for k, v in client.info("commandstats").items()}
+
+
+def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
+        server: EmbeddedRedis) -> None:
+    # a pass of 100 s in rounds of 10 s: each round looks at about a tenth of the sessions
+    settings = Settings(redis_url=server.url, key_prefix="rt", retention_s=2_400,
+                        housekeeping_s=10)
+    ctx = Context.create(settings, role="worker")
+    rc = redis.Redis.from_url(server.url)
+    k, retire = ctx.keys, Retirement(ctx)
+    other = Retirement(ctx)  # another resolve worker's: the rounds alternate between the two
+    rounds = round(retire.pass_s / settings.housekeeping_s)
+    assert rounds == 10
+
+    def one_round(by: Retirement) -> int:
+        rc.delete(k.housekeeping_lock)  # as if the round's lock had run out: rounds on demand
+        by.next_at = 0.0
+        return by.step()
+
+    try:
+        rc.config_resetstat()
+        assert one_round(retire) == 0  # nothing stored: the size of the round's hashes, no scan
+        calls = _calls(rc)
+        assert calls.get("hlen") == math.ceil(k.partitions / rounds) and "hscan" not in calls
+
+        pipe = rc.pipeline(transaction=False)
+        for i in range(LIVE):
+            s = f"live-{i}"
+            pipe.hset(k.actions(s), "pending-action:t:1", "{}")
+            pipe.hset(k.sessions(k.partition(s)), s, "default")
+        # finished: only a history left (it is set to expire), or nothing at all (it goes),
+        # and the same for a tenant's sessions set
+        for s in ("old-1", "old-2"):
+            pipe.xadd(k.history(s), {"event": "staged"})
+            pipe.hset(k.sessions(k.partition(s)), s, "default")
+        pipe.hset(k.sessions(k.partition("gone-1")), "gone-1", "default")
+        pipe.sadd(k.tenant_sessions("acme"), "gone-2", "live-1")
+        pipe.execute()
+        retire.sets_at = 0.0  # the tenant set above is found at this pass's start
+        rc.delete(k.housekeeping)  # where the pass stood is lost: it starts again
+        rc.hset(k.housekeeping, k.sessions(5), "garbled")  # read as "from the start"
+
+        rc.config_resetstat()
+        dropped = one_round(retire)
+        first = _calls(rc).get("exists", 0)  # retire.lua: one EXISTS per session looked at
+        # about a tenth (HSCAN's COUNT is a hint), where every session was looked at before
+        assert LIVE / (2 * rounds) <= first <= 3 * LIVE / rounds, first
+
+        everything = {k.sessions(p) for p in range(k.partitions)} | {k.tenant_sessions("acme")}
+        seen, done = first, set()  # the hashes and sets whose pass has ended
+        for n in range(2, 4 * rounds):  # n: the rounds a pass took
+            rc.config_resetstat()
+            dropped += one_round(other if n % 2 else retire)
+            seen += _calls(rc).get("exists", 0)
+            done |= {key for key, (cursor, size) in retire.load().items()
+                     if key != "turn" and cursor == 0 and size > 0}
+            if done == everything:
+                break
+        assert rounds // 2 <= n <= rounds + 1, n  # a whole pass took about the rounds planned
+        assert seen >= LIVE  # and looked at every session
+
+        assert dropped == 2  # gone-1 from its hash, gone-2 from the tenant's set
+        assert not rc.hexists(k.sessions(k.partition("gone-1")), "gone-1")
+        assert rc.smembers(k.tenant_sessions("acme")) == {b"live-1"}
+        assert all(rc.pttl(k.history(s)) > 0 for s in ("old-1", "old-2"))
+        assert all(rc.hexists(k.sessions(k.partition(s)), s) for s in ("old-1", "live-7"))
+    finally:
+        ctx.client.close()
+        rc.close()
