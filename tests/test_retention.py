@@ -7,6 +7,7 @@ command counts are this test's alone."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,7 @@ def _calls(client: redis.Redis) -> dict[str, int]:
 
 
 def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
-        server: EmbeddedRedis) -> None:
+        server: EmbeddedRedis, caplog: pytest.LogCaptureFixture) -> None:
     # a pass of 100 s in rounds of 10 s: each round looks at about a tenth of the sessions
     settings = Settings(redis_url=server.url, key_prefix="rt", retention_s=2_400,
                         housekeeping_s=10)
@@ -98,6 +99,17 @@ def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
         assert rc.smembers(k.tenant_sessions("acme")) == {b"live-1"}
         assert all(rc.pttl(k.history(s)) > 0 for s in ("old-1", "old-2"))
         assert all(rc.hexists(k.sessions(k.partition(s)), s) for s in ("old-1", "live-7"))
+
+        # an operator's doing: the shared record is a string. The worker carries its own pass
+        # on, says so once, and leaves the key as it is
+        rc.set(k.housekeeping, "mine")
+        with caplog.at_level(logging.WARNING, logger="pending_actions.resolver"):
+            turns = []
+            for _ in range(3):
+                one_round(retire)
+                turns.append(retire.own["turn"][0])
+        assert len(set(turns)) == 3 and rc.get(k.housekeeping) == b"mine"
+        assert len([r for r in caplog.records if "is not a hash" in r.getMessage()]) == 1
     finally:
         ctx.client.close()
         rc.close()

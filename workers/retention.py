@@ -12,12 +12,17 @@ finished session's history is gone at most 1 + 1/``PASSES`` retentions after it 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
 from typing import Any
 
+import redis
+
 from pending_actions.broker.context import Context
+
+log = logging.getLogger("pending_actions.resolver")
 
 
 class Retirement:
@@ -29,6 +34,10 @@ class Retirement:
         self.next_at = 0.0
         self.sets: list[str] = []  # the tenants' sessions sets, found once a pass
         self.sets_at = 0.0  # when to look for them again
+        # the pass as this worker last left it: carried on alone while the shared record is
+        # of another type (an operator's doing), rather than stopping the recovery loop
+        self.own: dict[str, tuple[int, int]] = {}
+        self.warned = False
 
     @property
     def pass_s(self) -> float:
@@ -70,16 +79,32 @@ class Retirement:
                 gone, cursor = self.page(key, hashed, cursor, size, pages)
                 dropped += gone
             state[key] = (cursor, size)
-        self.ctx.client.hset(k.housekeeping, mapping={
-            "turn": (first + n) % len(keys),
-            **{key: f"{state[key][0]} {state[key][1]}" for key, _ in turn}})
+        state["turn"] = ((first + n) % len(keys), 0)
+        self.own = state
+        try:
+            self.ctx.client.hset(k.housekeeping, mapping={
+                key: f"{state[key][0]} {state[key][1]}" for key in ("turn", *dict(turn))})
+        except redis.ResponseError as exc:
+            self._unshared(exc)
         return dropped
+
+    def _unshared(self, exc: redis.ResponseError) -> None:
+        if "WRONGTYPE" not in str(exc):
+            raise exc
+        if not self.warned:
+            self.warned = True
+            log.warning("%s is not a hash (%s): each resolve worker retires sessions at its "
+                        "own pace until it is deleted", self.ctx.keys.housekeeping, exc)
 
     def load(self) -> dict[str, tuple[int, int]]:
         """Where the pass stands: "turn" -> the next hash or set to page, and each one's
         cursor and size when its pass began. What does not parse starts again from 0."""
         state: dict[str, tuple[int, int]] = {}
-        raw: Any = self.ctx.client.hgetall(self.ctx.keys.housekeeping)
+        try:
+            raw: Any = self.ctx.client.hgetall(self.ctx.keys.housekeeping)
+        except redis.ResponseError as exc:
+            self._unshared(exc)
+            return dict(self.own)
         for field, value in raw.items():
             try:
                 cursor, _, size = value.decode().partition(" ")
