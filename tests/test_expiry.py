@@ -26,7 +26,7 @@ from pending_actions.producers import PendingActions
 from pending_actions.producers.tool import render
 from pending_actions.workers.recovery import Recovery
 from tests.support.procs import Worker
-from tests.support.replies import read
+from tests.support.replies import command_calls, read
 from tests.support.runs import runs
 
 PREFIX = "pa"
@@ -246,10 +246,6 @@ def test_one_record_of_a_ttl_which_holds_while_the_action_is_in_flight(
         pa.close()
 
 
-def _calls(client: redis.Redis) -> dict[str, int]:
-    return {k.removeprefix("cmdstat_"): int(v["calls"])
-            for k, v in client.info("commandstats").items()}
-
 
 def test_an_idle_sweep_reads_the_marks_not_every_index(tmp_path: Path) -> None:
     """Each partition's expiry index has a mark that no entry is due before: stage lowers it,
@@ -274,7 +270,7 @@ def test_an_idle_sweep_reads_the_marks_not_every_index(tmp_path: Path) -> None:
         rc.config_resetstat()
         for _ in range(3):
             assert sweep.expire_due() == 0
-        calls = _calls(rc)
+        calls = command_calls(rc)
         assert calls.get("mget") == 3 and "zrangebyscore" not in calls and "evalsha" not in calls
 
         short = pa.stage(session=session, tool="edit", label="Short", apply="t.ok", ttl=0.3)
@@ -283,7 +279,7 @@ def test_an_idle_sweep_reads_the_marks_not_every_index(tmp_path: Path) -> None:
         time.sleep(0.35)  # the passing of time is what is tested here: the ttl passes
         rc.config_resetstat()
         assert sweep.expire_due() == 1
-        assert _calls(rc).get("zrangebyscore") == 1  # its partition's index, no other
+        assert command_calls(rc).get("zrangebyscore") == 1  # its partition's index, no other
         assert [e["id"] for e in pa.history(session) if e["event"] == "expired"] == [short]
         assert rc.get(keys.expiries_due(p)) == str(NOTHING_DUE).encode()
 

@@ -19,6 +19,7 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.workers.retention import Retirement
+from tests.support.replies import command_calls
 
 LIVE = 2_000
 
@@ -29,10 +30,6 @@ def server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     yield s
     s.stop()
 
-
-def _calls(client: redis.Redis) -> dict[str, int]:
-    return {k.removeprefix("cmdstat_"): int(v["calls"])
-            for k, v in client.info("commandstats").items()}
 
 
 def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
@@ -55,7 +52,7 @@ def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
     try:
         rc.config_resetstat()
         assert one_round(retire) == 0  # nothing stored: the size of the round's hashes, no scan
-        calls = _calls(rc)
+        calls = command_calls(rc)
         assert calls.get("hlen") == math.ceil(k.partitions / rounds) and "hscan" not in calls
 
         pipe = rc.pipeline(transaction=False)
@@ -77,7 +74,7 @@ def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
 
         rc.config_resetstat()
         dropped = one_round(retire)
-        first = _calls(rc).get("exists", 0)  # retire.lua: one EXISTS per session looked at
+        first = command_calls(rc).get("exists", 0)  # retire.lua: one EXISTS per session looked at
         # about a tenth (HSCAN's COUNT is a hint), where every session was looked at before
         assert LIVE / (2 * rounds) <= first <= 3 * LIVE / rounds, first
 
@@ -86,7 +83,7 @@ def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
         for n in range(2, 4 * rounds):  # n: the rounds a pass took
             rc.config_resetstat()
             dropped += one_round(other if n % 2 else retire)
-            seen += _calls(rc).get("exists", 0)
+            seen += command_calls(rc).get("exists", 0)
             done |= {key for key, (cursor, size) in retire.load().items()
                      if key != "turn" and cursor == 0 and size > 0}
             if done == everything:

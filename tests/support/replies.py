@@ -61,3 +61,10 @@ def xadd(rc: redis.Redis, stream: str, raw: Mapping[bytes, bytes]) -> bytes:
     entry_id = rc.xadd(stream, entry)
     assert isinstance(entry_id, bytes), entry_id
     return entry_id
+
+
+def command_calls(client: redis.Redis) -> dict[str, int]:
+    """How many times each command ran since the last CONFIG RESETSTAT (``INFO commandstats``,
+    by lower-case name)."""
+    return {k.removeprefix("cmdstat_"): int(v["calls"])
+            for k, v in client.info("commandstats").items()}
