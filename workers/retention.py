@@ -23,6 +23,9 @@ import redis
 from pending_actions.broker.context import Context
 
 log = logging.getLogger("pending_actions.resolver")
+TURN = "turn"  # the field of Keys.housekeeping with the index of the next hash or set to page
+# (that index, and each hash's or set's scan cursor and size when its pass began)
+Pass = tuple[int, dict[str, tuple[int, int]]]
 
 
 class Retirement:
@@ -36,7 +39,7 @@ class Retirement:
         self.sets_at = 0.0  # when to look for them again
         # the pass as this worker last left it: carried on alone while the shared record is
         # of another type (an operator's doing), rather than stopping the recovery loop
-        self.own: dict[str, tuple[int, int]] = {}
+        self.own: Pass = (0, {})
         self.warned = False
 
     @property
@@ -63,10 +66,10 @@ class Retirement:
             self.sets, self.sets_at = self.tenant_sets(), now + self.pass_s
         keys = [(k.sessions(p), True) for p in range(k.partitions)] + [
             (key, False) for key in self.sets]
-        state = self.load()
+        first, state = self.load()
+        first %= len(keys)
         rounds = self.pass_s / s.housekeeping_s
         n = min(len(keys), math.ceil(len(keys) / rounds))
-        first = state.pop("turn", (0, 0))[0] % len(keys)
         turn = [keys[(first + i) % len(keys)] for i in range(n)]
         state.update(self.measure([(key, hashed) for key, hashed in turn
                                    if not state.get(key, (0, 0))[0]]))
@@ -79,11 +82,10 @@ class Retirement:
                 gone, cursor = self.page(key, hashed, cursor, size, pages)
                 dropped += gone
             state[key] = (cursor, size)
-        state["turn"] = ((first + n) % len(keys), 0)
-        self.own = state
+        self.own = ((first + n) % len(keys), state)
         try:
             self.ctx.client.hset(k.housekeeping, mapping={
-                key: f"{state[key][0]} {state[key][1]}" for key in ("turn", *dict(turn))})
+                TURN: self.own[0], **{key: f"{state[key][0]} {state[key][1]}" for key, _ in turn}})
         except redis.ResponseError as exc:
             self._unshared(exc)
         return dropped
@@ -96,22 +98,25 @@ class Retirement:
             log.warning("%s is not a hash (%s): each resolve worker retires sessions at its "
                         "own pace until it is deleted", self.ctx.keys.housekeeping, exc)
 
-    def load(self) -> dict[str, tuple[int, int]]:
-        """Where the pass stands: "turn" -> the next hash or set to page, and each one's
-        cursor and size when its pass began. What does not parse starts again from 0."""
-        state: dict[str, tuple[int, int]] = {}
+    def load(self) -> Pass:
+        """Where the pass stands: the next hash or set to page, and each one's cursor and size
+        when its pass began. What does not parse starts again from 0."""
         try:
             raw: Any = self.ctx.client.hgetall(self.ctx.keys.housekeeping)
         except redis.ResponseError as exc:
             self._unshared(exc)
-            return dict(self.own)
+            return self.own[0], dict(self.own[1])
+        turn, state = 0, {}
         for field, value in raw.items():
             try:
-                cursor, _, size = value.decode().partition(" ")
-                state[field.decode()] = (int(cursor), int(size or 0))
+                if field.decode() == TURN:
+                    turn = int(value)
+                    continue
+                cursor, size = value.decode().split(" ")
+                state[field.decode()] = (int(cursor), int(size))
             except ValueError:
                 continue
-        return state
+        return turn, state
 
     def tenant_sets(self) -> list[str]:
         found: Any = self.ctx.client.scan_iter(match=self.ctx.keys.tenant_sessions("*"),
