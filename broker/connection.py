@@ -6,6 +6,7 @@ Cluster, reached through any of the listed startup nodes with redis-py's ``Redis
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from redis.exceptions import (
     ConnectionError,
     MasterDownError,
     ReadOnlyError,
+    RedisClusterException,
+    RedisError,
     ResponseError,
     SlotNotCoveredError,
     TimeoutError,
@@ -141,11 +144,14 @@ class Batch:
     Redis's own (no callbacks: an EVALSHA, XADD, XACK or XDEL reads the same either way).
 
     ``conn``: a connection the calling thread keeps (``own_connection``), sent on without a
-    checkout from the pool."""
+    checkout from the pool. ``cluster``: the cluster client when ``client`` is the master of
+    one of its slots (``slot_master``), where every command queued must be in that slot."""
 
-    def __init__(self, client: redis.Redis, conn: Any = None) -> None:
+    def __init__(self, client: redis.Redis, conn: Any = None, cluster: Any = None) -> None:
+        self.client = client
         self.pool = client.connection_pool
         self.conn = conn
+        self.cluster = cluster
         self.commands: list[tuple[Any, ...]] = []
 
     def __len__(self) -> int:
@@ -163,19 +169,36 @@ class Batch:
         try:
             replies: list[Any] = conn.retry.call_with_retry(
                 lambda: _exchange(conn, commands), lambda _error: conn.disconnect())
-        except BaseException:
+        except BaseException as exc:
             # replies may be left unread on it (an interrupt, an error not retried): a
             # connection used again so would answer the next caller with them (a kept one
             # connects again on its next use)
             conn.disconnect()
+            if isinstance(exc, TRANSIENT):
+                self._relearn()
             raise
         finally:
             if self.conn is None:
                 self.pool.release(conn)
+        if self.cluster is not None and (moved := next(
+                (r for r in replies if isinstance(r, AskError)), None)) is not None:
+            # MOVED (an AskError) or ASK: the slot has, or is getting, another master; its
+            # commands did not run there. A dropped connection to the caller, whose retry
+            # finds the new master (a slot being migrated answers again once it has moved)
+            self._relearn()
+            raise ConnectionError(f"slot moved: {moved}") from moved
         if raise_on_error and (error := next(
                 (r for r in replies if isinstance(r, ResponseError)), None)) is not None:
             raise error
         return replies
+
+
+    def _relearn(self) -> None:
+        """After a failover or a move: the cluster's slot table read again, so that the next
+        ``slot_master`` is the slot's new master."""
+        if self.cluster is not None:
+            with contextlib.suppress(RedisError, RedisClusterException):
+                self.cluster.nodes_manager.initialize()
 
 
 _kept = threading.local()
@@ -207,8 +230,8 @@ def own_connection(client: redis.Redis) -> Any:
     the socket, its metrics) costs a process woken from idle ~0.15 ms a round trip, as much as
     the round trip's own system calls; for the few threads that serve resolves (one per
     process, or one per dramatiq worker thread), one connection each is no cost. A kept
-    connection that failed is disconnected and connects again on its next use. Single Redis
-    only."""
+    connection that failed is disconnected and connects again on its next use. On a
+    cluster, a connection to one node (``pipeline`` with a key)."""
     kept: weakref.WeakKeyDictionary[Any, _Kept] | None = getattr(_kept, "conns", None)
     if kept is None:
         # by pool, weakly: a test process makes many clients, each of which may go
@@ -225,16 +248,19 @@ def read_group(client: Any, group: str, consumer: str, streams: list[str],
     """``client.xreadgroup(group, consumer, {stream: ">"}, count, block_ms)``, on a single
     Redis on the calling thread's own connection (``own_connection``): for the loops that wait
     on a stream for the next resolve, whose wake-up is on its path. The reply as redis-py's
-    ``xreadgroup`` gives it; an error raised as it raises it. On a cluster, redis-py's own
-    (its client sends each command to its key's node)."""
-    if is_cluster(client):
-        return client.xreadgroup(group, consumer, dict.fromkeys(streams, ">"), count=count,
-                                 block=block_ms)
-    pipe = Batch(client, own_connection(client))
+    ``xreadgroup`` gives it; an error raised as it raises it. On a cluster the same, on the
+    master of the streams' slot (all of them must share one): ``slot_master``."""
+    pipe = pipeline(client, own=True, key=streams[0])
     pipe.execute_command("XREADGROUP", "GROUP", group, consumer, "COUNT", count,
                          "BLOCK", block_ms, "STREAMS", *streams, *[">"] * len(streams))
     raw, = pipe.execute()
-    return client.response_callbacks["XREADGROUP"](raw)
+    return pipe.client.response_callbacks["XREADGROUP"](raw)
+
+
+def slot_master(client: Any, key: str) -> redis.Redis:
+    """On a cluster, the plain client of the master that serves ``key``'s slot."""
+    cluster = cast(Any, client)
+    return cast(redis.Redis, cluster.get_redis_connection(cluster.get_node_from_key(key)))
 
 
 def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
@@ -253,13 +279,19 @@ def read_replies(conn: Any, n: int) -> list[Any]:
     return replies
 
 
-def pipeline(client: Any, own: bool = False) -> Any:
+def pipeline(client: Any, own: bool = False, key: str | None = None) -> Any:
     """A ``Batch`` on a single Redis (``own``: on the calling thread's own connection, see
-    ``own_connection``); redis-py's pipeline (no transaction) on a cluster, which sends each
-    command to the node of its key."""
-    if is_cluster(client):
+    ``own_connection``). On a cluster, given ``key``, whose slot every command queued is in:
+    a ``Batch`` on that slot's master; without: redis-py's pipeline (no transaction), which
+    sends each command to the node of its key, but first asks a server which keys each command
+    with movable keys has (COMMAND GETKEYS: every EVALSHA, every XREADGROUP), one round trip
+    for each, all to the same node."""
+    if not is_cluster(client):
+        return Batch(client, own_connection(client) if own else None)
+    if key is None:
         return client.pipeline(transaction=False)
-    return Batch(client, own_connection(client) if own else None)
+    node = slot_master(client, key)
+    return Batch(node, own_connection(node) if own else None, cluster=client)
 
 
 def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[Any]], T]],
@@ -274,7 +306,7 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
     the new master. ``raise_on_error=False``: a command's error is left in its reply, for the
     reader to weigh (some replies matter less than others). ``own``: as for ``pipeline``."""
     if not replicas:
-        pipe = pipeline(client, own)
+        pipe = pipeline(client, own, key)
         read = build(pipe)
         return read(pipe.execute(raise_on_error=raise_on_error))
     if is_cluster(client):

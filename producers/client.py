@@ -115,20 +115,20 @@ class PendingActions:
             return transactions(self.client, step.queues)
 
     def _first_wait(self, first: Callable[[Any], object], key: str, seconds: float) -> Any:
-        """The commands ``first`` queues (the request) and, in the same round trip, a BLPOP of
-        ``key`` for up to FIRST_WAIT_S; a cluster pipeline cannot block, so there the wait is
-        a call of its own. Raises the first error of the request's commands."""
-        cluster = is_cluster(self.client)
-        # on a single Redis a connection.Batch: redis-py's pipeline costs an idle caller more
-        # CPU than the round trip (BLPOP's reply is the same either way: key and value, or None)
-        pipe = self.client.pipeline(transaction=False) if cluster else connection.Batch(self.client)
+        """The commands ``first`` queues (the request, in ``key``'s slot) and, in the same
+        round trip, a BLPOP of ``key`` for up to FIRST_WAIT_S. Raises the first error of the
+        request's commands."""
+        # a connection.Batch (on a cluster, on the slot's master): redis-py's pipeline costs an
+        # idle caller more CPU than the round trip (BLPOP's reply is the same either way: key
+        # and value, or None), and its cluster pipeline can neither block nor send an EVALSHA
+        # without first asking a server for its keys
+        pipe = connection.pipeline(self.client, key=key)
         first(pipe)
-        if not cluster:
-            pipe.execute_command("BLPOP", key, min(seconds, FIRST_WAIT_S))
+        pipe.execute_command("BLPOP", key, min(seconds, FIRST_WAIT_S))
         replies = pipe.execute(raise_on_error=False)
         if error := next((r for r in replies if isinstance(r, Exception)), None):
             raise error
-        return self.client.blpop([key], timeout=seconds) if cluster else replies[-1]
+        return replies[-1]
 
     def _wait(self, step: Wait) -> bytes | None:
         """BLPOP until the deadline, the first one in the same round trip as ``step.first``.

@@ -163,9 +163,9 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         return acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False,
                      own=True)
 
-    # the feed is on another slot: on a cluster, a pipeline that WAITs on the session's master
-    # cannot carry it, so it follows in a round trip of its own there
-    direct = bool(replicas) and is_cluster(ctx.client)
+    # the feed is on another slot: on a cluster, where the outcome's pipeline goes straight to
+    # the session's master, it follows in a round trip of its own
+    direct = is_cluster(ctx.client)
 
     def conclude(step: Call[Concluded], event: Event | None = None,
                  spec: Spec | None = None, by: str = "") -> bool:
