@@ -20,6 +20,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import redis
 import redis.asyncio
+import redis.cluster
 
 from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
@@ -84,13 +85,18 @@ class Call(Generic[R]):
         those calls again with their body, which also loads it."""
         index = len(pipe)
         # execute_command, not eval(): redis-py's cluster pipeline refuses eval() itself but
-        # routes an EVAL by its keys like any command
+        # routes an EVAL by its keys like any command. It would first ask a server for those
+        # keys (COMMAND GETKEYS, a round trip per call): it is told their node instead, and
+        # finds it again by itself after a MOVED
+        to: dict[str, Any] = {}
+        if isinstance(pipe, redis.cluster.ClusterPipeline) and self.keys:
+            to["target_nodes"] = pipe.get_node_from_key(self.keys[0])
         if by_digest:
             pipe.execute_command(
-                "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+                "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args, **to)
         else:
             pipe.execute_command(
-                "EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
+                "EVAL", self.script.script, len(self.keys), *self.keys, *self.args, **to)
         return Queued(index, self.decode)
 
 

@@ -16,6 +16,7 @@ from redis.crc import key_slot
 
 from pending_actions.producers import PendingActions
 from tests.conftest import Deployment, both
+from tests.support.replies import command_calls
 
 TAG = re.compile(r"\{([^}]*)\}")
 ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')  # one quoted argument of a MONITOR line
@@ -88,3 +89,28 @@ def test_every_script_call_stays_in_one_slot(deployment: Deployment) -> None:
         seen[numkeys] += 1
     # stage x2, take x5, begin x4, finalize/readd x4, slots, reads
     assert sum(seen.values()) >= 20, seen
+
+
+def test_no_round_trip_asks_a_server_for_keys(clustered: Deployment) -> None:
+    """redis-py's cluster client asks a server for the keys of a command with movable keys
+    (COMMAND GETKEYS: every EVALSHA on its pipeline, every XREADGROUP) before sending it, a
+    round trip more each; staging and resolving, in the caller and in the workers, send none."""
+    pa = clustered.pa
+    masters = [redis.Redis(port=port) for port in clustered.monitor_ports]
+    for m in masters:
+        m.config_resetstat()
+    sessions = [f"getkeys-{i}" for i in range(6)]
+    pa.stage_many({"session": s, "tool": "edit", "label": "a", "apply": "t.ok"}
+                  for s in sessions)
+    for s in sessions:
+        pa.stage(session=s, tool="edit", label="b", apply="t.ok")
+        assert not pa.resolve(session=s, action="apply", reason="r").is_error
+        assert not pa.resolve(session=s, action="discard", reason="r").is_error
+        assert pa.pending(s) == []
+    asked = {m.connection_pool.connection_kwargs["port"]:
+             command_calls(m).get("command|getkeys", 0) for m in masters}
+    ran = sum(command_calls(m).get("evalsha", 0) for m in masters)
+    for m in masters:
+        m.close()
+    assert ran >= 4 * len(sessions), "the scripts went by digest"
+    assert asked == dict.fromkeys(asked, 0), asked
