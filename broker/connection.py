@@ -258,9 +258,17 @@ def read_group(client: Any, group: str, consumer: str, streams: list[str],
 
 
 def slot_master(client: Any, key: str) -> redis.Redis:
-    """On a cluster, the plain client of the master that serves ``key``'s slot."""
+    """On a cluster, the plain client of the master that serves ``key``'s slot. A slot the
+    client's table lacks (it was read while the slot had no master, mid-failover) makes it read
+    the table again before raising: redis-py does that only for a call it routes itself."""
     cluster = cast(Any, client)
-    return cast(redis.Redis, cluster.get_redis_connection(cluster.get_node_from_key(key)))
+    try:
+        node = cluster.get_node_from_key(key)
+    except SlotNotCoveredError:
+        with contextlib.suppress(RedisError, RedisClusterException):
+            cluster.nodes_manager.initialize()
+        raise
+    return cast(redis.Redis, cluster.get_redis_connection(node))
 
 
 def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
@@ -311,9 +319,9 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
         return read(pipe.execute(raise_on_error=raise_on_error))
     if is_cluster(client):
         cluster = cast(Any, client)
-        node = cluster.get_node_from_key(key)
+        node_client: Any = slot_master(client, key)
         try:
-            pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
+            pipe = node_client.pipeline(transaction=False)
             read = build(pipe)
             pipe.execute_command("WAIT", replicas, timeout_ms)
             replies = pipe.execute(raise_on_error=raise_on_error)

@@ -13,6 +13,7 @@ batches: Redis hashes an EVAL's body at every call). The text of each script is
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -21,6 +22,7 @@ from typing import Any, Generic, Literal, TypeVar
 import redis
 import redis.asyncio
 import redis.cluster
+from redis.exceptions import SlotNotCoveredError
 
 from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
@@ -90,7 +92,9 @@ class Call(Generic[R]):
         # finds it again by itself after a MOVED
         to: dict[str, Any] = {}
         if isinstance(pipe, redis.cluster.ClusterPipeline) and self.keys:
-            to["target_nodes"] = pipe.get_node_from_key(self.keys[0])
+            # a slot its table lacks (mid-failover): left to redis-py, which reads it again
+            with contextlib.suppress(SlotNotCoveredError):
+                to["target_nodes"] = pipe.get_node_from_key(self.keys[0])
         if by_digest:
             pipe.execute_command(
                 "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args, **to)
