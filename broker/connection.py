@@ -192,7 +192,6 @@ class Batch:
             raise error
         return replies
 
-
     def _relearn(self) -> None:
         """After a failover or a move: the cluster's slot table read again, so that the next
         ``slot_master`` is the slot's new master."""

@@ -1,6 +1,7 @@
-"""``connection.Batch``, the pipeline of the hot paths on a single Redis, against a real
-redis-server: replies in order with each error in its place, a dropped connection retried by
-the client's Retry, and a connection with replies left unread never handed to the next caller."""
+"""``connection.Batch``, the pipeline of the hot paths, against a real redis-server: replies in
+order with each error in its place, a dropped connection retried by the client's Retry, and a
+connection with replies left unread never handed to the next caller; on a real cluster, sent to
+the master of its slot, a MOVED raised as a dropped connection."""
 
 from __future__ import annotations
 
@@ -14,8 +15,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pending_actions.broker.connection import Batch, own_connection, worker_client
+from pending_actions.broker.connection import (
+    Batch,
+    own_connection,
+    pipeline,
+    slot_master,
+    worker_client,
+)
 from pending_actions.embedded import EmbeddedRedis
+from tests.conftest import Deployment
 
 
 def _key() -> str:
@@ -95,3 +103,29 @@ def test_a_thread_that_ends_gives_its_kept_connection_back(redis_server: Embedde
     assert kept and kept[0] not in pool._in_use_connections
     assert kept[0] in pool._available_connections
     assert pool.get_connection() is kept[0]  # handed out again, still connected
+
+
+def test_on_a_cluster_a_batch_goes_to_its_slots_master_and_a_move_is_a_dropped_connection(
+        clustered: Deployment) -> None:
+    """On a cluster, ``pipeline(client, key=...)`` is a Batch on the master of the key's slot;
+    a MOVED reply (here: the same commands sent to another master, as after a failover) is
+    raised as a dropped connection, which every caller retries, not left as a reply."""
+    client: Any = clustered.pa.ctx.client
+    key = "test:batch:{moved}"
+    right = slot_master(client, key)
+    batch = pipeline(client, key=key)
+    assert isinstance(batch, Batch) and batch.client is right
+    batch.execute_command("SET", key, "v")
+    batch.execute_command("GET", key)
+    assert batch.execute() == [b"OK", b"v"]
+
+    wrong = next(c for c in (client.get_redis_connection(n) for n in client.get_primaries())
+                 if c is not right)
+    moved = Batch(wrong, cluster=client)
+    moved.execute_command("GET", key)
+    with pytest.raises(redis.ConnectionError, match="slot moved"):
+        moved.execute(raise_on_error=False)
+    again = pipeline(client, key=key)
+    again.execute_command("GET", key)
+    again.execute_command("DEL", key)
+    assert again.execute() == [b"v", 1]
