@@ -68,7 +68,17 @@ def is_cluster_url(url: str) -> bool:
 
 
 def is_cluster(client: Any) -> bool:
-    return isinstance(client, RedisCluster)
+    """Whether ``client`` is redis-py's cluster client or its pipeline. Asked on every step of
+    the hot path: by type, once, since an isinstance check against RedisCluster (whose
+    metaclass is typing's protocol one) costs about 1 us every time."""
+    kind = type(client)
+    found = _CLUSTER_TYPES.get(kind)
+    if found is None:
+        found = _CLUSTER_TYPES[kind] = issubclass(kind, RedisCluster)
+    return found
+
+
+_CLUSTER_TYPES: dict[type, bool] = {}
 
 
 def cluster_client(url: str, **options: Any) -> redis.Redis:

@@ -17,14 +17,13 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 import redis
 import redis.asyncio
-import redis.cluster
 from redis.exceptions import SlotNotCoveredError
 
-from pending_actions.broker.connection import server_info
+from pending_actions.broker.connection import is_cluster, server_info
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import MAXLEN as FEED_MAXLEN
 from pending_actions.broker.keys import RESOLVER_GROUP, Keys
@@ -91,10 +90,10 @@ class Call(Generic[R]):
         # keys (COMMAND GETKEYS, a round trip per call): it is told their node instead, and
         # finds it again by itself after a MOVED
         to: dict[str, Any] = {}
-        if isinstance(pipe, redis.cluster.ClusterPipeline) and self.keys:
+        if is_cluster(pipe) and self.keys:  # redis-py's cluster pipeline
             # a slot its table lacks (mid-failover): left to redis-py, which reads it again
             with contextlib.suppress(SlotNotCoveredError):
-                to["target_nodes"] = pipe.get_node_from_key(self.keys[0])
+                to["target_nodes"] = cast(Any, pipe).get_node_from_key(self.keys[0])
         if by_digest:
             pipe.execute_command(
                 "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args, **to)
