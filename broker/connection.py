@@ -145,13 +145,14 @@ def worker_client(url: str, max_connections: int = 64) -> redis.Redis:
 
 
 class Batch:
-    """A pipeline without a transaction, for the hot paths on a single Redis (a take, a
-    handler run's claim and outcome): its commands go in one write and their replies come back
-    in order, each error in its place, and a dropped connection is retried by the client's
-    Retry, as with redis-py's pipeline; but without that pipeline's per-call bookkeeping
-    (response callbacks, metrics, its command stack), which cost a worker more CPU than the
-    round trip itself. Commands go through ``execute_command`` only, and their replies are
-    Redis's own (no callbacks: an EVALSHA, XADD, XACK or XDEL reads the same either way).
+    """A pipeline without a transaction, for the hot paths (a take, a handler run's claim and
+    outcome) on a single Redis or on the master of one cluster slot: its commands go in one
+    write and their replies come back in order, each error in its place, and a dropped
+    connection is retried by the client's Retry, as with redis-py's pipeline; but without that
+    pipeline's per-call bookkeeping (response callbacks, metrics, its command stack), which
+    cost a worker more CPU than the round trip itself. Commands go through ``execute_command``
+    only, and their replies are Redis's own (no callbacks: an EVALSHA, XADD, XACK or XDEL reads
+    the same either way).
 
     ``conn``: a connection the calling thread keeps (``own_connection``), sent on without a
     checkout from the pool. ``cluster``: the cluster client when ``client`` is the master of
