@@ -204,11 +204,16 @@ class Batch:
         return replies
 
     def _relearn(self) -> None:
-        """After a failover or a move: the cluster's slot table read again, so that the next
-        ``slot_master`` is the slot's new master."""
         if self.cluster is not None:
-            with contextlib.suppress(RedisError, RedisClusterException):
-                self.cluster.nodes_manager.initialize()
+            relearn(self.cluster)
+
+
+def relearn(cluster: Any) -> None:
+    """After a failover or a move: the cluster's slot table read again, so that the next
+    ``slot_master`` is the slot's new master. A table that cannot be read now is left for the
+    next try: the caller raises the error that brought it here."""
+    with contextlib.suppress(RedisError, RedisClusterException):
+        cluster.nodes_manager.initialize()
 
 
 _kept = threading.local()
@@ -275,8 +280,7 @@ def slot_master(client: Any, key: str) -> redis.Redis:
     try:
         node = cluster.get_node_from_key(key)
     except SlotNotCoveredError:
-        with contextlib.suppress(RedisError, RedisClusterException):
-            cluster.nodes_manager.initialize()
+        relearn(cluster)
         raise
     return cast(redis.Redis, cluster.get_redis_connection(node))
 
@@ -328,7 +332,6 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
         read = build(pipe)
         return read(pipe.execute(raise_on_error=raise_on_error))
     if is_cluster(client):
-        cluster = cast(Any, client)
         node_client: Any = slot_master(client, key)
         try:
             pipe = node_client.pipeline(transaction=False)
@@ -336,10 +339,10 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
             pipe.execute_command("WAIT", replicas, timeout_ms)
             replies = pipe.execute(raise_on_error=raise_on_error)
         except TRANSIENT:
-            cluster.nodes_manager.initialize()  # a dead master: learn the new layout
+            relearn(client)  # a dead master: learn the new layout
             raise
         except AskError as exc:  # MOVED too: the slot has a new master; try again there
-            cluster.nodes_manager.initialize()
+            relearn(client)
             raise NotReplicated(f"slot moved: {exc}") from exc
     else:
         pipe = client.pipeline(transaction=False)

@@ -222,10 +222,12 @@ class ResolveWorker:
         """Every take (each with its lease's index entry and, inline, its task) in one round
         trip; a take Redis refused is its error."""
         ctx = self.ctx
-        # one partition's slot for all of them but a request written by hand to another
-        # partition's stream: on a cluster, straight to that slot's master
-        slots = {ctx.keys.partition(request.session) for _, request in requests}
-        key = ctx.keys.requests(slots.pop()) if len(slots) == 1 else None
+        key = None
+        if is_cluster(ctx.client):
+            # one partition's slot for all of them but a request written by hand to another
+            # partition's stream: then straight to that slot's master
+            slots = {ctx.keys.partition(request.session) for _, request in requests}
+            key = ctx.keys.requests(slots.pop()) if len(slots) == 1 else None
         pipe = pipeline(ctx.client, own=True, key=key)  # called by a serve thread only
         calls = []
         for (stream, entry_id), request in requests:
