@@ -21,9 +21,9 @@ from pending_actions.broker.replies import (
 )
 
 NAMES = (
-    "stage", "set_slot", "clear_slot", "take", "begin", "renew", "finalize", "readd", "recover",
-    "pending", "peek", "expire", "beat", "park", "retire", "feed", "upgrade", "upgrade_stack",
-    "mark_expiries",
+    "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
+    "recover", "pending", "peek", "expire", "beat", "park", "retire", "feed", "upgrade",
+    "upgrade_stack", "mark_expiries",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -34,8 +34,8 @@ NAMES = (
 # that what is in flight when memory runs out still ends, and is never run twice.
 FLAGS: dict[str, str] = {
     "stage": "", "set_slot": "", "take": "", "feed": "",
-    "clear_slot": "allow-oom", "begin": "allow-oom", "renew": "allow-oom",
-    "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
+    "clear_slot": "allow-oom", "begin": "allow-oom", "unclaim": "allow-oom",
+    "renew": "allow-oom", "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
     "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom", "upgrade": "",
     "upgrade_stack": "", "mark_expiries": "allow-oom",

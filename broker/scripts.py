@@ -270,6 +270,11 @@ class Scripts:
             partial(Begun.decode, session=session),
         )
 
+    def unclaim(self, session: str, token: str, claimant: str) -> Call[bool]:
+        index, member = self._leases(session, token)
+        return self._call("unclaim", [self._k.inflight(session), index],
+                          [token, claimant, self._s.dispatch_timeout_ms, member], bool)
+
     def renew(self, session: str, token: str) -> Call[Renewed]:
         index, member = self._leases(session, token)
         return self._call("renew", [self._k.inflight(session), index],
