@@ -14,6 +14,10 @@ the consumer that read it renames it to its own queue, which dramatiq's worker u
 
 Delivery is at least once (a message unacked for ``claim_idle_ms`` is claimed by another
 consumer). Correctness never rests on that: every handler run is fenced by its lease token.
+
+A worker process may plug in ``Early`` (``workers/early.py``): the consumer thread then gives it
+the messages it is about to hand on while a worker thread is free for each, so that their
+claims are on their way while the worker threads wake, not sent after.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import dramatiq
 import orjson
@@ -46,6 +50,16 @@ FIELD = b"m"  # take.lua writes the same field name
 ACKED = "acked_with_outcome"  # message option: the actor already acked it (see ack_with)
 STREAM = "stream"  # message option: the stream the message was read from
 ENTRY = "stream_entry"  # message option: its entry id there
+
+
+class Early(Protocol):
+    """Called on a consumer thread, never raises. ``claim``: messages about to be handed to
+    worker threads, each with a thread free for it. ``release``: messages of those that will
+    not run here after all (a worker shutting down)."""
+
+    def claim(self, messages: list[MessageProxy]) -> None: ...
+
+    def release(self, messages: list[MessageProxy]) -> None: ...
 
 
 class OrjsonEncoder(dramatiq.Encoder):
@@ -85,6 +99,24 @@ class StreamsBroker(dramatiq.Broker):
         self.claim_idle_ms = claim_idle_ms
         self.queues: set[str] = set()
         self._groups: set[str] = set()
+        self.early: Early | None = None
+        self.threads = 0  # the worker threads that run this broker's messages (set at boot)
+        # messages handed out by every consumer and not yet acked or nacked (dramatiq acks on
+        # the worker thread, once it is done): fewer than ``threads`` means one is free
+        self._handed = 0
+        self._handed_lock = threading.Lock()
+
+    def hand_out(self, n: int) -> int:
+        """Count ``n`` more messages handed out; returns how many worker threads were free for
+        them (0 while ``threads`` is unknown)."""
+        with self._handed_lock:
+            free = self.threads - self._handed
+            self._handed += n
+        return max(0, min(free, n)) if self.threads else 0
+
+    def handed_back(self) -> None:
+        with self._handed_lock:
+            self._handed -= 1
 
     def streams(self, queue_name: str) -> list[str]:
         return self.serving.get(queue_name) or [self.keys.plain_queue(queue_name)]
@@ -186,7 +218,8 @@ class StreamConsumer(Consumer):
         self.refill = max(1, self.prefetch // 4)
         self.timeout = max(1, int(timeout))
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.cache: deque[tuple[str, bytes, bytes]] = deque()
+        self.cache: deque[tuple[str, bytes, bytes]] = deque()  # read, not yet decoded
+        self.ready: deque[MessageProxy] = deque()  # decoded and counted, not yet handed on
         self.outstanding = 0
         self.room = threading.Condition()
         self.next_claim = 0.0
@@ -196,6 +229,7 @@ class StreamConsumer(Consumer):
         return message.options[STREAM], message.options[ENTRY].encode()
 
     def _done(self) -> None:
+        self.broker.handed_back()
         with self.room:
             self.outstanding -= 1
             # a consumer waiting for room is woken once a few messages fit, not for each one:
@@ -237,6 +271,9 @@ class StreamConsumer(Consumer):
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         """Hand messages back at once (on shutdown) rather than waiting for a claim."""
+        messages = list(messages)
+        if self.broker.early is not None:
+            self.broker.early.release(messages)
         pipe = self.client.pipeline(transaction=False)
         for message in messages:
             stream, entry = self._where(message)
@@ -282,13 +319,38 @@ class StreamConsumer(Consumer):
         except Exception as exc:  # malformed entry: park it in the dead stream, keep serving
             self._remove(stream, entry, {FIELD: data, b"reason": str(exc)[:500].encode()})
             return None
-        with self.room:
-            self.outstanding += 1
         return MessageProxy(message)
+
+    def _decode(self) -> None:
+        """Decode every message read; those a free worker thread will run at once go to
+        ``early`` first."""
+        fresh: list[MessageProxy] = []
+        try:
+            while self.cache:
+                message = self._proxy(*self.cache.popleft())
+                if message is not None:
+                    fresh.append(message)
+        finally:  # (parking a malformed one may fail: those decoded before it are handed on)
+            with self.room:
+                self.outstanding += len(fresh)
+            free = self.broker.hand_out(len(fresh))
+            self.ready.extend(fresh)
+        if free and self.broker.early is not None:
+            self.broker.early.claim(fresh[:free])
+
+    def close(self) -> None:
+        # messages read but never handed on (the consumer thread stopped, or restarts after an
+        # error) stay pending in their stream, for another consumer to claim; an early claim of
+        # theirs is handed back
+        if self.ready and self.broker.early is not None:
+            self.broker.early.release(list(self.ready))
+        for _ in range(len(self.ready)):
+            self.broker.handed_back()
+        self.ready.clear()
 
     def __next__(self) -> MessageProxy | None:
         try:
-            if not self.cache:
+            if not self.ready and not self.cache:
                 with self.room:
                     if self.outstanding >= self.prefetch:
                         self.room.wait(self.timeout / 1000)
@@ -298,9 +360,9 @@ class StreamConsumer(Consumer):
                 for stream in self.streams:
                     self.broker.ensure_group(stream)
                 self._fetch(room)
-            if not self.cache:
-                return None
-            return self._proxy(*self.cache.popleft())
+            if self.cache:
+                self._decode()
+            return self.ready.popleft() if self.ready else None
         except TRANSIENT as exc:
             raise ConnectionClosed(exc) from None
         except redis.ResponseError as exc:

@@ -27,6 +27,7 @@ from pending_actions.broker.settings import Settings
 from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage, pool_queue, task_broker
 from pending_actions.workers import attempt, registry
+from pending_actions.workers.early import EarlyClaims
 
 log = logging.getLogger("pending_actions.actors")
 ctx = Context.create(Settings(), role="worker")
@@ -51,6 +52,11 @@ class Registration(dramatiq.Middleware):
         self.names = registry.names()
         self.pool = pools.pool_id(self.names)
         serve_pool(broker, self.pool)
+        # claims on the consumer thread need the state's Redis, and none of REPLICA_WAIT's
+        if (isinstance(broker, StreamsBroker) and broker.client is ctx.client
+                and not ctx.settings.replica_wait):
+            broker.threads = worker.worker_threads
+            broker.early = early_claims
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         every_s = ctx.settings.pool_ttl_ms / 1000
@@ -108,6 +114,7 @@ broker.add_middleware(Registration())
 broker.add_middleware(CurrentMessage())
 dramatiq.set_broker(broker)
 renewer = attempt.Renewer(ctx, beats)
+early_claims = EarlyClaims(ctx)
 
 
 @dramatiq.actor(
@@ -117,13 +124,14 @@ renewer = attempt.Renewer(ctx, beats)
     time_limit=ctx.settings.handler_time_limit_ms,
 )
 def run_attempt(**fields: Any) -> None:
-    attempt.run_attempt(ctx, renewer, TaskMessage.from_kwargs(fields), _settle())
+    message = CurrentMessage.get_current_message()
+    early = early_claims.take(message.message_id) if message is not None else None
+    attempt.run_attempt(ctx, renewer, TaskMessage.from_kwargs(fields), _settle(message), early)
 
 
-def _settle() -> attempt.Settle | None:
+def _settle(message: Any) -> attempt.Settle | None:
     """On our streams broker (same Redis as the state), the task's ack joins the outcome's
     round trip; on any other broker dramatiq acks it as usual."""
-    message = CurrentMessage.get_current_message()
     if message is None or not isinstance(broker, StreamsBroker) or broker.client is not ctx.client:
         return None
     return lambda pipe: broker.ack_with(pipe, message)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -31,6 +32,7 @@ from pending_actions.broker.results import base_details, from_handler, text_resu
 from pending_actions.broker.scripts import Call, Queued
 from pending_actions.broker.tasks import TaskMessage
 from pending_actions.workers import aio, registry
+from pending_actions.workers.early import Claimed
 from pending_actions.workers.poison import park_poison, park_spec
 
 log = logging.getLogger("pending_actions.attempt")
@@ -124,9 +126,10 @@ Settle = Callable[[Any], None]  # queues the task message's own ack on the outco
 
 
 def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
-                settle: Settle | None = None) -> str:
+                settle: Settle | None = None, early: Claimed | None = None) -> str:
     """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate.
-    ``settle``, when given, rides on the outcome's round trip (the task's ack)."""
+    ``settle``, when given, rides on the outcome's round trip (the task's ack). ``early``: the
+    claim the consumer thread sent for this task (``workers/early.py``)."""
     budget = ctx.settings.lease_ms / 1000
     if ctx.settings.replica_wait:  # a step sent again through a failover, which takes seconds
         budget = max(budget, FAILOVER_WAIT_S)
@@ -137,7 +140,7 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
     where, replicas = ctx.keys.inflight(session), ctx.settings.replica_wait
     wait_ms = ctx.settings.replica_wait_timeout_ms
 
-    claimant = uuid.uuid4().hex
+    claimant = early.claimant if early is not None else uuid.uuid4().hex
     # scripts by digest (their bodies are KBs Redis would hash at every call), but where a
     # replica must confirm: WAIT covers a pipeline's own writes, not a body sent again after
     digest = not replicas
@@ -200,9 +203,16 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
             retry(lambda: publish(ctx.client, ctx.keys, event, spec, by=by), budget)
         return done
 
-    failpoints.hit("before-begin", ctx.client, ctx.keys)
+    if early is None:  # else hit on the consumer thread, before its claim
+        failpoints.hit("before-begin", ctx.client, ctx.keys)
     try:
-        begun = retry(loaded(claim), budget)
+        # an early claim that waited a third of its lease is sent again, which extends it
+        answer = early.begun() if early is not None else None
+        if answer is not None and early is not None and (
+                time.monotonic() - early.at < ctx.settings.lease_ms / 3000):
+            begun = answer
+        else:
+            begun = retry(loaded(claim), budget)
     except (redis.ResponseError, ValidationError) as exc:
         return _unreadable(ctx, task, exc)
     if begun.status is BeginStatus.STALE:

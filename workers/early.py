@@ -1,0 +1,175 @@
+"""Claiming an attempt while its task is handed to a worker thread, not after.
+
+Without this, an idle dramatiq worker hands a task from its consumer thread to a worker thread
+(waking it takes a while) and only then does that thread send the claim (begin.lua) and wait
+for its answer: two waits in a row. Here the consumer thread writes the claims of the tasks it
+read before handing them on, on a connection of their own, without waiting; the worker thread
+reads its claim's answer when it starts the task, by which time it has usually arrived. The
+fence is the same: the answer comes before the handler runs, the claim names its claimant,
+and a claim sent again by the same claimant (an answer that did not come) is told OK again.
+
+Only while a worker thread is free for each task (``StreamsBroker.hand_out``): a claimed
+attempt holds a running lease, which must not wait behind other work. An answer older than a
+third of the lease is not trusted: the claim is sent again (which extends the lease) before the
+handler runs. Tasks that will not run here after all (a worker stopping with them still in
+memory) have their claim handed back (unclaim.lua), so their next delivery claims them without
+a stall. Off with ``REPLICA_WAIT``, whose claim must be on a replica before the handler runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from dramatiq.broker import MessageProxy
+from redis.exceptions import ResponseError
+
+from pending_actions.broker import failpoints
+from pending_actions.broker.connection import is_cluster, slot_master
+from pending_actions.broker.context import Context
+from pending_actions.broker.replies import Begun
+from pending_actions.broker.scripts import Call
+from pending_actions.broker.tasks import ACTOR_NAME
+
+log = logging.getLogger("pending_actions.early")
+
+
+class _Answers:
+    """The answers to one write of claims, read in order by whichever thread needs one first;
+    the connection goes back to its idle list once all are read (dropped if it failed)."""
+
+    def __init__(self, conn: Any, n: int, idle: list[Any]) -> None:
+        self.conn: Any = conn
+        self.n = n
+        self.idle = idle
+        self.got: list[Any] = []
+        self.lock = threading.Lock()
+
+    def get(self, i: int) -> Any:
+        """The i-th answer (an error as its exception); None when it cannot be read."""
+        with self.lock:
+            while len(self.got) <= i and self.conn is not None:
+                try:
+                    self.got.append(self.conn.read_response())
+                except ResponseError as exc:
+                    self.got.append(exc)
+                except BaseException as exc:  # unread answers would be the next user's
+                    self.conn.disconnect()
+                    self.conn = None
+                    if not isinstance(exc, Exception):
+                        raise  # a thread interrupted (dramatiq's time limit, shutdown)
+            if self.conn is not None and len(self.got) == self.n:
+                self.idle.append(self.conn)
+                self.conn = None
+            return self.got[i] if i < len(self.got) else None
+
+
+class Claimed:
+    """A claim written by the consumer thread: its claimant (under which the worker thread
+    claims again when needed), when it was written (monotonic s), and where its answer is."""
+
+    def __init__(self, session: str, token: str, claimant: str, call: Call[Begun],
+                 answers: _Answers | None = None, index: int = 0) -> None:
+        self.session, self.token, self.claimant = session, token, claimant
+        self.call, self.answers, self.index = call, answers, index
+        self.at = time.monotonic()
+
+    def begun(self) -> Begun | None:
+        """begin.lua's answer; None when it did not come, was an error, or does not parse
+        (the worker thread's own claim then meets the same and reports it)."""
+        if self.answers is None:
+            return None
+        raw = self.answers.get(self.index)
+        if raw is None or isinstance(raw, Exception):
+            return None
+        try:
+            return self.call.decode(raw)
+        except Exception:
+            return None
+
+
+class EarlyClaims:
+    """The ``Early`` of ``broker/taskbroker.py`` for the run_attempt actor."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.claimed: dict[str, Claimed] = {}  # message id -> its claim
+        self.lock = threading.Lock()
+        # connections that carried claims and whose answers were all read, by server
+        self.idle: defaultdict[Any, list[Any]] = defaultdict(list)
+
+    def claim(self, messages: list[MessageProxy]) -> None:
+        try:
+            self._claim(messages)
+        except Exception as exc:  # the worker threads claim as usual (same claimants)
+            log.warning("early claim not sent (%s); claimed when the task runs", exc)
+
+    def _claim(self, messages: list[MessageProxy]) -> None:
+        tasks: list[tuple[str, str, str]] = []
+        for message in messages:
+            kwargs = message.kwargs if message.actor_name == ACTOR_NAME else None
+            session = kwargs.get("session") if isinstance(kwargs, dict) else None
+            token = kwargs.get("token") if isinstance(kwargs, dict) else None
+            # (a malformed task is the actor's to report)
+            if isinstance(session, str) and isinstance(token, str):
+                tasks.append((message.message_id, session, token))
+        if not tasks:
+            return
+        ctx = self.ctx
+        failpoints.hit("before-begin", ctx.client, ctx.keys)
+        # one write to one server: on a cluster a consumer reads one partition's stream
+        first = ctx.keys.partition(tasks[0][1])
+        tasks = [t for t in tasks if ctx.keys.partition(t[1]) == first]
+        claims = []
+        for message_id, session, token in tasks:
+            claimant = uuid.uuid4().hex
+            claims.append(Claimed(session, token, claimant,
+                                  ctx.scripts.begin(session, token, claimant)))
+            with self.lock:  # before it is sent: a claim that lands unanswered is still ours
+                self.claimed[message_id] = claims[-1]
+        self._send(claims)
+
+    def _send(self, claims: list[Claimed]) -> None:
+        node = self.ctx.client
+        if is_cluster(node):
+            node = slot_master(node, self.ctx.keys.inflight(claims[0].session))
+        idle = self.idle[node.connection_pool]
+        try:
+            conn = idle.pop()
+        except IndexError:  # kept, never given back to the pool (its checkout costs more)
+            conn = node.connection_pool.get_connection()
+        commands = [("EVALSHA", c.call.script.sha, len(c.call.keys), *c.call.keys, *c.call.args)
+                    for c in claims]
+        try:
+            conn.send_packed_command(conn.pack_commands(commands))
+        except BaseException:
+            conn.disconnect()
+            raise
+        answers = _Answers(conn, len(claims), idle)
+        for i, c in enumerate(claims):
+            c.answers, c.index = answers, i
+
+    def take(self, message_id: str) -> Claimed | None:
+        """The claim written for this task, if one was (once: it is forgotten here)."""
+        with self.lock:
+            return self.claimed.pop(message_id, None)
+
+    def release(self, messages: list[MessageProxy]) -> None:
+        """Hand back the claims of tasks that will not run here (unclaim.lua)."""
+        with self.lock:
+            gone = [c for c in (self.claimed.pop(m.message_id, None) for m in messages) if c]
+        if not gone:
+            return
+        ctx = self.ctx
+        try:
+            pipe: Any = ctx.client.pipeline(transaction=False)
+            for c in gone:
+                c.begun()  # its answer read: the connection is then free
+                ctx.scripts.unclaim(c.session, c.token, c.claimant).on(pipe)
+            pipe.execute(raise_on_error=False)
+        except Exception as exc:  # their leases run out and are recovered (a stall each)
+            log.warning("could not hand back %d early claims: %s", len(gone), exc)
