@@ -114,9 +114,9 @@ class StreamsBroker(dramatiq.Broker):
             self._handed += n
         return max(0, min(free, n)) if self.threads else 0
 
-    def handed_back(self) -> None:
+    def handed_back(self, n: int = 1) -> None:
         with self._handed_lock:
-            self._handed -= 1
+            self._handed -= n
 
     def streams(self, queue_name: str) -> list[str]:
         return self.serving.get(queue_name) or [self.keys.plain_queue(queue_name)]
@@ -344,8 +344,7 @@ class StreamConsumer(Consumer):
         # theirs is handed back
         if self.ready and self.broker.early is not None:
             self.broker.early.release(list(self.ready))
-        for _ in range(len(self.ready)):
-            self.broker.handed_back()
+        self.broker.handed_back(len(self.ready))
         self.ready.clear()
 
     def __next__(self) -> MessageProxy | None:

@@ -26,10 +26,9 @@ from collections import defaultdict
 from typing import Any
 
 from dramatiq.broker import MessageProxy
-from redis.exceptions import ResponseError
 
 from pending_actions.broker import failpoints
-from pending_actions.broker.connection import is_cluster, slot_master
+from pending_actions.broker.connection import pipeline, read_replies
 from pending_actions.broker.context import Context
 from pending_actions.broker.replies import Begun
 from pending_actions.broker.scripts import Call
@@ -54,9 +53,7 @@ class _Answers:
         with self.lock:
             while len(self.got) <= i and self.conn is not None:
                 try:
-                    self.got.append(self.conn.read_response())
-                except ResponseError as exc:
-                    self.got.append(exc)
+                    self.got.extend(read_replies(self.conn, 1))
                 except BaseException as exc:  # unread answers would be the next user's
                     self.conn.disconnect()
                     self.conn = None
@@ -134,18 +131,18 @@ class EarlyClaims:
         self._send(claims)
 
     def _send(self, claims: list[Claimed]) -> None:
-        node = self.ctx.client
-        if is_cluster(node):
-            node = slot_master(node, self.ctx.keys.inflight(claims[0].session))
-        idle = self.idle[node.connection_pool]
+        # a Batch on the server of the claims' slot (on a cluster, its master), used only to
+        # queue them: they are written here and read by other threads (_Answers)
+        batch = pipeline(self.ctx.client, key=self.ctx.keys.inflight(claims[0].session))
+        for c in claims:
+            c.call.on(batch, by_digest=True)
+        idle = self.idle[batch.pool]
         try:
             conn = idle.pop()
         except IndexError:  # kept, never given back to the pool (its checkout costs more)
-            conn = node.connection_pool.get_connection()
-        commands = [("EVALSHA", c.call.script.sha, len(c.call.keys), *c.call.keys, *c.call.args)
-                    for c in claims]
+            conn = batch.pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_commands(commands))
+            conn.send_packed_command(conn.pack_commands(batch.commands))
         except BaseException:
             conn.disconnect()
             raise
