@@ -149,32 +149,39 @@ def raw_pipelined_evalsha(client: redis.Redis, total: int, batch: int, tick: Tic
 @dataclass(frozen=True)
 class Counters:
     """The server's own counters at one moment: commands run (a script's own commands
-    included), reads from client connections, and calls per command (commandstats)."""
+    included), reads from client connections, calls per command (commandstats), and the CPU
+    time the server process has used (user + system, every thread of it)."""
 
     commands: int
     reads: int
     calls: dict[str, int]
+    cpu_s: float
 
     @classmethod
     def read(cls, client: redis.Redis) -> Counters:
         pipe = client.pipeline(transaction=False)  # one read: counted once below
         pipe.info("stats")
         pipe.info("commandstats")
-        stats, commands = pipe.execute()
+        pipe.info("cpu")
+        stats, commands, cpu = pipe.execute()
         return cls(int(stats["total_commands_processed"]), int(stats["total_reads_processed"]),
-                   {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in commands.items()})
+                   {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in commands.items()},
+                   float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
 
     def per_op(self, before: Counters, ops: int, top: int = 15) -> dict[str, Any]:
         """What ``ops`` operations cost between ``before`` and now, per operation: commands,
-        client reads (one per round trip, a pipeline's included, as Redis reads a socket) and
-        the costliest commands, by calls; the snapshots' own INFO calls and reads left out.
-        Everything every client sent in between counts, the workers' own polling too."""
+        client reads (one per round trip, a pipeline's included, as Redis reads a socket), the
+        server's CPU time in microseconds and the costliest commands, by calls; the snapshots'
+        own INFO calls and reads left out. Everything every client sent in between counts, the
+        workers' own polling too. Commands are counted alike whatever they cost (a TYPE inside a
+        script as one, like an EVALSHA): the CPU time says what they cost together."""
         calls = {k: (v - before.calls.get(k, 0)) / ops for k, v in self.calls.items()
                  if k != "info" and v != before.calls.get(k, 0)}
         ranked = sorted(calls.items(), key=lambda kv: -kv[1])
-        # the first snapshot's two INFO calls are counted by now, the second's read too
-        return {"ops": ops, "commands": (self.commands - before.commands - 2) / ops,
+        # the first snapshot's three INFO calls are counted by now, the second's read too
+        return {"ops": ops, "commands": (self.commands - before.commands - 3) / ops,
                 "reads": (self.reads - before.reads - 1) / ops,
+                "redis_cpu_us": (self.cpu_s - before.cpu_s) * 1e6 / ops,
                 "by_command": {k: round(v, 3) for k, v in ranked[:top]}}
 
 
@@ -188,8 +195,8 @@ def idle_commands(client: redis.Redis, window_s: float, processes: int,
         time.sleep(min(1.0, left))
         tick(1)
     c1 = Counters.read(client)
-    # Our two INFO calls of the first snapshot are counted; the second's are not yet.
-    others = c1.commands - c0.commands - 2
+    # Our three INFO calls of the first snapshot are counted; the second's are not yet.
+    others = c1.commands - c0.commands - 3
     by_command = {k: v - c0.calls.get(k, 0) for k, v in c1.calls.items()
                   if k != "info" and v != c0.calls.get(k, 0)}
     return {

@@ -100,6 +100,10 @@ def rows(r: Run) -> list[Row]:
     out.append(Row("commands.per_resolve", "Redis commands per resolve (loaded, one Redis)",
                    per_resolve, "cmd", f"{stock} commands per no-op message and its result",
                    stock_cost.get("commands")))
+    out.append(Row("redis_cpu.per_resolve",
+                   "Redis CPU time per resolve (loaded, one Redis; user + system)",
+                   ours_cost.get("redis_cpu_us"), "us", f"{stock} per no-op message and its "
+                   "result", stock_cost.get("redis_cpu_us")))
     out.append(Row("roundtrips.per_resolve",
                    "Redis round trips per resolve (client reads; a pipeline is one)",
                    ours_cost.get("reads"), "reads", f"{stock} client reads per no-op message "

@@ -99,6 +99,8 @@ def fmt(value: float | None, unit: str) -> str:
         return f"{value:.3f} ms" if value < 10 else f"{value:.1f} ms"
     if unit == "B":
         return f"{value:,.0f} B"
+    if unit == "us":
+        return f"{value:,.0f} us"
     if unit in ("cmd", "reads"):
         return f"{value:.2f} {unit}"
     if unit in ("/s", "cmd/s"):
