@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 
@@ -157,16 +157,22 @@ class Counters:
     calls: dict[str, int]
     cpu_s: float
 
+    # the INFO calls of one snapshot, which the next snapshot's command count includes
+    SECTIONS: ClassVar[tuple[str, ...]] = ("stats", "commandstats", "cpu")
+
     @classmethod
     def read(cls, client: redis.Redis) -> Counters:
         pipe = client.pipeline(transaction=False)  # one read: counted once below
-        pipe.info("stats")
-        pipe.info("commandstats")
-        pipe.info("cpu")
+        for section in cls.SECTIONS:
+            pipe.info(section)
         stats, commands, cpu = pipe.execute()
         return cls(int(stats["total_commands_processed"]), int(stats["total_reads_processed"]),
                    {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in commands.items()},
                    float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
+
+    def since_own(self) -> int:
+        """The command count just after this snapshot's own INFO calls."""
+        return self.commands + len(self.SECTIONS)
 
     def per_op(self, before: Counters, ops: int, top: int = 15) -> dict[str, Any]:
         """What ``ops`` operations cost between ``before`` and now, per operation: commands,
@@ -178,8 +184,8 @@ class Counters:
         calls = {k: (v - before.calls.get(k, 0)) / ops for k, v in self.calls.items()
                  if k != "info" and v != before.calls.get(k, 0)}
         ranked = sorted(calls.items(), key=lambda kv: -kv[1])
-        # the first snapshot's three INFO calls are counted by now, the second's read too
-        return {"ops": ops, "commands": (self.commands - before.commands - 3) / ops,
+        # the first snapshot's INFO calls are counted by now, the second's read too
+        return {"ops": ops, "commands": (self.commands - before.since_own()) / ops,
                 "reads": (self.reads - before.reads - 1) / ops,
                 "redis_cpu_us": (self.cpu_s - before.cpu_s) * 1e6 / ops,
                 "by_command": {k: round(v, 3) for k, v in ranked[:top]}}
@@ -195,8 +201,8 @@ def idle_commands(client: redis.Redis, window_s: float, processes: int,
         time.sleep(min(1.0, left))
         tick(1)
     c1 = Counters.read(client)
-    # Our three INFO calls of the first snapshot are counted; the second's are not yet.
-    others = c1.commands - c0.commands - 3
+    # the first snapshot's INFO calls are counted; the second's are not yet
+    others = c1.commands - c0.since_own()
     by_command = {k: v - c0.calls.get(k, 0) for k, v in c1.calls.items()
                   if k != "info" and v != c0.calls.get(k, 0)}
     return {
