@@ -30,4 +30,5 @@ class Event(StrEnum):
 
 class WorkerEvent(StrEnum):
     READY = "ready"  # a resolve worker or a dramatiq worker process is serving
+    SERVING = "serving"  # a dramatiq worker process serves resolve requests (workers/local.py)
     STOPPING = "stopping"  # a dramatiq worker process is shutting down

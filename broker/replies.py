@@ -92,7 +92,8 @@ class Taken(NamedTuple):
     """take.lua. With OK, the lease: its token is an earlier one when the request was taken
     before (a redelivery), and the number (1-based) of the pool its task went to. With
     NO_WORKER, the target's id and the handler no live pool has ("" when it needs none but
-    there is no live pool at all)."""
+    there is no live pool at all). ``claimed``: when the take claimed the attempt for the
+    caller's own worker, begin.lua's answer as it would come (decoded where it runs)."""
 
     status: TakeStatus
     id: str = ""
@@ -103,6 +104,7 @@ class Taken(NamedTuple):
     pool: int = 0
     handler: str = ""
     spec: Spec | None = None
+    claimed: list[Any] | None = None
 
     @classmethod
     def decode(cls, raw: Any, session: str) -> Taken:
@@ -113,9 +115,10 @@ class Taken(NamedTuple):
                        spec=Spec.read(raw[3], action_id, session))
         if status is not TakeStatus.OK:
             return cls(status)
-        _s, action_id, kind, attempt, deadline, token, pool = raw
+        _s, action_id, kind, attempt, deadline, token, pool = raw[:7]
+        claimed = [BeginStatus.OK.value, *raw[7:]] if len(raw) > 7 else None
         return cls(status, _text(action_id), cast(Kind, _text(kind)), int(attempt), int(deadline),
-                   _text(token), int(pool))
+                   _text(token), int(pool), claimed=claimed)
 
 
 class BeginStatus(StrEnum):

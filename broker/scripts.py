@@ -206,10 +206,13 @@ class Scripts:
              extra: bytes, marker_ttl_s: int, none_reply: bytes, live: Live,
              message: bytes | None, expect_id: str = "", by: str = "",
              conflict_reply: bytes = b"", expired_reply: bytes = b"",
-             entry: bytes = b"") -> Call[Taken]:
+             entry: bytes = b"", claimant: str = "", here: int = 0) -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself. ``entry``: the request's
-        id in its partition's request stream, acked by the script (b"": the caller acks)."""
+        id in its partition's request stream, acked by the script (b"": the caller acks).
+        ``claimant`` and ``here``: the caller runs the attempt itself, in a worker of pool
+        number ``here`` (1-based in ``live``), when the target can go there: the lease is then
+        claimed for ``claimant`` in the take (``Taken.claimed``)."""
         k = self._k
         partition = k.partition(session)
         index, _member = self._leases(session, token)
@@ -224,7 +227,8 @@ class Scripts:
             [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
              self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s, session,
              live.routes_json, len(live.pools), message or b"", expect_id, by, conflict_reply,
-             expired_reply, self._s.expired_memory_s * 1000, entry, RESOLVER_GROUP],
+             expired_reply, self._s.expired_memory_s * 1000, entry, RESOLVER_GROUP,
+             claimant, self._s.lease_ms, here if claimant else 0],
             partial(Taken.decode, session=session),
         )
 

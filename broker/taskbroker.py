@@ -114,6 +114,14 @@ class StreamsBroker(dramatiq.Broker):
             self._handed += n
         return max(0, min(free, n)) if self.threads else 0
 
+    def reserve(self, n: int) -> int:
+        """Count as handed out as many of ``n`` messages as worker threads are free for (the
+        tasks a local take will hand over, ``workers/local.py``); returns that number."""
+        with self._handed_lock:
+            free = max(0, min(self.threads - self._handed, n)) if self.threads else 0
+            self._handed += free
+        return free
+
     def handed_back(self, n: int = 1) -> None:
         with self._handed_lock:
             self._handed -= n
@@ -226,7 +234,15 @@ class StreamConsumer(Consumer):
 
     @staticmethod
     def _where(message: MessageProxy) -> tuple[str, bytes]:
-        return message.options[STREAM], message.options[ENTRY].encode()
+        # a task a local take handed over (workers/local.py) names the stream it would have
+        # been read from, but has no entry there
+        return message.options[STREAM], message.options.get(ENTRY, "").encode()
+
+    def adopt(self, n: int = 1) -> None:
+        """Count ``n`` messages handed to the worker threads by another thread of this process
+        as this consumer's own: their acks come back here."""
+        with self.room:
+            self.outstanding += n
 
     def _done(self) -> None:
         self.broker.handed_back()
@@ -243,9 +259,11 @@ class StreamConsumer(Consumer):
         if park is not None:
             fields: dict[Any, Any] = {**park, b"entry": entry}
             pipe.xadd(f"{stream}:dead", fields, maxlen=10_000, approximate=True)  # capped
-        pipe.xack(stream, TASK_GROUP, entry)
-        pipe.xdel(stream, entry)
-        pipe.execute()
+        if entry:
+            pipe.xack(stream, TASK_GROUP, entry)
+            pipe.xdel(stream, entry)
+        if len(pipe):
+            pipe.execute()
 
     def ack(self, message: MessageProxy) -> None:
         try:
@@ -279,8 +297,9 @@ class StreamConsumer(Consumer):
             stream, entry = self._where(message)
             data = message._message.copy(options={}).encode()
             pipe.xadd(stream, {FIELD: data})
-            pipe.xack(stream, TASK_GROUP, entry)
-            pipe.xdel(stream, entry)
+            if entry:
+                pipe.xack(stream, TASK_GROUP, entry)
+                pipe.xdel(stream, entry)
         if len(pipe):
             try:
                 pipe.execute()

@@ -10,9 +10,10 @@ import dramatiq
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from pending_actions.broker.connection import worker_client
+from pending_actions.broker.connection import is_cluster_url, worker_client
 from pending_actions.broker.context import Context
 from pending_actions.broker.models import ResolveAction, ResolveRequest
+from pending_actions.broker.settings import Settings
 from pending_actions.broker.taskbroker import OrjsonEncoder, StreamsBroker
 
 ACTOR_NAME = "run_attempt"
@@ -67,6 +68,16 @@ def encoded_task(request: ResolveRequest, token: str, queue: str, message_id: st
                    "extra": request.extra, "edit": request.edit},
         "options": {}, "message_id": message_id,
         "message_timestamp": int(time.time() * 1000)})
+
+
+def serves_locally(settings: Settings) -> bool:
+    """Whether the dramatiq processes serve resolve requests themselves (``LOCAL_DISPATCH``):
+    only where a take can claim for a thread of the process that sent it, and nothing
+    else must come between the two: one Redis (on a cluster a blocking read per partition
+    would be a thread each), its tasks on our streams broker there, no replica to wait for."""
+    url = settings.redis_url or ""
+    return (settings.local_dispatch and not settings.replica_wait and not is_cluster_url(url)
+            and settings.dramatiq_url in (None, "", url))
 
 
 def task_broker(ctx: Context) -> Any:

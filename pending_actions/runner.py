@@ -22,7 +22,7 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.loops import EXIT_LOOP_DIED
 from pending_actions.broker.policy import preflight
 from pending_actions.broker.settings import Settings
-from pending_actions.broker.tasks import task_broker
+from pending_actions.broker.tasks import serves_locally, task_broker
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import Child
 from pending_actions.workers.resolver import ResolveWorker
@@ -93,7 +93,10 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
 
     proc = spawn()
     try:
-        resolver = ResolveWorker(ctx, task_broker(ctx), on_fatal=on_fatal).start()
+        # where the dramatiq processes serve the requests themselves (workers/local.py), this
+        # one recovers, keeps house and upgrades
+        resolver = ResolveWorker(ctx, task_broker(ctx), on_fatal=on_fatal,
+                                 serve=not serves_locally(settings)).start()
     except BaseException:
         proc.stop(shutdown_s + 5)
         raise

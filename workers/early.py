@@ -67,20 +67,25 @@ class _Answers:
 
 class Claimed:
     """A claim written by the consumer thread: its claimant (under which the worker thread
-    claims again when needed), when it was written (monotonic s), and where its answer is."""
+    claims again when needed), when it was written (monotonic s), and where its answer is:
+    in ``answers``, or already in hand (``ready``: a take that claimed for this process,
+    ``workers/local.py``)."""
 
     def __init__(self, session: str, token: str, claimant: str, call: Call[Begun],
-                 answers: _Answers | None = None, index: int = 0) -> None:
+                 answers: _Answers | None = None, index: int = 0, ready: Any = None) -> None:
         self.session, self.token, self.claimant = session, token, claimant
-        self.call, self.answers, self.index = call, answers, index
+        self.call, self.answers, self.index, self.ready = call, answers, index, ready
         self.at = time.monotonic()
 
     def begun(self) -> Begun | None:
         """begin.lua's answer; None when it did not come, was an error, or does not parse
         (the worker thread's own claim then meets the same and reports it)."""
-        if self.answers is None:
+        if self.ready is not None:
+            raw = self.ready
+        elif self.answers is None:
             return None
-        raw = self.answers.get(self.index)
+        else:
+            raw = self.answers.get(self.index)
         if raw is None or isinstance(raw, Exception):
             return None
         try:
@@ -149,6 +154,11 @@ class EarlyClaims:
         answers = _Answers(conn, len(claims), idle)
         for i, c in enumerate(claims):
             c.answers, c.index = answers, i
+
+    def add(self, message_id: str, claim: Claimed) -> None:
+        """A claim made elsewhere in this process (a local take) for a task about to run."""
+        with self.lock:
+            self.claimed[message_id] = claim
 
     def take(self, message_id: str) -> Claimed | None:
         """The claim written for this task, if one was (once: it is forgotten here)."""

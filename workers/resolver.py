@@ -39,6 +39,7 @@ from pending_actions.broker.results import (
 )
 from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import TaskMessage, encoded_task, pool_queue
+from pending_actions.workers.local import LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.upgrade import upgrade, upgrade_stack
@@ -51,14 +52,20 @@ Entry = tuple[str, bytes, dict[bytes, bytes]]  # request stream, entry id, field
 class ResolveWorker:
 
     def __init__(self, ctx: Context, tasks: Any, name: str | None = None,
-                 on_fatal: Fatal | None = None) -> None:
+                 on_fatal: Fatal | None = None, *, serve: bool = True, maintain: bool = True,
+                 local: LocalDispatch | None = None, beats: Beats | None = None) -> None:
+        """``serve``: run the loops that serve requests; ``maintain``: recovery and the pulse.
+        ``local``: this runs in a dramatiq process, whose free threads its takes claim for
+        (``workers/local.py``); ``beats``: that process's."""
         self.ctx = ctx
         self.tasks = tasks
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.on_fatal = on_fatal
-        self.beats = Beats(ctx, self.name, "resolver")
+        self.serve, self.maintain, self.local = serve, maintain, local
+        self._announced = False
+        self.beats = beats or Beats(ctx, self.name, "resolver")
         self._upgraded, self._upgrade_lock = threading.Event(), threading.Lock()
         self.recovery = Recovery(ctx, self.name, self.stop)
         self.live = LiveView(ctx.client, ctx.keys)
@@ -80,14 +87,16 @@ class ResolveWorker:
         block_s = s.block_ms / 1000
         loops = [Loop(f"resolve-{i}", _Server(self, f"resolve-{i}", group).step, self.stop,
                       every_s=3 * block_s + 2, beats=self.beats, on_fatal=self.on_fatal)
-                 for i, group in enumerate(self.groups)]
+                 for i, group in enumerate(self.groups)] if self.serve else []
         interval = s.recovery_interval_ms / 1000
-        loops.append(Loop("recover", self._recover, self.stop, pause_s=interval,
-                          every_s=3 * interval + 2, beats=self.beats,
-                          on_fatal=self.on_fatal))
-        loops.append(Loop("pulse", lambda: self.beats.beat("pulse", PULSE_S * 3, force=True),
-                          self.stop, pause_s=PULSE_S, every_s=PULSE_S * 3,
-                          on_fatal=self.on_fatal))
+        if self.maintain:
+            loops.append(Loop("recover", self._recover, self.stop, pause_s=interval,
+                              every_s=3 * interval + 2, beats=self.beats,
+                              on_fatal=self.on_fatal))
+            loops.append(Loop("pulse",
+                              lambda: self.beats.beat("pulse", PULSE_S * 3, force=True),
+                              self.stop, pause_s=PULSE_S, every_s=PULSE_S * 3,
+                              on_fatal=self.on_fatal))
         for loop in loops:
             thread = loop.thread()
             thread.start()
@@ -106,7 +115,19 @@ class ResolveWorker:
 
     def _recover(self) -> None:
         self.upgraded()
+        if not self.serve and not self._announced:  # else its first serve loop says it
+            self.announce()
         self.recovery.step()
+
+    def announce(self) -> None:
+        """Say on the workers stream that this resolve worker is going round; in a dramatiq
+        process, that the process serves requests too (its own ready is its pool's)."""
+        role, event = (("dramatiq", WorkerEvent.SERVING) if self.local is not None
+                       else ("resolver", WorkerEvent.READY))
+        self.ctx.client.xadd(self.ctx.keys.workers, {"role": role, "event": event,
+                                                     "pid": os.getpid(), "name": self.name},
+                             maxlen=1000, approximate=True)
+        self._announced = True
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self.stop.set()
@@ -230,7 +251,11 @@ class ResolveWorker:
             key = ctx.keys.requests(slots.pop()) if len(slots) == 1 else None
         pipe = pipeline(ctx.client, own=True, key=key)  # called by a serve thread only
         calls = []
-        for (stream, entry_id), request in requests:
+        # in a dramatiq process, the first takes claim for its free worker threads
+        here = self.local.here(view) if self.local is not None else 0
+        free = self.local.reserve(len(requests)) if self.local is not None and here else 0
+        claimants = [uuid.uuid4().hex if i < free else "" for i in range(len(requests))]
+        for ((stream, entry_id), request), claimant in zip(requests, claimants, strict=True):
             lease = uuid.uuid4()
             token = lease.hex
             # the marker must outlive every redelivery of this request, which stops at its
@@ -250,7 +275,7 @@ class ResolveWorker:
                 request.session, request.req, request.action, token, request.reason,
                 orjson.dumps(request.extra), marker_ttl, none, view, message,
                 request.expect_id or "", request.by or "", conflict, gone,
-                entry_id if self._acked_by_take(stream, request) else b""))
+                entry_id if self._acked_by_take(stream, request) else b"", claimant, here))
         if not calls:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call
@@ -266,6 +291,15 @@ class ResolveWorker:
                     out.append(exc)
             else:
                 out.append(reply if isinstance(reply, Exception) else q.get(replies))
+        if free and self.local is not None:
+            handed = 0
+            try:
+                for (_, request), claimant, got in zip(requests, claimants, out, strict=True):
+                    if claimant and isinstance(got, Taken) and got.claimed is not None:
+                        self.local.run(request, got, claimant)
+                        handed += 1
+            finally:  # a thread reserved for a take that claimed nothing is free again
+                self.local.release(free - handed)
         return out
 
     def _acked_by_take(self, stream: str, request: ResolveRequest) -> bool:
@@ -355,10 +389,7 @@ class _Server:
                 w._ensure_groups(self.streams)
                 self.grouped = True
             if self.announce:
-                w.ctx.client.xadd(w.ctx.keys.workers,
-                                  {"role": "resolver", "event": WorkerEvent.READY,
-                                   "pid": os.getpid(), "name": w.name},
-                                  maxlen=1000, approximate=True)
+                w.announce()
                 self.announce = False
             entries = []
             if time.monotonic() >= self.next_claim:

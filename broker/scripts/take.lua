@@ -29,8 +29,15 @@
 -- ARGV[20] the request's entry id in KEYS[13], acked (XACK + XDEL) with whatever this script
 --          answers but NO_WORKER; "" when the caller acks it (after sending the task itself)
 -- ARGV[21] the request stream's consumer group
+-- ARGV[22] local claimant ("" for none): the caller runs the task itself, in a worker process of
+--          pool ARGV[24] with a worker thread free for it; when the target can go to that pool
+--          the lease is claimed here for that claimant (running, as begin.lua would) and no
+--          task is enqueued
+-- ARGV[23] running lease ms (with ARGV[22])  ARGV[24] the caller's pool number (0: none)
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
+--          | {TAKE.OK, ..., pool number, spec JSON, counters JSON, lease JSON} (claimed here
+--            for ARGV[22]: what begin.lua would answer)
 --          | {TAKE.NONE} (replied here) | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 --          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
 --            nothing changed)
@@ -46,6 +53,7 @@ redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(ARGV[12])
 local npools = tonumber(ARGV[13])
+local here = tonumber(ARGV[24])
 
 -- the handler the target needs for this action, read from the spec's JSON text without
 -- decoding its payload: "apply" and "reject" come before any free-form field in a spec
@@ -55,16 +63,21 @@ local function needs(spec)
   return string.match(spec, '"' .. field .. '":"([^"]*)"')
 end
 
--- the pool number for the target, or nil; spread by the token (random hex)
+-- the pool number for the target, or nil: the caller's own pool when it has the handler, else
+-- one spread by the token (random hex)
 local function route(spec)
   local name = needs(spec)
   local pools
   if name then
     pools = routes[name]
   elseif npools > 0 then
+    if here > 0 then return here, nil end
     return 1 + tonumber(string.sub(ARGV[3], 1, 6), 16) % npools, nil
   end
   if not pools or #pools == 0 then return nil, name or '' end
+  for _, p in ipairs(pools) do
+    if p == here then return here, name end
+  end
   return pools[1 + tonumber(string.sub(ARGV[3], 1, 6), 16) % #pools], name
 end
 
@@ -182,6 +195,7 @@ if id then
     return {TAKE.NO_WORKER, id, name, spec}  -- nothing changed
   end
 end
+local claimed = id ~= nil and ARGV[22] ~= '' and pool == here
 
 -- what this path writes after its first write (each path below starts with a call_on write)
 local expected = {}
@@ -193,7 +207,7 @@ if not id then
   reply(ARGV[9])
 else
   expected[6], expected[10] = 'hash', 'zset'
-  if ARGV[14] ~= '' then expected[13 + pool] = 'stream' end
+  if ARGV[14] ~= '' and not claimed then expected[13 + pool] = 'stream' end
   check(expected)
   st.attempts = (st.attempts or 0) + 1
   if skipped == 0 then  -- else after the expired entries, in the order things happened
@@ -230,12 +244,18 @@ redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
 if kind ~= 'action' then
   redis.call('HSET', KEYS[5], id, cjson.encode(st))
 end
-local deadline = now + tonumber(ARGV[4])
-redis.call('HSET', KEYS[6], ARGV[3], cjson.encode({
+local deadline = now + tonumber(claimed and ARGV[23] or ARGV[4])
+local lease = cjson.encode({
   id = id, kind = kind, token = ARGV[3], attempt = st.attempts, req = ARGV[1],
-  action = ARGV[2], deadline = deadline, state = 'dispatched', reason = ARGV[7],
-  extra = ARGV[8], by = ARGV[16], counted = counted ~= nil or kind ~= 'action'}))
+  action = ARGV[2], deadline = deadline, state = claimed and 'running' or 'dispatched',
+  claimant = claimed and ARGV[22] or nil, reason = ARGV[7], extra = ARGV[8], by = ARGV[16],
+  counted = counted ~= nil or kind ~= 'action'})
+redis.call('HSET', KEYS[6], ARGV[3], lease)
 redis.call('ZADD', KEYS[10], deadline, ARGV[11] .. '/' .. ARGV[3])
-enqueue(pool, ARGV[3])
 ack()
+if claimed then
+  return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3], pool, spec,
+          cjson.encode(st), lease}
+end
+enqueue(pool, ARGV[3])
 return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3], pool}

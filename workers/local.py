@@ -1,0 +1,108 @@
+"""Serving resolve requests in a dramatiq worker process, and running there what it takes.
+
+An idle resolve used to wake three processes in turn: the resolve worker took the target and
+enqueued its task, a dramatiq worker's consumer thread read the task and claimed it
+(begin.lua), and a worker thread ran it. Each step was a round trip to Redis (an fsync under
+``appendfsync always``) and a process woken from sleep. Here each dramatiq process runs the
+resolve worker's serve loop itself (``LOCAL_DISPATCH``, on by default where it applies, see
+``broker.tasks.serves_locally``): for each request it reads while one of its worker threads is
+free, take.lua claims the attempt for that thread in the same atomic step as the take (the
+lease is written running, with its claimant, as begin.lua would write it) and enqueues no
+task; the serve thread hands the task straight to dramatiq's work queue. The handler still
+runs as a dramatiq task, on a dramatiq worker thread, through its middleware (time limit,
+current message); its outcome is fenced by the lease token as before.
+
+What it does not change: requests beyond the free threads (under load), and targets whose
+handler this process does not have, are enqueued to a pool's task stream as before, for any
+worker. A process that dies with such a task claimed but not yet started loses its lease like
+one that died mid-handler: recovery returns the action with a stall counted. One that stops
+cleanly with the task still queued in memory hands the claim back and puts the task in its
+stream (``StreamConsumer.requeue``), so that another worker runs it without a stall."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from dramatiq.broker import MessageProxy
+from dramatiq.message import Message
+
+from pending_actions.broker import failpoints
+from pending_actions.broker.context import Context
+from pending_actions.broker.models import ResolveRequest
+from pending_actions.broker.pools import Live
+from pending_actions.broker.replies import Taken
+from pending_actions.broker.taskbroker import (
+    ACKED,
+    FIELD,
+    STREAM,
+    StreamConsumer,
+    StreamsBroker,
+)
+from pending_actions.broker.tasks import ACTOR_NAME
+from pending_actions.workers.early import Claimed, EarlyClaims
+
+
+class LocalDispatch:
+    """The resolve worker's hook (``ResolveWorker(local=...)``) in a dramatiq process serving
+    ``pool``: how many takes may claim for this process, and handing over what they claimed.
+    ``worker`` is dramatiq's Worker of this process (its consumer threads and work queue)."""
+
+    def __init__(self, ctx: Context, broker: StreamsBroker, worker: Any, pool: str,
+                 claims: EarlyClaims) -> None:
+        self.ctx, self.broker, self.worker, self.pool = ctx, broker, worker, pool
+        self.claims = claims
+        self.queue = f"{pool}@0"  # the one queue of a pool on a single Redis (actors.serve_pool)
+        self.closing = False
+
+    def _consumer(self) -> tuple[Any, StreamConsumer] | None:
+        thread = self.worker.consumers.get(self.queue)
+        consumer = getattr(thread, "consumer", None)
+        return (thread, consumer) if isinstance(consumer, StreamConsumer) else None
+
+    def here(self, live: Live) -> int:
+        """This process's pool number in ``live`` (1-based, as take.lua counts), 0 if absent."""
+        return live.pools.index(self.pool) + 1 if self.pool in live.pools else 0
+
+    def reserve(self, n: int) -> int:
+        """How many of ``n`` takes may claim for a worker thread of this process (each counted
+        as handed out until its ack, or until ``release``)."""
+        if self.closing or self._consumer() is None:
+            return 0
+        return self.broker.reserve(n)
+
+    def release(self, n: int) -> None:
+        if n:
+            self.broker.handed_back(n)
+
+    def run(self, request: ResolveRequest, taken: Taken, claimant: str) -> None:
+        """Hand the attempt a take claimed for ``claimant`` to a worker thread of this process,
+        with begin.lua's answer already in hand (``EarlyClaims``: the actor finds it there)."""
+        failpoints.hit("after-local-take", self.ctx.client, self.ctx.keys)
+        found = self._consumer()
+        session, token, keys = request.session, taken.token, self.ctx.keys
+        message_id = str(uuid.UUID(hex=token))
+        # the message take.lua would have enqueued, built as encoded_task builds it; it names
+        # the stream it would have been in, where a shutdown puts it back
+        message: Message[Any] = Message(
+            queue_name=self.queue, actor_name=ACTOR_NAME, args=(),
+            kwargs={"session": session, "token": token, "req": request.req,
+                    "action": request.action, "reason": request.reason,
+                    "extra": request.extra, "edit": request.edit},
+            options={STREAM: keys.task_queue(keys.partition(session), self.pool),
+                     ACKED: True},  # no entry to ack: it was never in a stream
+            message_id=message_id, message_timestamp=int(time.time() * 1000))
+        self.claims.add(message_id, Claimed(
+            session, token, claimant, self.ctx.scripts.begin(session, token, claimant),
+            ready=taken.claimed))
+        proxy = MessageProxy(message)
+        if found is None:  # its consumer is restarting: the task goes where it would have been
+            self.release(1)
+            self.claims.release([proxy])  # dispatched again, for the stream's next reader
+            self.ctx.client.xadd(message.options[STREAM],
+                                 {FIELD: message.copy(options={}).encode()})
+            return
+        thread, consumer = found
+        consumer.adopt(1)
+        thread.handle_message(proxy)  # dramatiq's own hand-over to the work queue
