@@ -172,14 +172,17 @@ class Batch:
         self.commands.append(args)
         return self
 
-    def execute(self, raise_on_error: bool = True) -> list[Any]:
+    def execute(self, raise_on_error: bool = True,
+                sent: Callable[[], None] | None = None) -> list[Any]:
+        """``sent``: called once, when the commands are first on the wire and before their
+        replies are read (work that can overlap the round trip)."""
         commands, self.commands = self.commands, []
         if not commands:
             return []
         conn: Any = self.conn or self.pool.get_connection()
         try:
             replies: list[Any] = conn.retry.call_with_retry(
-                lambda: _exchange(conn, commands), lambda _error: conn.disconnect())
+                lambda: _exchange(conn, commands, sent), lambda _error: conn.disconnect())
         except BaseException as exc:
             # replies may be left unread on it (an interrupt, an error not retried): a
             # connection used again so would answer the next caller with them (a kept one
@@ -285,8 +288,11 @@ def slot_master(client: Any, key: str) -> redis.Redis:
     return cast(redis.Redis, cluster.get_redis_connection(node))
 
 
-def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+def _exchange(conn: Any, commands: list[tuple[Any, ...]],
+              sent: Callable[[], None] | None = None) -> list[Any]:
     conn.send_packed_command(conn.pack_commands(commands))
+    if sent is not None:
+        sent()  # (on a retry too: the callee keeps its own once)
     return read_replies(conn, len(commands))
 
 

@@ -15,7 +15,7 @@ from tests.support.replies import read
 from tests.support.runs import runs
 
 
-@pytest.fixture(params=["single", "cluster"])
+@pytest.fixture(params=["single", "cluster", "local"])
 def deployment(request: pytest.FixtureRequest) -> Deployment:
     return both(request)
 

@@ -28,25 +28,17 @@ from typing import Any
 from dramatiq.broker import MessageProxy
 from dramatiq.message import Message
 
-from pending_actions.broker import failpoints
 from pending_actions.broker.context import Context
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.pools import Live
-from pending_actions.broker.replies import Taken
-from pending_actions.broker.taskbroker import (
-    ACKED,
-    FIELD,
-    STREAM,
-    StreamConsumer,
-    StreamsBroker,
-)
+from pending_actions.broker.taskbroker import ACKED, STREAM, StreamConsumer, StreamsBroker
 from pending_actions.broker.tasks import ACTOR_NAME
-from pending_actions.workers.early import Claimed, EarlyClaims
+from pending_actions.workers.early import Claimed, EarlyClaims, Verdict
 
 
 class LocalDispatch:
     """The resolve worker's hook (``ResolveWorker(local=...)``) in a dramatiq process serving
-    ``pool``: how many takes may claim for this process, and handing over what they claimed.
+    ``pool``: how many takes may claim for this process, and handing over what they claim.
     ``worker`` is dramatiq's Worker of this process (its consumer threads and work queue)."""
 
     def __init__(self, ctx: Context, broker: StreamsBroker, worker: Any, pool: str,
@@ -55,33 +47,34 @@ class LocalDispatch:
         self.claims = claims
         self.queue = f"{pool}@0"  # the one queue of a pool on a single Redis (actors.serve_pool)
         self.closing = False
-
-    def _consumer(self) -> tuple[Any, StreamConsumer] | None:
-        thread = self.worker.consumers.get(self.queue)
-        consumer = getattr(thread, "consumer", None)
-        return (thread, consumer) if isinstance(consumer, StreamConsumer) else None
+        self._consumer: tuple[Any, StreamConsumer] | None = None
 
     def here(self, live: Live) -> int:
         """This process's pool number in ``live`` (1-based, as take.lua counts), 0 if absent."""
         return live.pools.index(self.pool) + 1 if self.pool in live.pools else 0
 
     def reserve(self, n: int) -> int:
-        """How many of ``n`` takes may claim for a worker thread of this process (each counted
-        as handed out until its ack, or until ``release``)."""
-        if self.closing or self._consumer() is None:
+        """How many of ``n`` takes may claim for a worker thread of this process: each is then
+        counted as handed out, until its task's ack or ``release``."""
+        thread = self.worker.consumers.get(self.queue)
+        consumer = getattr(thread, "consumer", None)
+        if self.closing or not isinstance(consumer, StreamConsumer):
             return 0
+        self._consumer = thread, consumer  # the one its acks come back to
         return self.broker.reserve(n)
 
     def release(self, n: int) -> None:
         if n:
             self.broker.handed_back(n)
 
-    def run(self, request: ResolveRequest, taken: Taken, claimant: str) -> None:
-        """Hand the attempt a take claimed for ``claimant`` to a worker thread of this process,
-        with begin.lua's answer already in hand (``EarlyClaims``: the actor finds it there)."""
-        failpoints.hit("after-local-take", self.ctx.client, self.ctx.keys)
-        found = self._consumer()
-        session, token, keys = request.session, taken.token, self.ctx.keys
+    def hand(self, request: ResolveRequest, token: str, claimant: str) -> Verdict:
+        """Hand a worker thread of this process the attempt that a take sent for ``claimant``
+        is claiming, while the take is on its way: the thread wakes and reads the task
+        meanwhile, then waits for the verdict (``Verdict.tell``, once the take's answer is
+        read) and runs nothing unless the take claimed for it. A reserved thread each."""
+        assert self._consumer is not None
+        thread, consumer = self._consumer
+        session, keys = request.session, self.ctx.keys
         message_id = str(uuid.UUID(hex=token))
         # the message take.lua would have enqueued, built as encoded_task builds it; it names
         # the stream it would have been in, where a shutdown puts it back
@@ -93,16 +86,11 @@ class LocalDispatch:
             options={STREAM: keys.task_queue(keys.partition(session), self.pool),
                      ACKED: True},  # no entry to ack: it was never in a stream
             message_id=message_id, message_timestamp=int(time.time() * 1000))
+        verdict = Verdict()
+        # told within a round trip and its retries, which stop well within a third of a lease
         self.claims.add(message_id, Claimed(
             session, token, claimant, self.ctx.scripts.begin(session, token, claimant),
-            ready=taken.claimed))
-        proxy = MessageProxy(message)
-        if found is None:  # its consumer is restarting: the task goes where it would have been
-            self.release(1)
-            self.claims.release([proxy])  # dispatched again, for the stream's next reader
-            self.ctx.client.xadd(message.options[STREAM],
-                                 {FIELD: message.copy(options={}).encode()})
-            return
-        thread, consumer = found
+            verdict=verdict, wait_s=self.ctx.settings.lease_ms / 3000))
         consumer.adopt(1)
-        thread.handle_message(proxy)  # dramatiq's own hand-over to the work queue
+        thread.handle_message(MessageProxy(message))  # dramatiq's own hand-over
+        return verdict

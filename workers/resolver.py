@@ -39,6 +39,7 @@ from pending_actions.broker.results import (
 )
 from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import TaskMessage, encoded_task, pool_queue
+from pending_actions.workers.early import Verdict
 from pending_actions.workers.local import LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
@@ -252,12 +253,15 @@ class ResolveWorker:
         pipe = pipeline(ctx.client, own=True, key=key)  # called by a serve thread only
         calls = []
         # in a dramatiq process, the first takes claim for its free worker threads
-        here = self.local.here(view) if self.local is not None else 0
-        free = self.local.reserve(len(requests)) if self.local is not None and here else 0
+        local = self.local
+        here = local.here(view) if local is not None else 0
+        free = local.reserve(len(requests)) if local is not None and here else 0
         claimants = [uuid.uuid4().hex if i < free else "" for i in range(len(requests))]
+        tokens: list[str] = []
         for ((stream, entry_id), request), claimant in zip(requests, claimants, strict=True):
             lease = uuid.uuid4()
             token = lease.hex
+            tokens.append(token)
             # the marker must outlive every redelivery of this request, which stops at its
             # expiry
             expires = request.expires_ms(entry_id)
@@ -280,7 +284,23 @@ class ResolveWorker:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call
         queued = [call.on(pipe, by_digest=True) for call in calls]
-        replies = pipe.execute(raise_on_error=False)
+        verdicts: list[Verdict] = []
+
+        def sent() -> None:
+            # the claiming takes' tasks go to their threads while the takes are on their way
+            if local is not None and not verdicts:
+                verdicts.extend(local.hand(request, token, claimant) for (_, request), token,
+                                claimant in zip(requests[:free], tokens, claimants, strict=False))
+
+        try:
+            replies = pipe.execute(raise_on_error=False, sent=sent if free else None)
+        except BaseException:
+            for verdict in verdicts:  # unanswered: a claim made is recovered with its lease
+                verdict.tell(None)
+            raise
+        finally:
+            if local is not None:
+                local.release(free - len(verdicts))  # reserved for tasks never handed over
         out: list[Taken | Exception] = []
         for call, q in zip(calls, queued, strict=True):
             reply = replies[q.index]
@@ -291,15 +311,10 @@ class ResolveWorker:
                     out.append(exc)
             else:
                 out.append(reply if isinstance(reply, Exception) else q.get(replies))
-        if free and self.local is not None:
-            handed = 0
-            try:
-                for (_, request), claimant, got in zip(requests, claimants, out, strict=True):
-                    if claimant and isinstance(got, Taken) and got.claimed is not None:
-                        self.local.run(request, got, claimant)
-                        handed += 1
-            finally:  # a thread reserved for a take that claimed nothing is free again
-                self.local.release(free - handed)
+        if verdicts:
+            failpoints.hit("after-local-take", ctx.client, ctx.keys)
+            for verdict, got in zip(verdicts, out, strict=False):
+                verdict.tell(got.claimed if isinstance(got, Taken) else None)
         return out
 
     def _acked_by_take(self, stream: str, request: ResolveRequest) -> bool:

@@ -46,7 +46,8 @@
 -- back; a directive's and a standing handler's are written here as before.
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
 -- its earlier answer back while that is still actionable (the same lease if no worker has
--- started it, whose task is enqueued again; NONE again), else DUP.
+-- started it, whose task is enqueued again; the same claim when it claimed for ARGV[22];
+-- NONE again), else DUP.
 -- A stacked action past its ttl is gone for take as for every reader: passed over, and ended
 -- here (history "expired") when it lay above the target.
 redis.replicate_commands()
@@ -114,9 +115,18 @@ if prev == 'none' or prev == 'conflict' then
   ack()
   return {prev == 'none' and TAKE.NONE or TAKE.CONFLICT}
 elseif prev then
-  local lease = json_field('lease', KEYS[6], prev)
+  local lease, raw = json_field('lease', KEYS[6], prev)
   -- taken before any ttl passed: its spec is all it needs to be dispatched again
   local spec = lease and call_on('HGET', KEYS[4], lease.id)
+  if lease and spec and ARGV[22] ~= '' and lease.claimant == ARGV[22] then
+    -- this very take sent again (its answer was lost): what it answered, as begin.lua does
+    local st = lease.counted == false and cjson.decode(NEW_STATE) or counters(KEYS[5], lease.id)
+    st.attempts = lease.attempt
+    check({})
+    ack()
+    return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt), tostring(lease.deadline),
+            prev, here, spec, cjson.encode(st), raw}
+  end
   if lease and lease.state == 'dispatched' and spec then
     local pool = route(spec)
     if pool then
