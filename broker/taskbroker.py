@@ -59,7 +59,7 @@ class Early(Protocol):
 
     def claim(self, messages: list[MessageProxy]) -> None: ...
 
-    def release(self, messages: list[MessageProxy]) -> None: ...
+    def release(self, messages: list[MessageProxy]) -> set[str]: ...
 
 
 class OrjsonEncoder(dramatiq.Encoder):
@@ -290,11 +290,12 @@ class StreamConsumer(Consumer):
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         """Hand messages back at once (on shutdown) rather than waiting for a claim."""
         messages = list(messages)
-        if self.broker.early is not None:
-            self.broker.early.release(messages)
+        back = self.broker.early.release(messages) if self.broker.early is not None else set()
         pipe = self.client.pipeline(transaction=False)
         for message in messages:
             stream, entry = self._where(message)
+            if not entry and message.message_id not in back:
+                continue  # a local take's task whose take claimed nothing: nothing to run
             data = message._message.copy(options={}).encode()
             pipe.xadd(stream, {FIELD: data})
             if entry:

@@ -29,6 +29,8 @@ QUICK_ROWS = [
     "roundtrips.per_resolve",
     "scaling.p1.throughput", "scaling.p1.p50", "scaling.p2.throughput", "scaling.p2.p50",
     "scaling.p4.throughput", "scaling.p4.p50", "scaling.p4r2.throughput", "scaling.p4r2.p50",
+    "scaling.p1local.throughput", "scaling.p1local.p50", "resolve.idle.local.p50.rabbitmq",
+    "resolve.idle.local.everysec.p50.rabbitmq",
     "cluster.commands.per_resolve", "cluster.spread", "cluster.idle.p50",
     "cluster.loaded.throughput", "cluster.loaded.p50",
 ]
@@ -56,7 +58,8 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
             assert row["baseline_value"] is not None, key
     for name in ("ours.idle", "ours.loaded", "stock.redis.idle", "stock.redis.loaded",
                  "scaling.stock.p1", "scaling.stock.p2", "scaling.stock.p4", "scaling.ours.p1",
-                 "scaling.ours.p2", "scaling.ours.p4", "scaling.ours.p4r2"):
+                 "scaling.ours.p2", "scaling.ours.p4", "scaling.ours.p4r2",
+                 "scaling.ours.p1local", "ours.local.idle", "ours.local.idle.everysec"):
         assert doc["distributions"][name]["n"] > 0, name
         assert doc["distributions"][name]["errors"] == 0, name
 

@@ -188,18 +188,22 @@ class EarlyClaims:
         with self.lock:
             return self.claimed.pop(message_id, None)
 
-    def release(self, messages: list[MessageProxy]) -> None:
-        """Hand back the claims of tasks that will not run here (unclaim.lua)."""
+    def release(self, messages: list[MessageProxy]) -> set[str]:
+        """Hand back the claims of tasks that will not run here (unclaim.lua); returns the
+        message ids whose claim was handed back."""
         with self.lock:
-            gone = [c for c in (self.claimed.pop(m.message_id, None) for m in messages) if c]
+            gone = [(m.message_id, c) for m in messages
+                    if (c := self.claimed.pop(m.message_id, None)) is not None]
         if not gone:
-            return
+            return set()
         ctx = self.ctx
         try:
             pipe: Any = ctx.client.pipeline(transaction=False)
-            for c in gone:
+            for _, c in gone:
                 c.begun()  # its answer read: the connection is then free
                 ctx.scripts.unclaim(c.session, c.token, c.claimant).on(pipe)
-            pipe.execute(raise_on_error=False)
+            answers = pipe.execute(raise_on_error=False)
         except Exception as exc:  # their leases run out and are recovered (a stall each)
             log.warning("could not hand back %d early claims: %s", len(gone), exc)
+            return set()
+        return {i for (i, _), a in zip(gone, answers, strict=True) if a == 1}

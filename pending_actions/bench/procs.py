@@ -44,13 +44,14 @@ class Ours:
 
 
 def start_ours(url: str, processes: int, threads: int, log_dir: Path, resolvers: int = 1,
-               timeout: float = 60.0) -> Ours:
+               timeout: float = 60.0, settings: dict[str, str] | None = None) -> Ours:
     """``pending-actions worker --handlers pending_actions.bench.handlers``, ``resolvers`` of
     them, with ``processes`` dramatiq worker processes shared out between them (the one way
     to run a second resolve worker: the CLI has no resolve-only or dramatiq-only mode)."""
     if processes % resolvers:
         raise ValueError(f"{processes} dramatiq processes cannot be shared by {resolvers}")
-    each = {"worker_processes": str(processes // resolvers), "worker_threads": str(threads)}
+    each = {"worker_processes": str(processes // resolvers), "worker_threads": str(threads),
+            **(settings or {})}
     names = ["ours-worker"] if resolvers == 1 else [
         f"ours-worker-{i + 1}-of-{resolvers}" for i in range(resolvers)]
     workers = [WorkerProcess(url, "pending_actions.bench.handlers", each,

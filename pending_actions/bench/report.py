@@ -61,7 +61,12 @@ def rows(r: Run) -> list[Row]:
     for key, label, value, most in (
             ("resolve.idle.p50.rabbitmq", "resolve idle p50", idle50, 1.2),
             ("resolve.idle.everysec.p50.rabbitmq", "resolve idle p50, appendfsync everysec",
-             every50, 1.0)):
+             every50, 1.0),
+            ("resolve.idle.local.p50.rabbitmq", "resolve idle p50, LOCAL_DISPATCH",
+             _p(r, throughput.LOCAL_IDLE, "p50"), 1.2),
+            ("resolve.idle.local.everysec.p50.rabbitmq",
+             "resolve idle p50, LOCAL_DISPATCH, appendfsync everysec",
+             _p(r, f"{throughput.LOCAL_IDLE}.everysec", "p50"), 1.0)):
         row = Row(key, label, value, "ms", f"{rabbit} idle p50", rabbit50,
                   target=f"<= {most:.1f}x", note=rabbit_skip)
         row.met = None if row.ratio is None else row.ratio <= most

@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from pending_actions.bench import fill, measure
+from pending_actions.bench.handlers import NOOP
 from pending_actions.bench.procs import start_ours, start_stock
 from pending_actions.bench.progress import Progress
 from pending_actions.bench.stats import Dist
@@ -33,19 +34,22 @@ OURS_DB, STOCK_DB = 3, 4  # of the run's private redis-server; flushed before ea
 class Layout:
     processes: int  # dramatiq worker processes, on each side
     resolvers: int = 1  # ours: resolve worker processes sharing them
+    local: bool = False  # ours: LOCAL_DISPATCH on (then its idle resolves are measured too)
 
     @property
     def key(self) -> str:
-        return f"p{self.processes}" + (f"r{self.resolvers}" if self.resolvers > 1 else "")
+        return (f"p{self.processes}" + (f"r{self.resolvers}" if self.resolvers > 1 else "")
+                + ("local" if self.local else ""))
 
     def describe(self, threads: int) -> str:
         procs = f"{self.processes} dramatiq process{'es' if self.processes > 1 else ''}"
         if self.resolvers > 1:
             return f"{procs} x {threads} threads, {self.resolvers} resolve workers"
-        return f"{procs} x {threads} threads"
+        return f"{procs} x {threads} threads" + (", LOCAL_DISPATCH" if self.local else "")
 
 
-LAYOUTS = (Layout(1), Layout(2), Layout(4), Layout(4, resolvers=2))
+LAYOUTS = (Layout(1), Layout(2), Layout(4), Layout(4, resolvers=2), Layout(1, local=True))
+LOCAL_IDLE = "ours.local.idle"  # + ".everysec": idle resolves with LOCAL_DISPATCH
 
 
 def stock_key(processes: int) -> str:
@@ -125,7 +129,8 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress) -> N
     with progress.phase(f"scaling: ours, {layout.describe(o.threads)}, {s.callers} callers",
                         s.callers * each * 2) as tick:
         _flush(url)
-        ours = start_ours(url, layout.processes, o.threads, logs / "scaling", layout.resolvers)
+        ours = start_ours(url, layout.processes, o.threads, logs / "scaling", layout.resolvers,
+                          settings={"local_dispatch": "true"} if layout.local else None)
         try:
             pa = PendingActions.from_url(url)
             try:
@@ -136,8 +141,34 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress) -> N
                 measure.loaded("warm-up", calls, 2, tick)
                 r.dists[ours_key(layout)] = measure.loaded(
                     f"ours, {layout.describe(o.threads)}", calls, s.layout_per_caller, tick)
+                if layout.local:
+                    _idle(r, pa, progress)
             finally:
                 pa.close()
             ours.check_alive()
         finally:
             ours.kill()
+
+
+def _idle(r: Any, pa: PendingActions, progress: Progress) -> None:
+    """Idle resolves as the main run measures them (``appendfsync always``, then everysec)."""
+    s = r.sizes
+
+    def stage() -> None:
+        pa.stage(session="bench-local-idle", tool="bench", label="bench action", apply=NOOP,
+                 payload=fill.payload_of(s.payload_bytes))
+
+    for _ in range(3):
+        stage()
+        measure.resolver(pa, "bench-local-idle")()
+    policy = str(pa.client.config_get("appendfsync")["appendfsync"])
+    for key, fsync in ((LOCAL_IDLE, policy), (f"{LOCAL_IDLE}.everysec", "everysec")):
+        with progress.phase(f"ours, LOCAL_DISPATCH: idle resolve, appendfsync {fsync}",
+                            s.idle) as tick:
+            pa.client.config_set("appendfsync", fsync)
+            try:
+                r.dists[key] = measure.idle(f"ours idle, LOCAL_DISPATCH ({fsync})",
+                                            measure.resolver(pa, "bench-local-idle"), s.idle,
+                                            s.idle_gap_s, tick, before=stage)
+            finally:
+                pa.client.config_set("appendfsync", policy)

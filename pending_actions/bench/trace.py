@@ -39,8 +39,6 @@ STEPS = (
     ("request -> take (resolve worker wakes)", "request", "take"),
     ("take -> begin (dramatiq worker wakes)", "take", "begin"),
     ("begin -> finalize (handler, Python around it)", "begin", "finalize"),
-    # a take that claimed for a thread of its own process (LOCAL_DISPATCH) has no begin
-    ("take -> finalize (claimed in the take: hand-off, handler)", "take", "finalize"),
     ("finalize -> caller returns", "finalize", "return"),
 )
 SCRIPTS = ("take", "begin", "finalize")
@@ -180,7 +178,7 @@ def summarize(traced: list[Traced]) -> dict[str, Any]:
     for t in traced:
         ms = t.milestones()
         for label, a, b in STEPS:
-            if a in ms and b in ms and not (a == "take" and b == "finalize" and "begin" in ms):
+            if a in ms and b in ms:
                 steps[label].append((ms[b] - ms[a]) * 1000)
     walls = [(t.end - t.start) * 1000 for t in traced]
     total = statistics.fmean(walls) if walls else float("nan")
