@@ -1,16 +1,19 @@
 """Serving resolve requests in a dramatiq worker process, and running there what it takes.
 
-An idle resolve used to wake three processes in turn: the resolve worker took the target and
-enqueued its task, a dramatiq worker's consumer thread read the task and claimed it
-(begin.lua), and a worker thread ran it. Each step was a round trip to Redis (an fsync under
-``appendfsync always``) and a process woken from sleep. Here each dramatiq process runs the
-resolve worker's serve loop itself (``LOCAL_DISPATCH``, on by default where it applies, see
-``broker.tasks.serves_locally``): for each request it reads while one of its worker threads is
-free, take.lua claims the attempt for that thread in the same atomic step as the take (the
-lease is written running, with its claimant, as begin.lua would write it) and enqueues no
-task; the serve thread hands the task straight to dramatiq's work queue. The handler still
+An idle resolve wakes three processes in turn: the resolve worker takes the target and
+enqueues its task, a dramatiq worker's consumer thread reads the task and claims it
+(begin.lua), and a worker thread runs it; each step a round trip to Redis (an fsync under
+``appendfsync always``) and a process woken from sleep. With ``LOCAL_DISPATCH`` (off by
+default, and only where ``broker.tasks.serves_locally`` allows it) each dramatiq process runs
+the resolve worker's serve loop itself: for each request it reads while one of its worker
+threads is free, take.lua claims the attempt for that thread in the same atomic step as the
+take (the lease written running, with its claimant, as begin.lua would write it) and enqueues
+no task. The serve thread hands the task to dramatiq's work queue while the take is still on
+its way; the thread runs it only once the take's answer says it claimed. The handler still
 runs as a dramatiq task, on a dramatiq worker thread, through its middleware (time limit,
-current message); its outcome is fenced by the lease token as before.
+current message); its outcome is fenced by the lease token as before. The price: the serve
+loop's Python shares the process's interpreter lock with its worker threads (docs/design.md
+has the figures).
 
 What it does not change: requests beyond the free threads (under load), and targets whose
 handler this process does not have, are enqueued to a pool's task stream as before, for any
@@ -21,6 +24,7 @@ stream (``StreamConsumer.requeue``), so that another worker runs it without a st
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from typing import Any
@@ -31,6 +35,7 @@ from dramatiq.message import Message
 from pending_actions.broker.context import Context
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.pools import Live
+from pending_actions.broker.replies import Taken
 from pending_actions.broker.taskbroker import ACKED, STREAM, StreamConsumer, StreamsBroker
 from pending_actions.broker.tasks import ACTOR_NAME
 from pending_actions.workers.early import Claimed, EarlyClaims, Verdict
@@ -94,3 +99,37 @@ class LocalDispatch:
         consumer.adopt(1)
         thread.handle_message(MessageProxy(message))  # dramatiq's own hand-over
         return verdict
+
+
+class Claims:
+    """The claiming takes of one batch of requests: the first ``free`` of them, one reserved
+    thread each, claim for this process (``claimant(i)``); their tasks are handed over once
+    the takes are sent (``sent``) and told the takes' answers once read (``done``)."""
+
+    def __init__(self, local: LocalDispatch | None, live: Live, n: int) -> None:
+        self.local = local
+        self.here = local.here(live) if local is not None else 0
+        self.free = local.reserve(n) if local is not None and self.here else 0
+        self.claimants = [uuid.uuid4().hex for _ in range(self.free)]
+        self.handing: list[tuple[ResolveRequest, str, str]] = []
+        self.verdicts: list[Verdict] = []
+
+    def claimant(self, i: int, request: ResolveRequest, token: str) -> str:
+        """The claimant of the i-th take of the batch ("" for a take that claims nothing)."""
+        if i >= self.free:
+            return ""
+        self.handing.append((request, token, self.claimants[i]))
+        return self.claimants[i]
+
+    def sent(self) -> None:
+        if self.local is not None and not self.verdicts:  # once, also when a batch is resent
+            self.verdicts = [self.local.hand(*h) for h in self.handing]
+
+    def done(self, out: list[Taken | Exception]) -> None:
+        """Every thread told, whatever became of its take: what it claimed, else nothing to
+        run (an answer never read: a claim the take made is recovered when its lease runs
+        out); threads reserved for tasks never handed over are free again."""
+        if self.local is not None:
+            self.local.release(self.free - len(self.verdicts))
+        for verdict, got in itertools.zip_longest(self.verdicts, out[:len(self.verdicts)]):
+            verdict.tell(got.claimed if isinstance(got, Taken) else None)

@@ -39,8 +39,7 @@ from pending_actions.broker.results import (
 )
 from pending_actions.broker.taskbroker import StreamsBroker
 from pending_actions.broker.tasks import TaskMessage, encoded_task, pool_queue
-from pending_actions.workers.early import Verdict
-from pending_actions.workers.local import LocalDispatch
+from pending_actions.workers.local import Claims, LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.upgrade import upgrade, upgrade_stack
@@ -253,15 +252,10 @@ class ResolveWorker:
         pipe = pipeline(ctx.client, own=True, key=key)  # called by a serve thread only
         calls = []
         # in a dramatiq process, the first takes claim for its free worker threads
-        local = self.local
-        here = local.here(view) if local is not None else 0
-        free = local.reserve(len(requests)) if local is not None and here else 0
-        claimants = [uuid.uuid4().hex if i < free else "" for i in range(len(requests))]
-        tokens: list[str] = []
-        for ((stream, entry_id), request), claimant in zip(requests, claimants, strict=True):
+        claims = Claims(self.local, view, len(requests))
+        for i, ((stream, entry_id), request) in enumerate(requests):
             lease = uuid.uuid4()
             token = lease.hex
-            tokens.append(token)
             # the marker must outlive every redelivery of this request, which stops at its
             # expiry
             expires = request.expires_ms(entry_id)
@@ -279,42 +273,29 @@ class ResolveWorker:
                 request.session, request.req, request.action, token, request.reason,
                 orjson.dumps(request.extra), marker_ttl, none, view, message,
                 request.expect_id or "", request.by or "", conflict, gone,
-                entry_id if self._acked_by_take(stream, request) else b"", claimant, here))
+                entry_id if self._acked_by_take(stream, request) else b"",
+                claims.claimant(i, request, token), claims.here))
         if not calls:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call
         queued = [call.on(pipe, by_digest=True) for call in calls]
-        verdicts: list[Verdict] = []
-
-        def sent() -> None:
-            # the claiming takes' tasks go to their threads while the takes are on their way
-            if local is not None and not verdicts:
-                verdicts.extend(local.hand(request, token, claimant) for (_, request), token,
-                                claimant in zip(requests[:free], tokens, claimants, strict=False))
-
-        try:
-            replies = pipe.execute(raise_on_error=False, sent=sent if free else None)
-        except BaseException:
-            for verdict in verdicts:  # unanswered: a claim made is recovered with its lease
-                verdict.tell(None)
-            raise
-        finally:
-            if local is not None:
-                local.release(free - len(verdicts))  # reserved for tasks never handed over
         out: list[Taken | Exception] = []
-        for call, q in zip(calls, queued, strict=True):
-            reply = replies[q.index]
-            if isinstance(reply, NoScriptError):  # never ran: Redis lost its scripts
-                try:
-                    out.append(call.run())  # loads it
-                except redis.RedisError as exc:
-                    out.append(exc)
-            else:
-                out.append(reply if isinstance(reply, Exception) else q.get(replies))
-        if verdicts:
-            failpoints.hit("after-local-take", ctx.client, ctx.keys)
-            for verdict, got in zip(verdicts, out, strict=False):
-                verdict.tell(got.claimed if isinstance(got, Taken) else None)
+        try:  # the claiming takes' tasks go to their threads while the takes are on their way
+            replies = pipe.execute(raise_on_error=False,
+                                   sent=claims.sent if claims.free else None)
+            for call, q in zip(calls, queued, strict=True):
+                reply = replies[q.index]
+                if isinstance(reply, NoScriptError):  # never ran: Redis lost its scripts
+                    try:
+                        out.append(call.run())  # loads it
+                    except redis.RedisError as exc:
+                        out.append(exc)
+                else:
+                    out.append(reply if isinstance(reply, Exception) else q.get(replies))
+            if claims.free:
+                failpoints.hit("after-local-take", ctx.client, ctx.keys)
+        finally:
+            claims.done(out)
         return out
 
     def _acked_by_take(self, stream: str, request: ResolveRequest) -> bool:
