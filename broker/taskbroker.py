@@ -110,17 +110,21 @@ class StreamsBroker(dramatiq.Broker):
         """Count ``n`` more messages handed out; returns how many worker threads were free for
         them (0 while ``threads`` is unknown)."""
         with self._handed_lock:
-            free = self.threads - self._handed
+            free = self._free(n)
             self._handed += n
-        return max(0, min(free, n)) if self.threads else 0
+        return free
 
     def reserve(self, n: int) -> int:
         """Count as handed out as many of ``n`` messages as worker threads are free for (the
         tasks a local take will hand over, ``workers/local.py``); returns that number."""
         with self._handed_lock:
-            free = max(0, min(self.threads - self._handed, n)) if self.threads else 0
+            free = self._free(n)
             self._handed += free
         return free
+
+    def _free(self, n: int) -> int:
+        # (under _handed_lock) how many of n a worker thread is free for; 0 while unknown
+        return max(0, min(self.threads - self._handed, n)) if self.threads else 0
 
     def handed_back(self, n: int = 1) -> None:
         with self._handed_lock:

@@ -25,7 +25,6 @@ stream (``StreamConsumer.requeue``), so that another worker runs it without a st
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
 from typing import Any
 
@@ -37,7 +36,7 @@ from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.pools import Live
 from pending_actions.broker.replies import Taken
 from pending_actions.broker.taskbroker import ACKED, STREAM, StreamConsumer, StreamsBroker
-from pending_actions.broker.tasks import ACTOR_NAME
+from pending_actions.broker.tasks import task_fields
 from pending_actions.workers.early import Claimed, EarlyClaims, Verdict
 
 
@@ -81,16 +80,12 @@ class LocalDispatch:
         thread, consumer = self._consumer
         session, keys = request.session, self.ctx.keys
         message_id = str(uuid.UUID(hex=token))
-        # the message take.lua would have enqueued, built as encoded_task builds it; it names
-        # the stream it would have been in, where a shutdown puts it back
-        message: Message[Any] = Message(
-            queue_name=self.queue, actor_name=ACTOR_NAME, args=(),
-            kwargs={"session": session, "token": token, "req": request.req,
-                    "action": request.action, "reason": request.reason,
-                    "extra": request.extra, "edit": request.edit},
-            options={STREAM: keys.task_queue(keys.partition(session), self.pool),
-                     ACKED: True},  # no entry to ack: it was never in a stream
-            message_id=message_id, message_timestamp=int(time.time() * 1000))
+        # the message take.lua would have enqueued; it names the stream it would have been in,
+        # where a shutdown puts it back, and has no entry there to ack
+        fields = task_fields(request, token, self.queue, message_id)
+        fields["options"] = {STREAM: keys.task_queue(keys.partition(session), self.pool),
+                             ACKED: True}
+        message: Message[Any] = Message(**fields)
         verdict = Verdict()
         # told within a round trip and its retries, which stop well within a third of a lease
         self.claims.add(message_id, Claimed(

@@ -22,15 +22,7 @@ local spec = call_on('HGET', KEYS[2], lease.id)
 if not spec then
   return {BEGIN.GONE, raw}
 end
--- take keeps an action's counters in its lease while it is in flight, and says whether the
--- state hash holds more of them (counted): only then is it read (POISON before a write)
-local st
-if lease.counted == false then
-  st = cjson.decode(NEW_STATE)
-else
-  st = counters(KEYS[3], lease.id)
-end
-st.attempts = lease.attempt
+local st = lease_counters(KEYS[3], lease)
 lease.state = 'running'
 lease.claimant = ARGV[4]
 lease.deadline = now_ms() + tonumber(ARGV[2])

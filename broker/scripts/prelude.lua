@@ -105,6 +105,15 @@ local function counters(state_key, id)
   return json_field('state', state_key, id) or cjson.decode(NEW_STATE)
 end
 
+-- the counters of a leased attempt, as its claim answers them: take keeps an action's counters
+-- in its lease while it is in flight and says whether the state hash holds more of them
+-- (counted), only then read (POISON before a write); attempts is the lease's attempt
+local function lease_counters(state_key, lease)
+  local st = lease.counted == false and cjson.decode(NEW_STATE) or counters(state_key, lease.id)
+  st.attempts = lease.attempt
+  return st
+end
+
 -- whether an action staged with a ttl is past it at server time ``now`` (ms): from that moment
 -- every reader treats it as gone, whether or not the sweep has ended it yet. Its one record is
 -- its member "<session>/<id>" in its partition's expiries zset, score the expiry

@@ -120,8 +120,7 @@ elseif prev then
   local spec = lease and call_on('HGET', KEYS[4], lease.id)
   if lease and spec and ARGV[22] ~= '' and lease.claimant == ARGV[22] then
     -- this very take sent again (its answer was lost): what it answered, as begin.lua does
-    local st = lease.counted == false and cjson.decode(NEW_STATE) or counters(KEYS[5], lease.id)
-    st.attempts = lease.attempt
+    local st = lease_counters(KEYS[5], lease)
     check({})
     ack()
     return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt), tostring(lease.deadline),

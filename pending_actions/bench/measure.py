@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import redis
 
-from pending_actions.bench.progress import Tick
+from pending_actions.bench.progress import Progress, Tick
 from pending_actions.bench.stats import Dist
 from pending_actions.producers import PendingActions
 
@@ -20,7 +20,7 @@ Call = Callable[[], float]  # one timed round trip; returns seconds, raises on f
 
 
 def idle(name: str, call: Call, n: int, gap_s: tuple[float, float], tick: Tick,
-         before: Callable[[], None] | None = None, seed: int = 1) -> Dist:
+         before: Callable[[], object] | None = None, seed: int = 1) -> Dist:
     """``n`` round trips one at a time, each after a random pause, so the workers have gone
     back to waiting when the request lands (the interactive case: an agent resolves now and
     then). ``before`` runs untimed ahead of the pause (e.g. staging the action to resolve)."""
@@ -36,6 +36,26 @@ def idle(name: str, call: Call, n: int, gap_s: tuple[float, float], tick: Tick,
             dist.errors += 1
         tick(1)
     return dist
+
+
+def idle_resolves(pa: PendingActions, who: str, stage: Callable[[], object], call: Call, n: int,
+                  gap_s: tuple[float, float], progress: Progress) -> tuple[Dist, Dist]:
+    """``n`` idle resolves (``stage`` before each) under Redis's own appendfsync, then ``n``
+    with it set to everysec; a few untimed first (scripts load and connections open on first
+    use)."""
+    for _ in range(3):
+        stage()
+        call()
+    policy = str(pa.client.config_get("appendfsync")["appendfsync"])
+    with progress.phase(f"{who}: idle resolve, request to reply", n) as tick:
+        first = idle(f"{who} idle", call, n, gap_s, tick, before=stage)
+    with progress.phase(f"{who}: idle resolve, Redis set to appendfsync everysec", n) as tick:
+        pa.client.config_set("appendfsync", "everysec")
+        try:
+            every = idle(f"{who} idle (everysec)", call, n, gap_s, tick, before=stage)
+        finally:
+            pa.client.config_set("appendfsync", policy)
+    return first, every
 
 
 def loaded(name: str, calls: Sequence[Call], per_caller: int, tick: Tick) -> Dist:

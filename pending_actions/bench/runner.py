@@ -302,24 +302,11 @@ def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
         pa.stage(session=session, tool="bench", label="bench action", apply=NOOP,
                  payload=fill.payload_of(s.payload_bytes))
 
-    for _ in range(3):  # scripts are loaded and connections opened on first use
-        stage("bench-idle")
-        measure.resolver(pa, "bench-idle")()
-    with progress.phase("ours: idle resolve, request to reply", s.idle) as tick:
-        r.dists["ours.idle"] = measure.idle("ours idle", measure.resolver(pa, "bench-idle"),
-                                            s.idle, s.idle_gap_s, tick,
-                                            before=lambda: stage("bench-idle"))
-    # The same with Redis fsyncing once a second: four writes on the path of a resolve each
-    # wait for an fsync under "always"; this row says how much of the idle figure that is.
-    policy = str(pa.client.config_get("appendfsync")["appendfsync"])
-    with progress.phase("ours: idle resolve, Redis set to appendfsync everysec", s.idle) as tick:
-        pa.client.config_set("appendfsync", "everysec")
-        try:
-            r.dists["ours.idle.everysec"] = measure.idle(
-                "ours idle (everysec)", measure.resolver(pa, "bench-idle"), s.idle,
-                s.idle_gap_s, tick, before=lambda: stage("bench-idle"))
-        finally:
-            pa.client.config_set("appendfsync", policy)
+    # then the same with Redis fsyncing once a second: four writes on the path of a resolve
+    # each wait for an fsync under "always"; that row says how much of the idle figure it is
+    r.dists["ours.idle"], r.dists["ours.idle.everysec"] = measure.idle_resolves(
+        pa, "ours", lambda: stage("bench-idle"), measure.resolver(pa, "bench-idle"), s.idle,
+        s.idle_gap_s, progress)
     names = [f"bench-load-{i}" for i in range(s.callers)]
     with progress.phase(f"ours: {s.callers} sessions, {s.callers} concurrent callers",
                         s.callers * (s.per_caller + 2) * 2) as tick:

@@ -150,25 +150,12 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress) -> N
             ours.kill()
 
 
+
 def _idle(r: Any, pa: PendingActions, progress: Progress) -> None:
     """Idle resolves as the main run measures them (``appendfsync always``, then everysec)."""
     s = r.sizes
-
-    def stage() -> None:
-        pa.stage(session="bench-local-idle", tool="bench", label="bench action", apply=NOOP,
-                 payload=fill.payload_of(s.payload_bytes))
-
-    for _ in range(3):
-        stage()
-        measure.resolver(pa, "bench-local-idle")()
-    policy = str(pa.client.config_get("appendfsync")["appendfsync"])
-    for key, fsync in ((LOCAL_IDLE, policy), (f"{LOCAL_IDLE}.everysec", "everysec")):
-        with progress.phase(f"ours, LOCAL_DISPATCH: idle resolve, appendfsync {fsync}",
-                            s.idle) as tick:
-            pa.client.config_set("appendfsync", fsync)
-            try:
-                r.dists[key] = measure.idle(f"ours idle, LOCAL_DISPATCH ({fsync})",
-                                            measure.resolver(pa, "bench-local-idle"), s.idle,
-                                            s.idle_gap_s, tick, before=stage)
-            finally:
-                pa.client.config_set("appendfsync", policy)
+    r.dists[LOCAL_IDLE], r.dists[f"{LOCAL_IDLE}.everysec"] = measure.idle_resolves(
+        pa, "ours, LOCAL_DISPATCH",
+        lambda: pa.stage(session="bench-local-idle", tool="bench", label="bench action",
+                         apply=NOOP, payload=fill.payload_of(s.payload_bytes)),
+        measure.resolver(pa, "bench-local-idle"), s.idle, s.idle_gap_s, progress)
