@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 
+from pending_actions.bench import throughput
 from pending_actions.procs import ROOT
 
 # Every row of a quick run (depth and session points are 1 and 1,000 there).
@@ -29,7 +30,8 @@ QUICK_ROWS = [
     "roundtrips.per_resolve",
     "scaling.p1.throughput", "scaling.p1.p50", "scaling.p2.throughput", "scaling.p2.p50",
     "scaling.p4.throughput", "scaling.p4.p50", "scaling.p4r2.throughput", "scaling.p4r2.p50",
-    "scaling.p1local.throughput", "scaling.p1local.p50", "resolve.idle.local.p50.rabbitmq",
+    "scaling.p1local.throughput", "scaling.p1local.p50", "scaling.pairs.throughput",
+    "resolve.idle.local.p50.rabbitmq",
     "resolve.idle.local.everysec.p50.rabbitmq",
     "cluster.commands.per_resolve", "cluster.spread", "cluster.idle.p50",
     "cluster.loaded.throughput", "cluster.loaded.p50",
@@ -64,6 +66,11 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
         assert doc["distributions"][name]["errors"] == 0, name
 
     facts = doc["facts"]
+    # every one-process pair was run, and its ratio is its own two sides'
+    pairs = facts["scaling"]["pairs"]["pairs"]
+    assert len(pairs) == throughput.PAIRS
+    for pair in pairs:
+        assert pair["ratio"] == pair["ours"] / pair["stock"]
     for cost in (facts["per_resolve.ours"], facts["per_message.stock.redis"]):
         assert cost["commands"] > cost["reads"] > 0
         assert cost["by_command"]  # what a resolve (a message) costs, command by command

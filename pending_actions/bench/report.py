@@ -205,6 +205,17 @@ def _scaling_rows(r: Run, stock: str) -> list[Row]:
                        "/s", theirs, _p(r, base, "tput"), better="higher"))
         out.append(Row(f"scaling.{layout.key}.p50", f"resolve loaded p50, {what}",
                        _p(r, ours, "p50"), "ms", theirs, _p(r, base, "p50")))
+    pairs = r.facts.get("scaling", {}).get("pairs", {})
+    if pairs.get("pairs"):
+        ratios = [p["ratio"] for p in pairs["pairs"]]
+        # value and baseline are the two sides' medians, so the ratio printed is theirs; the
+        # pairs' own ratios (each side by side) are in the figure's text
+        out.append(Row("scaling.pairs.throughput",
+                       f"resolve loaded throughput, 1 dramatiq process x {threads}, median of "
+                       f"{len(ratios)} alternating pairs (pair ratios {min(ratios):.2f}-"
+                       f"{max(ratios):.2f}x, median {pairs['ratio']:.2f}x)", pairs["ours"],
+                       "/s", f"{stock} no-op, 1 process x {threads}, same pairs",
+                       pairs["stock"], better="higher"))
     return out
 
 

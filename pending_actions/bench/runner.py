@@ -105,7 +105,8 @@ def _phases(s: Sizes, rabbit: bool) -> int:
     stock = 4 + (3 if rabbit else 0)
     ours = 10 + len(MEMORY_SHAPES) + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
     layouts = (len(throughput.LAYOUTS) + len({x.processes for x in throughput.LAYOUTS})
-               + 2 * sum(x.local for x in throughput.LAYOUTS))  # and their idle resolves
+               + 2 * sum(x.local for x in throughput.LAYOUTS)  # and their idle resolves
+               + 2 * (throughput.PAIRS - 1))  # the one-process pair's repeats
     return 3 + stock + ours + layouts + 3
 
 

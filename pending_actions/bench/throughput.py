@@ -13,6 +13,7 @@ both sides of a pair rather than on one."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,10 @@ class Layout:
 
 LAYOUTS = (Layout(1), Layout(2), Layout(4), Layout(4, resolvers=2), Layout(1, local=True))
 LOCAL_IDLE = "ours.local.idle"  # + ".everysec": idle resolves with LOCAL_DISPATCH
+# the one-process layout's pair (stock, then ours) is run this many times in all, the repeats
+# after every other layout: one pair's ratio moves by a fifth and more on a shared machine, the
+# median of several measured apart says more
+PAIRS = 3
 
 
 def stock_key(processes: int) -> str:
@@ -72,6 +77,11 @@ def run(r: Any, base_url: str, logs: Path, progress: Progress) -> None:
             done.add(layout.processes)
             _stock(r, f"{base_url}/{STOCK_DB}", layout.processes, logs, progress)
         _ours(r, f"{base_url}/{OURS_DB}", layout, logs, progress)
+    for i in range(1, PAIRS):
+        _stock(r, f"{base_url}/{STOCK_DB}", 1, logs, progress, pair_key(stock_key(1), i))
+        _ours(r, f"{base_url}/{OURS_DB}", LAYOUTS[0], logs, progress,
+              pair_key(ours_key(LAYOUTS[0]), i))
+    r.facts["scaling"]["pairs"] = pairs(r)
     one = {"stock": r.dists.get(stock_key(1)), "ours": r.dists.get(ours_key(LAYOUTS[0]))}
     for layout in LAYOUTS:
         sides = {"stock": r.dists.get(stock_key(layout.processes)),
@@ -79,6 +89,26 @@ def run(r: Any, base_url: str, logs: Path, progress: Progress) -> None:
         r.facts["scaling"]["layouts"][layout.key] = {
             "processes": layout.processes, "resolvers": layout.resolvers,
             **{side: _figures(d, one[side]) for side, d in sides.items()}}
+
+
+def pair_key(key: str, i: int) -> str:
+    """The dist key of the i-th pair's run of a one-process side (the 0th is the layout's)."""
+    return key if i == 0 else f"{key}.pair{i}"
+
+
+def pairs(r: Any) -> dict[str, Any]:
+    """The one-process pairs' throughputs, each pair's ratio (ours / stock), and the medians:
+    ``ratio`` is the median of the pairs' ratios, each measured side by side."""
+    rows = []
+    for i in range(PAIRS):
+        stock, ours = (r.dists.get(pair_key(k, i)) for k in (stock_key(1), ours_key(LAYOUTS[0])))
+        if stock is not None and ours is not None and stock.samples_ms and ours.samples_ms:
+            rows.append({"stock": stock.throughput, "ours": ours.throughput,
+                         "ratio": ours.throughput / stock.throughput})
+    if not rows:
+        return {"pairs": []}
+    return {"pairs": rows, **{k: statistics.median(p[k] for p in rows)
+                              for k in ("stock", "ours", "ratio")}}
 
 
 def _figures(d: Dist | None, one: Dist | None) -> dict[str, Any]:
@@ -99,11 +129,13 @@ def _flush(url: str) -> None:
         client.close()
 
 
-def _stock(r: Any, url: str, processes: int, logs: Path, progress: Progress) -> None:
+def _stock(r: Any, url: str, processes: int, logs: Path, progress: Progress,
+           key: str | None = None) -> None:
     s, o = r.sizes, r.options
     total = s.callers * s.layout_per_caller
+    again = " again" if key else ""
     with progress.phase(f"scaling: stock dramatiq (redis), {processes} x {o.threads}, "
-                        f"{s.callers} callers", total) as tick:
+                        f"{s.callers} callers{again}", total) as tick:
         _flush(url)
         queue = new_queue_name()
         child, _pids = start_stock(url, url, queue, processes, o.threads, logs / "scaling",
@@ -113,7 +145,7 @@ def _stock(r: Any, url: str, processes: int, logs: Path, progress: Progress) -> 
             try:
                 calls: list[measure.Call] = [client.roundtrip] * s.callers
                 measure.loaded("warm-up", calls, 2, lambda _n: None)
-                r.dists[stock_key(processes)] = measure.loaded(
+                r.dists[key or stock_key(processes)] = measure.loaded(
                     f"stock dramatiq redis, {processes} x {o.threads}", calls, s.layout_per_caller,
                     tick)
             finally:
@@ -123,11 +155,13 @@ def _stock(r: Any, url: str, processes: int, logs: Path, progress: Progress) -> 
             child.kill()
 
 
-def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress) -> None:
+def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress,
+          key: str | None = None) -> None:
     s, o = r.sizes, r.options
     each = s.layout_per_caller + 2  # the warm-up's two per caller, then the timed ones
-    with progress.phase(f"scaling: ours, {layout.describe(o.threads)}, {s.callers} callers",
-                        s.callers * each * 2) as tick:
+    again = " again" if key else ""
+    with progress.phase(f"scaling: ours, {layout.describe(o.threads)}, {s.callers} callers"
+                        f"{again}", s.callers * each * 2) as tick:
         _flush(url)
         ours = start_ours(url, layout.processes, o.threads, logs / "scaling", layout.resolvers,
                           settings={"local_dispatch": "true"} if layout.local else None)
@@ -139,9 +173,9 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress) -> N
                                 fill.payload_of(s.payload_bytes), 1000, tick)
                 calls = [measure.resolver(pa, n) for n in names]
                 measure.loaded("warm-up", calls, 2, tick)
-                r.dists[ours_key(layout)] = measure.loaded(
+                r.dists[key or ours_key(layout)] = measure.loaded(
                     f"ours, {layout.describe(o.threads)}", calls, s.layout_per_caller, tick)
-                if layout.local:
+                if layout.local and key is None:
                     _idle(r, pa, progress)
             finally:
                 pa.close()
