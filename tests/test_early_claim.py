@@ -5,24 +5,30 @@ task that will not run here is handed back."""
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import redis
 from dramatiq.broker import MessageProxy
 
+from pending_actions.broker import texts
 from pending_actions.broker.context import Context
 from pending_actions.broker.pools import Live, heartbeat
 from pending_actions.broker.replies import BeginStatus
 from pending_actions.broker.scripts import source
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.tasks import TaskMessage
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.producers import PendingActions
 from pending_actions.workers.attempt import Renewer, run_attempt
 from pending_actions.workers.early import Claimed, EarlyClaims
-from tests.support import handlers
-from tests.support.faults import K, cluster
+from tests.support import handlers, skipping
+from tests.support.faults import FAST, K, cluster
+from tests.support.procs import Worker
 from tests.support.runs import runs
 
 
@@ -114,3 +120,40 @@ def test_a_claim_whose_reply_was_lost_is_sent_again_by_its_claimant(
         assert [(r["id"], r["attempt"]) for r in runs(rc, "s")] == [(action_id, 1)]
         ctx.client.close()
         handlers.client.cache_clear()
+
+
+def test_a_claim_of_a_task_a_middleware_skipped_is_handed_back(tmp_path: Path) -> None:
+    """A middleware skips the task after its claim was written (the actor never runs): the
+    claim is handed back, so the action comes back as never started, with no stall counted
+    against it, rather than as the work of a lost worker once the running lease runs out."""
+    server = EmbeddedRedis(directory=tmp_path / "redis").start()
+    worker = Worker(server.url, "tests.support.skipping",
+                    overrides={**FAST, "dispatch_timeout_ms": "1500"})
+    pa = PendingActions.from_url(server.url, resolve_timeout_s=30)
+    try:
+        worker.start()
+        rc = redis.Redis.from_url(server.url, socket_timeout=20)
+        begin = {hashlib.sha1(source("begin", flags).encode()).hexdigest()
+                 for flags in (True, False)}
+        action_id = pa.stage(session=skipping.SESSION, tool="edit", label="L", apply="t.ok")
+        with rc.monitor() as monitor:
+            result = pa.resolve(session=skipping.SESSION, action="apply", reason="r")
+            # the consumer thread claimed it before the hand-off (the skip came after)
+            deadline = time.monotonic() + 20  # heartbeats keep the feed moving meanwhile
+            while time.monotonic() < deadline:
+                words = monitor.next_command()["command"].split()
+                if words[0] == "EVALSHA" and words[1] in begin:
+                    break
+            else:
+                raise AssertionError("no claim was sent")
+        assert result.is_error
+        assert result.content[0]["text"] == texts.never_started("apply", 1, action_id)
+        [pending] = pa.pending(skipping.SESSION)
+        assert pending.id == action_id
+        state = rc.hget(K.state(skipping.SESSION), action_id)
+        assert state is not None and orjson.loads(state)["stalls"] == 0
+        assert runs(rc, skipping.SESSION) == []
+    finally:
+        pa.close()
+        worker.kill()
+        server.kill()

@@ -33,7 +33,7 @@ from pending_actions.broker.tasks import (
     task_broker,
 )
 from pending_actions.workers import attempt, registry
-from pending_actions.workers.early import EarlyClaims
+from pending_actions.workers.early import EarlyClaims, HandBack
 from pending_actions.workers.local import LocalDispatch
 from pending_actions.workers.resolver import ResolveWorker
 
@@ -131,12 +131,13 @@ def serve_pool(broker: Any, pool: str) -> None:
 
 
 beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq")
+early_claims = EarlyClaims(ctx)
 broker = task_broker(ctx)
 broker.add_middleware(Registration())
 broker.add_middleware(CurrentMessage())
+broker.add_middleware(HandBack(early_claims))
 dramatiq.set_broker(broker)
 renewer = attempt.Renewer(ctx, beats)
-early_claims = EarlyClaims(ctx)
 
 
 @dramatiq.actor(

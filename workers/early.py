@@ -25,6 +25,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
+import dramatiq
 from dramatiq.broker import MessageProxy
 
 from pending_actions.broker import failpoints
@@ -207,3 +208,22 @@ class EarlyClaims:
             log.warning("could not hand back %d early claims: %s", len(gone), exc)
             return set()
         return {i for (i, _), a in zip(gone, answers, strict=True) if a == 1}
+
+
+class HandBack(dramatiq.Middleware):
+    """Hands back the claim of a task whose actor never took it: a middleware skipped the
+    message or failed it before the actor ran (as dramatiq's AgeLimit does with one too old).
+    Its claim would otherwise hold a running lease until it ran out, be recovered as a lost
+    worker (a stall counted against an action no handler touched), and stay in the claims map.
+    Handed back, the lease is dispatched again and, the task being acked, comes back as never
+    started. After a run the actor has taken its claim, and this finds nothing."""
+
+    def __init__(self, claims: EarlyClaims) -> None:
+        self.claims = claims
+
+    def after_process_message(self, broker: Any, message: MessageProxy, *,
+                              result: Any = None, exception: BaseException | None = None) -> None:
+        self.claims.release([message])
+
+    def after_skip_message(self, broker: Any, message: MessageProxy) -> None:
+        self.claims.release([message])
