@@ -1,10 +1,9 @@
 -- prelude: the definitions the scripts share (Redis has no include). broker/lua.py puts
--- in front of each script the ones it uses, with the code tables it generates from the Python
--- enums: EVENT (broker/events.py), TAKE, BEGIN and RECOVER (broker/replies.py). So: one
--- definition per block, blocks apart by a blank line, and only definitions, no commands.
-
--- reading a name a table lacks is an error, so a misspelt EVENT.X fails the script at once
-local STRICT = {__index = function(_, name) error('unknown code name ' .. tostring(name)) end}
+-- in front of each script the ones it uses. So: one definition per block, blocks apart by a
+-- blank line, and only definitions, no commands. The code names of the Python enums, EVENT.X
+-- (broker/events.py), TAKE.X, BEGIN.X, RECOVER.X and EXPIRE.X (broker/replies.py), are
+-- written into the text as their values by broker/lua.py, which refuses a name the enum
+-- lacks when the text is built: no table is built at each call.
 
 -- the counters of an action never taken yet (the state hash has no entry for it)
 local NEW_STATE = '{"attempts":0,"stalls":0}'
