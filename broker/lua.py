@@ -50,7 +50,8 @@ CODE_NAME = re.compile(r"\b(" + "|".join(LUA_TABLES) + r")\.([A-Za-z_]\w*)")
 
 
 class UnknownCodeName(ValueError):
-    """A script names a member its enum lacks: refused when its text is built, at import."""
+    """A script names a member its enum lacks: refused when its text is built (a process's
+    scripts are built when it starts), not when Redis runs it."""
 
 
 def _literal(found: re.Match[str]) -> str:

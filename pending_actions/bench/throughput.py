@@ -9,7 +9,8 @@ Killed, not stopped: every round trip has been answered by then, and an orderly 
 waits out its resolve worker's blocking read (``block_ms``, 5 s) each time for nothing to
 measure.
 Stock and ours alternate layout by layout, so that a slow spell of a shared machine falls on
-both sides of a pair rather than on one."""
+both sides of a pair rather than on one; the one-process pair is run ``PAIRS`` times, the
+repeats after the other layouts, and summed up as the median of its pairs."""
 
 from __future__ import annotations
 
