@@ -72,7 +72,7 @@ def lua_file(name: str) -> str:
     return (resources.files("pending_actions.broker") / "scripts" / f"{name}.lua").read_text()
 
 
-def _code(lua: str) -> str:
+def strip_comments(lua: str) -> str:
     """``lua`` without its whole-line comments (they stay in the files, for people)."""
     return "".join(line for line in lua.splitlines(keepends=True)
                    if not line.lstrip().startswith("--"))
@@ -83,7 +83,7 @@ def _blocks() -> list[tuple[str, str]]:
     defining one name), its code names written as their values."""
     blocks = []
     for block in lua_file("prelude").split("\n\n"):
-        code = inline_codes(_code(block.strip()))
+        code = inline_codes(strip_comments(block.strip()))
         found = re.search(r"^local (?:function )?(\w+)", code, re.M)
         if found:
             blocks.append((found.group(1), code.rstrip() + "\n"))
@@ -98,8 +98,7 @@ def prelude(body: str | None = None) -> str:
     if body is None:
         return "".join(code for _n, code in blocks)
     used: set[str] = set()
-    text = "".join(line for line in body.splitlines(keepends=True)
-                   if not line.lstrip().startswith("--"))
+    text = strip_comments(body)
     while True:
         more = {n for n, _c in blocks if n not in used and re.search(rf"\b{n}\b", text)}
         if not more:
@@ -114,7 +113,7 @@ def source(name: str, flags: bool = True) -> str:
     read one, and runs the script in its compatible mode, where a script whose first write is
     refused for memory has written nothing (every script writes its refusable part first)."""
     # without its comments: a script on a pipeline is sent whole with every call
-    body = inline_codes(_code(lua_file(name)))
+    body = inline_codes(strip_comments(lua_file(name)))
     if not flags:
         return prelude(body) + body
     shebang = FLAGS[name]

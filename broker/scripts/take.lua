@@ -142,9 +142,9 @@ elseif prev then
 end
 
 -- whether a spec may have a ttl, read from its JSON text: a spec written with expires_at ahead
--- of the payload (broker/models.py Spec) says so itself; any other (an older one)
--- may; plain finds: a pattern match that fails (a spec without the field) tries every
--- position of the spec, ~5 us for a 256 B payload, ten times a plain find
+-- of the payload (broker/models.py Spec) says so itself; any other (an older one) may. Plain
+-- finds: a pattern match that fails (a spec without the field) tries every position of the
+-- spec, ~5 us for a 256 B payload, ten times a plain find
 local function may_expire(spec)
   local at = string.find(spec, '"expires_at":', 1, true)
   if not at then return false end

@@ -176,7 +176,7 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress,
                 measure.loaded("warm-up", calls, 2, tick)
                 r.dists[key or ours_key(layout)] = measure.loaded(
                     f"ours, {layout.describe(o.threads)}", calls, s.layout_per_caller, tick)
-                if layout.local and key is None:
+                if layout.local:
                     _idle(r, pa, progress)
             finally:
                 pa.close()
