@@ -271,7 +271,8 @@ class Keys:
     def housekeeping(self) -> str:
         """HASH: where the pass over the sessions stands (workers/retention.py): "turn" -> the
         index of the next sessions hash or set to page, and each one's key -> "<scan cursor>
-        <its size when its pass began>". Lost or garbled: the passes start again."""
+        <its size when its pass began>", a gone tenant's set's entry dropped. Lost or garbled: the
+        passes start again."""
         return f"{self.prefix}:housekeeping"
 
     @property

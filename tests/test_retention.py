@@ -110,3 +110,35 @@ def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
     finally:
         ctx.client.close()
         rc.close()
+
+
+def test_the_record_drops_a_tenant_set_once_the_set_is_gone(server: EmbeddedRedis) -> None:
+    # a pass of one round: every hash and set is paged whole each round
+    settings = Settings(redis_url=server.url, key_prefix="rs", retention_s=24, housekeeping_s=10)
+    ctx = Context.create(settings, role="worker")
+    rc = redis.Redis.from_url(server.url)
+    k, retire = ctx.keys, Retirement(ctx)
+
+    def one_round() -> int:
+        rc.delete(k.housekeeping_lock)
+        retire.next_at = 0.0
+        return retire.step()
+
+    try:
+        # a tenant whose one session has nothing left, and one with a live session
+        rc.sadd(k.tenant_sessions("gone-co"), "done-1")
+        rc.sadd(k.tenant_sessions("live-co"), "live-1")
+        rc.hset(k.actions("live-1"), "pending-action:t:1", "{}")
+        assert one_round() == 1  # done-1 left gone-co's set, and with it the set
+        assert not rc.exists(k.tenant_sessions("gone-co"))
+        assert rc.hexists(k.housekeeping, k.tenant_sessions("gone-co"))  # this pass still had it
+
+        retire.sets_at = 0.0  # the next pass looks for the sets again
+        one_round()
+        assert not rc.hexists(k.housekeeping, k.tenant_sessions("gone-co"))
+        assert rc.hexists(k.housekeeping, k.tenant_sessions("live-co"))
+        assert rc.hexists(k.housekeeping, k.sessions(0))
+        assert k.tenant_sessions("gone-co") not in retire.own[1]
+    finally:
+        ctx.client.close()
+        rc.close()

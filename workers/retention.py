@@ -82,10 +82,19 @@ class Retirement:
                 gone, cursor = self.page(key, hashed, cursor, size, pages)
                 dropped += gone
             state[key] = (cursor, size)
+        # a tenant's set that is gone (every session of it retired) leaves the record with
+        # its entry, else the record would keep one for every tenant there ever was
+        vanished = set(state) - {key for key, _ in keys}
+        for key in vanished:
+            del state[key]
         self.own = ((first + n) % len(keys), state)
         try:
-            self.ctx.client.hset(k.housekeeping, mapping={
+            pipe = self.ctx.client.pipeline(transaction=False)
+            pipe.hset(k.housekeeping, mapping={
                 TURN: self.own[0], **{key: f"{state[key][0]} {state[key][1]}" for key, _ in turn}})
+            if vanished:
+                pipe.hdel(k.housekeeping, *vanished)
+            pipe.execute()
         except redis.ResponseError as exc:
             self._unshared(exc)
         return dropped
