@@ -5,11 +5,14 @@ so a resolve waiting on a slow handler awaits its reply without holding up the e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import redis.asyncio
+from redis.asyncio.cluster import PipelineCommand
+from redis.exceptions import AskError, RedisClusterException
 
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import (
@@ -106,15 +109,17 @@ class AsyncPendingActions:
     async def _first_wait(self, first: Callable[[Any], object], key: str,
                           seconds: float) -> Any:
         """As ``PendingActions._first_wait``, awaiting instead of blocking."""
-        pipe = self.client.pipeline(transaction=False)
-        first(pipe)
-        cluster = self.cluster
-        if not cluster:
-            pipe.blpop([key], timeout=min(seconds, FIRST_WAIT_S))
-        replies = await pipe.execute(raise_on_error=False)
+        block = ("BLPOP", key, min(seconds, FIRST_WAIT_S))
+        if self.cluster:
+            replies = await _on_slot_master(self.client, key, first, block)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            first(pipe)
+            pipe.execute_command(*block)
+            replies = await pipe.execute(raise_on_error=False)
         if error := next((r for r in replies if isinstance(r, Exception)), None):
             raise error
-        return await self.client.blpop([key], timeout=seconds) if cluster else replies[-1]
+        return replies[-1]
 
     async def _wait(self, step: Wait) -> bytes | None:
         """As ``PendingActions._wait``, awaiting instead of blocking."""
@@ -196,3 +201,50 @@ class AsyncPendingActions:
 
     async def stats(self) -> dict[str, Any]:
         return await self._run(self.core.stats())
+
+
+class _Queue:
+    """The commands a plan's step queues (it calls ``execute_command`` only), kept in order."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any) -> _Queue:
+        self.commands.append(args)
+        return self
+
+
+async def _on_slot_master(cluster: Any, key: str, first: Callable[[Any], object],
+                          *last: tuple[Any, ...]) -> list[Any]:
+    """On a cluster: the commands ``first`` queues, then ``last``, every one in ``key``'s slot,
+    sent to that slot's master in one round trip. redis-py's asyncio cluster pipeline cannot
+    block, which would make a resolve's BLPOP a round trip of its own. Returns the replies,
+    each error in its place; a move (MOVED or ASK: those commands did not run) or a dropped
+    connection reads the slot table again and raises, for the caller's retry to send them
+    again to the slot's master then."""
+    queued = _Queue()
+    first(queued)
+    for args in last:
+        queued.execute_command(*args)
+    commands = [PipelineCommand(i, *args) for i, args in enumerate(queued.commands)]
+    try:
+        await cluster.initialize()  # a no-op but for a client's first call
+        await cluster.get_node_from_key(key).execute_pipeline(commands)
+    except TRANSIENT:
+        await _relearn(cluster)
+        raise
+    replies = [c.result for c in commands]
+    if (moved := next((r for r in replies if isinstance(r, AskError)), None)) is not None:
+        await _relearn(cluster)
+        raise redis.ConnectionError(f"slot moved: {moved}") from moved
+    if (lost := next((r for r in replies if isinstance(r, TRANSIENT)), None)) is not None:
+        await _relearn(cluster)
+        raise lost
+    return replies
+
+
+async def _relearn(cluster: Any) -> None:
+    """The slot table read again (as ``connection.relearn`` does for the blocking client); one
+    that cannot be read now is left for the next try."""
+    with contextlib.suppress(redis.RedisError, RedisClusterException):
+        await cluster.nodes_manager.initialize()

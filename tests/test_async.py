@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Any
 
 import pytest
 import redis
+from redis.asyncio.connection import Connection as AsyncConnection
 
 from pending_actions import AsyncPendingActions, InvalidInput
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
+from tests.conftest import Deployment
 from tests.support.runs import runs
 
 CONCURRENT = 20
@@ -117,3 +120,45 @@ def test_one_loop_per_worker_thread(pa: PendingActions, session: str) -> None:
             "sourceResultDetails"]
         loops.setdefault(seen["thread"], set()).add(seen["loop"])
     assert all(len(ids) == 1 for ids in loops.values()), loops
+
+
+def test_on_a_cluster_a_request_and_its_first_wait_go_together_and_a_move_is_followed(
+        clustered: Deployment, session: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cluster, as on one Redis, a resolve's request and the first wait for its reply
+    leave in one write to the slot's master (redis-py's asyncio cluster pipeline cannot block:
+    the wait would be a round trip of its own). A slot table gone stale (as after a failover:
+    the request sent to another master, which answers MOVED) is read again, and the request
+    sent again to the slot's master."""
+    writes: list[bytes] = []
+    real = AsyncConnection.send_packed_command
+
+    async def spy(self: AsyncConnection, command: Any, check_health: bool = True) -> None:
+        parts = command if isinstance(command, list) else [command]
+        writes.append(b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in parts))
+        await real(self, command, check_health)
+
+    keys = clustered.pa.ctx.keys
+    requests = keys.requests(keys.partition(session))
+
+    async def main() -> tuple[list[str], list[Any], bool]:
+        async with AsyncPendingActions.from_url(clustered.url, resolve_timeout_s=30) as apa:
+            cluster: Any = apa.client
+            first = await apa.stage(session=session, tool="edit", label="A", apply="t.ok")
+            with monkeypatch.context() as m:
+                m.setattr(AsyncConnection, "send_packed_command", spy)
+                applied = await apa.resolve(session=session, action="apply", reason="r")
+            second = await apa.stage(session=session, tool="edit", label="B", apply="t.ok")
+            right = cluster.get_node_from_key(requests)
+            wrong = next(n for n in cluster.get_primaries() if n is not right)
+            cluster.nodes_manager.slots_cache[cluster.keyslot(requests)] = [wrong]
+            discarded = await apa.resolve(session=session, action="discard", reason="moved")
+            return [first, second], [applied, discarded], (
+                cluster.get_node_from_key(requests) is right)
+
+    ids, results, relearned = asyncio.run(main())
+    assert [r.is_error for r in results] == [False, False], results
+    assert b"XADD" in writes[0] and b"BLPOP" in writes[0], writes[0][:200]
+    assert relearned
+    ended = [(e["event"], e.get("id")) for e in clustered.pa.history(session)
+             if e["event"] in ("applied", "discarded")]
+    assert ended == [("applied", ids[0]), ("discarded", ids[1])]
