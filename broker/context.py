@@ -9,6 +9,7 @@ import redis
 
 from pending_actions.broker.clock import RedisClock
 from pending_actions.broker.connection import producer_client, worker_client
+from pending_actions.broker.failures import redis_errors
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
@@ -29,7 +30,10 @@ class Context:
     def create(cls, settings: Settings, *, role: str = "producer") -> Context:
         url = settings.require_url()
         worker = role == "worker"
-        client = worker_client(url) if worker else producer_client(url)
+        # a cluster client reads the slot table as it is made, and raises what it met then (no
+        # node answered, slots left unserved) as redis-py's own errors
+        with redis_errors(url):
+            client = worker_client(url) if worker else producer_client(url)
         keys = Keys(settings.key_prefix, settings.partitions)
         # workers send the Redis 7 script flags when the server reads them (asked on first use)
         scripts = Scripts(client, settings, keys, None if worker else False)

@@ -20,6 +20,9 @@ from pending_actions.broker.errors import (
 )
 
 POISON_PREFIX = "POISON "
+# what redis-py raises: its cluster client also raises RedisClusterException, which is not a
+# RedisError (a slot table it cannot complete mid-failover: "All slots are not covered")
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, rx.RedisClusterException)
 
 
 def poison_of(exc: BaseException) -> Poison | None:
@@ -50,6 +53,8 @@ def translate(exc: BaseException, url: str = "") -> PendingActionsError:
         return RedisUnavailable(f"the server{where} does not speak the Redis protocol ({exc})")
     if isinstance(exc, TRANSIENT):
         return RedisUnavailable(f"Redis{where} is unavailable: {exc}")
+    if isinstance(exc, rx.RedisClusterException):
+        return RedisUnavailable(f"the Redis Cluster{where} is unavailable: {exc}")
     if "DB index is out of range" in str(exc) or "invalid DB index" in str(exc):
         return ConfigError(f"the database number in the Redis URL{where} does not exist "
                            f"on that server ({exc})")
@@ -66,7 +71,7 @@ def redis_errors(url: str = "") -> Iterator[None]:
     """Raise every redis-py error inside as the package error ``translate`` gives."""
     try:
         yield
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise translate(exc, url) from exc
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 import redis
+from redis.exceptions import RedisClusterException
 
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import TRANSIENT
@@ -59,7 +60,9 @@ def is_fatal(exc: BaseException) -> bool:
 
 def is_outage(exc: BaseException) -> bool:
     """Redis away or full: wait as long as it takes, never give up on these."""
-    if isinstance(exc, (*TRANSIENT, RedisFull)):
+    # (RedisClusterException: the cluster client could not read a whole slot table, as
+    # mid-failover; no RedisError, so not in TRANSIENT)
+    if isinstance(exc, (*TRANSIENT, RedisFull, RedisClusterException)):
         return True
     return isinstance(exc, redis.RedisError) and isinstance(translate(exc), RedisFull)
 

@@ -22,13 +22,13 @@ from pending_actions.broker.connection import (
     is_cluster_url,
 )
 from pending_actions.broker.errors import ConfigError, RedisUnavailable
-from pending_actions.broker.failures import translate
+from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions_async
-from pending_actions.producers.client import FIRST_WAIT_S, WAIT_RETRIES, redis_errors
+from pending_actions.producers.client import FIRST_WAIT_S, WAIT_RETRIES
 from pending_actions.producers.core import Batch, Chunks, Core, Plan, Run, Wait
 
 T = TypeVar("T")
@@ -141,7 +141,7 @@ class AsyncPendingActions:
                 if retry.failures >= WAIT_RETRIES:
                     raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
                 await asyncio.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 raise translate(exc) from exc
         return None
 

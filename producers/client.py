@@ -5,8 +5,7 @@ logic is in ``producers/core.py``; this class sends its plans with redis-py's bl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import redis
@@ -16,7 +15,7 @@ from pending_actions.broker.backoff import Backoff, retry
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisUnavailable
-from pending_actions.broker.failures import translate
+from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.pools import LiveView
 from pending_actions.broker.settings import Settings
@@ -38,16 +37,6 @@ def _queued(step: Batch) -> Callable[[Any], Callable[[list[Any]], list[Any]]]:
         return lambda replies: replies
 
     return build
-
-
-@contextmanager
-def redis_errors() -> Iterator[None]:
-    """Every redis-py error as the package's: RedisUnavailable, RedisFull, Forbidden,
-    ConfigError (a wrong database), Poison; never a raw redis-py exception."""
-    try:
-        yield
-    except redis.RedisError as exc:
-        raise translate(exc) from exc
 
 
 class PendingActions:
@@ -153,7 +142,7 @@ class PendingActions:
                 if retry.failures >= WAIT_RETRIES:
                     raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
                 time.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 raise translate(exc) from exc
         return None
 

@@ -5,19 +5,32 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis.exceptions import RedisClusterException
 
+from pending_actions.broker.connection import producer_client
 from pending_actions.broker.errors import RedisUnavailable
+from pending_actions.broker.loops import is_outage
+from pending_actions.embedded_cluster import Cluster
+from pending_actions.procs import ROOT
 from pending_actions.producers import AsyncPendingActions, PendingActions
 from tests.support.faults import K, cluster
 from tests.support.outages import check_exactly_once, run_drains
-from tests.support.procs import Worker
+from tests.support.procs import Worker, worker_env
 from tests.support.proxy import ChaosProxy
 from tests.support.replies import byte_list, entries
+
+
+def cli_run(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pending_actions", *args], env=worker_env(url),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 def stage_all(pa: PendingActions, sessions: list[str], n: int) -> dict[str, list[str]]:
@@ -142,3 +155,42 @@ def test_batches_through_connections_cut_mid_way(tmp_path: Path, client: str) ->
         assert set(returned) <= set(stacked) & set(history)
         print(f"cuts={proxy.cuts} returned={len(returned)} failed calls={failed}")
         assert proxy.cuts > 5 and returned
+
+
+def test_a_cluster_that_leaves_slots_unserved_is_unavailable_to_every_client(
+        tmp_path: Path) -> None:
+    """A cluster whose slot table has a hole (every node forgot one master's slots, as an
+    operator's DELSLOTS or a failover caught half-way leaves it): redis-py's cluster client
+    refuses to read such a table with its own RedisClusterException, which is no RedisError.
+    The blocking client (which reads the table as it is made), the asyncio client and the CLI
+    all say Redis is unavailable, and a worker loop waits it out as an outage."""
+    nodes = Cluster(tmp_path / "cluster", masters=3).start()
+    try:
+        port = nodes.master_ports()[0]
+        first: Any = redis.Redis(port=port)
+        lo, hi = next((s[0], s[1]) for s in first.execute_command("CLUSTER", "SLOTS")
+                      if s[2][1] == port)
+        for p in nodes.master_ports():
+            node: Any = redis.Redis(port=p)
+            node.execute_command("CLUSTER", "DELSLOTSRANGE", lo, hi)
+
+        with pytest.raises(RedisUnavailable, match="not covered"):
+            PendingActions.from_url(nodes.url)
+
+        async def stage() -> None:
+            async with AsyncPendingActions.from_url(nodes.url) as apa:
+                await apa.stage(session="s", tool="t", label="l", apply="t.ok")
+
+        with pytest.raises(RedisUnavailable, match="not covered"):
+            asyncio.run(stage())
+
+        res = cli_run(nodes.url, "ls", "--session", "s")
+        assert res.returncode == 1, res
+        assert res.stderr.count("\n") == 1 and "unavailable" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+
+        with pytest.raises(RedisClusterException) as raised:
+            producer_client(nodes.url)
+        assert is_outage(raised.value)
+    finally:
+        nodes.stop()
