@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio
 from redis.asyncio.cluster import PipelineCommand
-from redis.exceptions import AskError, RedisClusterException
+from redis.exceptions import AskError
 
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import (
@@ -246,5 +246,5 @@ async def _on_slot_master(cluster: Any, key: str, first: Callable[[Any], object]
 async def _relearn(cluster: Any) -> None:
     """The slot table read again (as ``connection.relearn`` does for the blocking client); one
     that cannot be read now is left for the next try."""
-    with contextlib.suppress(redis.RedisError, RedisClusterException):
+    with contextlib.suppress(*REDIS_ERRORS):
         await cluster.nodes_manager.initialize()
