@@ -1,4 +1,4 @@
-"""The README is part of the interface: its settings table must match the one settings class."""
+"""The docs are part of the interface: the settings table must match the one settings class."""
 
 from __future__ import annotations
 
@@ -7,18 +7,15 @@ from pathlib import Path
 
 from pending_actions.broker.settings import Settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SETTINGS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 ROW = re.compile(r"^\| `([A-Z_]+)`(?: / `([A-Z_]+)`)? \| ([^|]+) \|")
 
 
 def documented() -> dict[str, str]:
-    """Variable name (without the prefix) -> default as written in the README's table."""
+    """Variable name (without the prefix) -> default as written in the settings page's table.
+    The page holds that one table: a row that is not a setting fails the check below."""
     table: dict[str, str] = {}
-    text = README.read_text()
-    # only the Configuration section's table: other tables (compose's variables) are not Settings
-    section = text[text.index("## Configuration"):]
-    section = section[:section.index("\n## ", 1)]
-    for line in section.splitlines():
+    for line in SETTINGS_PAGE.read_text().splitlines():
         m = ROW.match(line)
         if not m:
             continue
@@ -39,14 +36,14 @@ def shown(value: object) -> str:
     return str(value)
 
 
-def test_readme_lists_every_setting_with_its_default() -> None:
+def test_the_settings_table_lists_every_setting_with_its_default() -> None:
     table = documented()
     fields = Settings.model_fields
     wanted = {name.upper(): field.default for name, field in fields.items()}
-    assert sorted(table) == sorted(wanted), "README settings table and Settings differ"
+    assert sorted(table) == sorted(wanted), "settings table and Settings differ"
     for name, default in wanted.items():
         written = table[name]
         if name == "DRAMATIQ_URL":
             assert written == "`REDIS_URL`"  # unset means: the same Redis
             continue
-        assert written.strip("`") == shown(default), f"{name}: README says {written}"
+        assert written.strip("`") == shown(default), f"{name}: the settings table says {written}"
