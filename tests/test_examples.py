@@ -1,5 +1,6 @@
-"""The README's "From Python" examples and the example agent loop run as written, against a
-Redis of their own and a real worker with the example handlers."""
+"""The Python examples of the README ("From Python") and of docs/python.md (up to its Handlers
+section: a handler runs inside a worker, not on its own) and the example agent loop run as
+written, against a Redis of their own and a real worker with the example handlers."""
 
 from __future__ import annotations
 
@@ -32,10 +33,16 @@ def examples_worker(examples_redis: EmbeddedRedis) -> Iterator[Worker]:
     w.stop()
 
 
-def readme_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## From Python"):text.index("Handlers live in worker processes")]
+def python_blocks(page: Path, start: str, end: str) -> list[str]:
+    text = page.read_text()
+    section = text[text.index(start):text.index(end)]
     return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def example_blocks() -> list[str]:
+    """The README's short example, then the longer ones of docs/python.md."""
+    return [*python_blocks(ROOT / "README.md", "## From Python", "## From the command line"),
+            *python_blocks(ROOT / "docs" / "python.md", "# The Python client", "## Handlers")]
 
 
 def run_python(code: str, url: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -45,16 +52,17 @@ def run_python(code: str, url: str, cwd: Path, *args: str) -> subprocess.Complet
                           timeout=60)
 
 
-def test_the_readme_shows_the_async_client_and_the_file_edit() -> None:
-    blocks = readme_blocks()
+def test_the_docs_show_the_async_client_and_the_file_edit() -> None:
+    blocks = example_blocks()
+    assert len(blocks) == 3, "each example below has its expected output"
     assert any("AsyncPendingActions" in b for b in blocks)
     assert any("propose_edit" in b and "Stale" in b for b in blocks)
 
 
 @pytest.mark.parametrize("index", range(3))
-def test_readme_example_runs_as_written(examples_redis: EmbeddedRedis, examples_worker: Worker,
-                                        tmp_path: Path, index: int) -> None:
-    code = readme_blocks()[index]
+def test_example_runs_as_written(examples_redis: EmbeddedRedis, examples_worker: Worker,
+                                 tmp_path: Path, index: int) -> None:
+    code = example_blocks()[index]
     out = run_python(code, examples_redis.url, tmp_path)
     assert out.returncode == 0, out.stderr
     expected = [
