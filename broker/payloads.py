@@ -39,6 +39,30 @@ def check_payload(payload: object, schema: dict[str, Any] | None, field: str) ->
         raise InvalidInput(field, error.message + (f" (at /{where})" if where else ""))
 
 
+def check_depth(value: object, field: str, limit: int) -> None:
+    """``value`` nests at most ``limit`` levels (an object or a list is one; a scalar none);
+    else InvalidInput naming ``field``. Iterative, and it stops at the first level too deep:
+    a value a caller built in Python may be nested far past any recursion limit."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item \
+            if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        if depth > limit:
+            raise InvalidInput(field, f"nested deeper than {limit} levels")
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
+
+
+def check_json(value: object, field: str, *, max_bytes: int, max_depth: int,
+               what: str = "") -> None:
+    """The limits every JSON input meets (payload, extra, edit, schema): its depth, then its
+    size as stored (``check_size``); the depth first, as orjson refuses deep values itself."""
+    check_depth(value, field, max_depth)
+    check_size(value, field, max_bytes, what)
+
+
 def check_size(value: object, field: str, limit: int, what: str = "") -> None:
     """``value`` is JSON of at most ``limit`` bytes (as stored, orjson); else InvalidInput
     naming ``field``, the size said after ``what``."""
