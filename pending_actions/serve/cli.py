@@ -3,8 +3,12 @@ only by ``serve`` itself, so the rest of the CLI works without the ``serve`` ext
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
+from typing import Any
 
 import click
 
@@ -18,22 +22,56 @@ from pending_actions.serve.auth import ROLES, Tokens
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option("--resolve-timeout", type=click.FloatRange(min=0, min_open=True),
               metavar="SECONDS", help="Longest wait of one resolve [default: settings, 60].")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="Also serve every tenant's /metrics, with no token, on this port "
+                   "(for the operators' monitoring; off by default).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address of the --metrics-port listener.")
 @click.pass_obj
-def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None) -> None:
+def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None,
+          metrics_port: int | None, metrics_host: str) -> None:
     """Run the HTTP API and the approval inbox page (needs `pip install 'pending-actions[serve]'`).
 
     Every /v1 route and /metrics need `Authorization: Bearer <token>` (see `token create`);
-    /healthz does not. Open http://HOST:PORT/ in a browser for the inbox."""
+    /healthz does not. /metrics shows the token's tenant only; the deployment's figures, every
+    tenant's, are on --metrics-port. Open http://HOST:PORT/ in a browser for the inbox."""
     try:
         import uvicorn
 
-        from pending_actions.serve.app import create_app
+        from pending_actions.serve.app import create_app, operator_app
     except ImportError as exc:
         raise click.UsageError(f"serve needs the 'serve' extra ({exc.name} is missing): "
                                "pip install 'pending-actions[serve]'") from None
+    if metrics_port is not None and metrics_port == port and metrics_host == host:
+        raise click.UsageError("--metrics-port must differ from --port")
     app = create_app(obj.client(), resolve_timeout)
+    options: dict[str, Any] = {"log_level": "warning", "access_log": False}
+    main = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
     click.echo(f"serving on http://{host}:{port}/", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    if metrics_port is None:
+        main.run()
+        return
+
+    class Beside(uvicorn.Server):
+        """A second listener in the same event loop: it leaves the signals to the first."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    side = Beside(uvicorn.Config(operator_app(app.state.api), host=metrics_host,
+                                 port=metrics_port, lifespan="off", **options))
+    click.echo(f"operator metrics on http://{metrics_host}:{metrics_port}/metrics", err=True)
+
+    async def both() -> None:
+        beside = asyncio.create_task(side.serve())
+        try:
+            await main.serve()  # it takes the signals; the other follows it out
+        finally:
+            side.should_exit = True
+            await beside
+
+    asyncio.run(both())
 
 
 @click.group()
