@@ -17,7 +17,7 @@ import pytest
 
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
-from pending_actions.webhooks import SIGNATURE, TIMESTAMP, sign, verify
+from pending_actions.webhooks import DELIVERY, SIGNATURE, TIMESTAMP, sign, verify
 from tests.support.procs import Worker
 
 SECRET = "s3cret-for-tests"
@@ -85,12 +85,17 @@ def notifying_worker(redis_server: EmbeddedRedis, receiver: Receiver) -> Iterato
 def test_signature_round_trip_and_replay() -> None:
     body = b'{"event":"staged"}'
     now = int(time.time())
-    headers = {TIMESTAMP: str(now), SIGNATURE: sign(SECRET, now, body)}
+    headers = {TIMESTAMP: str(now), DELIVERY: "1-0/0", SIGNATURE: sign(SECRET, now, "1-0/0", body)}
     assert verify(SECRET, headers, body)
     assert not verify("other", headers, body)
     assert not verify(SECRET, headers, body + b" ")
     old = now - 3600  # a captured request replayed an hour later, correctly signed back then
-    assert not verify(SECRET, {TIMESTAMP: str(old), SIGNATURE: sign(SECRET, old, body)}, body)
+    assert not verify(SECRET, {TIMESTAMP: str(old), DELIVERY: "1-0/0",
+                               SIGNATURE: sign(SECRET, old, "1-0/0", body)}, body)
+    # the delivery id is signed: replayed now under a new id (past a receiver's duplicate
+    # check) it fails, and without one it fails
+    assert not verify(SECRET, {**headers, DELIVERY: "2-0/0"}, body)
+    assert not verify(SECRET, {k: v for k, v in headers.items() if k != DELIVERY}, body)
 
 
 def test_stage_and_outcome_delivered_signed_with_retries(
