@@ -48,6 +48,11 @@ RESOLVE_FIELDS = {"action", "reason", "extra", "edit", "expect_id"}
 STAGE_FIELDS = {"tool", "label", "apply", "reject", "payload"}
 BATCH_FIELDS = {"session", "id", "action", "reason", "extra"}
 MAX_BATCH = 100
+# resolves waiting at once; more wait their turn in serve (holding nothing). Each waiting one
+# holds a connection for its reply's BLPOP, so the asyncio client's pool gets that many and
+# room for the short commands beside them (redis-py's default of 100 would refuse the 101st)
+MAX_RESOLVES = 1_000
+ASYNC_CONNECTIONS = MAX_RESOLVES + 100
 # resolves in threads, only where the asyncio client cannot run (a Redis Cluster with
 # REPLICA_WAIT): a limiter of their own, so they never take the threads reads need
 RESOLVE_THREADS = 2 * MAX_BATCH
@@ -69,6 +74,7 @@ class Api:
         self.pages = {name: _static(name) for name in ("index.html", "inbox.js", "inbox.css")}
         self._apa: AsyncPendingActions | None = None
         self._threads: anyio.CapacityLimiter | None = None
+        self._resolving = asyncio.Semaphore(MAX_RESOLVES)
 
     # --- the clients -----------------------------------------------------------------------
     def aio(self) -> AsyncPendingActions | None:
@@ -79,6 +85,10 @@ class Api:
                 self._apa = AsyncPendingActions(self.settings)
             except ConfigError:
                 self._threads = anyio.CapacityLimiter(RESOLVE_THREADS)
+                return None
+            pool = getattr(self._apa.client, "connection_pool", None)
+            if pool is not None:  # one server (a cluster client's pools are unbounded)
+                pool.max_connections = ASYNC_CONNECTIONS
         return self._apa
 
     async def close(self) -> None:
@@ -228,7 +238,8 @@ class Api:
             "timeout": self.timeout}
         apa = self.aio()
         if apa is not None:
-            result = await apa.resolve(**args)
+            async with self._resolving:
+                result = await apa.resolve(**args)
         else:
             result = await anyio.to_thread.run_sync(lambda: self.pa.resolve(**args),
                                                     limiter=self._threads)
