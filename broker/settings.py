@@ -48,13 +48,6 @@ class Settings(BaseSettings):
     max_reason_chars: int = Field(default=10_000, ge=1, description="longest resolve reason")
     max_extra_bytes: int = Field(default=65_536, ge=2,
                                  description="largest resolve extra, as JSON")
-    # below orjson's own nesting limit (254), which would otherwise answer a bare TypeError
-    max_json_depth: int = Field(
-        default=64, ge=2, le=200,
-        description="deepest nesting of a payload, extra, edit or schema (an object is 1)")
-    max_body_bytes: int = Field(
-        default=4_194_304, ge=1_024,
-        description="largest HTTP request body `serve` reads (413 past it, before parsing)")
     retention_s: int = Field(
         default=7 * 86_400, ge=1,
         description="how long a finished session's history and tenant claim are kept")

@@ -50,10 +50,8 @@ class Core(Staging):
         if len(given.reason) > self.settings.max_reason_chars:
             raise InvalidInput("reason", f"{len(given.reason)} characters; the limit is "
                                f"{self.settings.max_reason_chars}")
-        depth = self.settings.max_json_depth
         if given.extra is not None:
-            check_json(given.extra, "extra", max_bytes=self.settings.max_extra_bytes,
-                       max_depth=depth)
+            check_json(given.extra, "extra", self.settings.max_extra_bytes)
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, int | float) or timeout < 0.001):
             # (the request counts its timeout in whole ms)
@@ -66,8 +64,7 @@ class Core(Staging):
         if edit is not None:
             if not isinstance(edit, dict):
                 raise InvalidInput("edit", "must be a JSON Merge Patch object")
-            check_json(edit, "edit", max_bytes=self.settings.max_payload_bytes,
-                       max_depth=depth)
+            check_json(edit, "edit", self.settings.max_payload_bytes)
             if given.action != "apply":
                 raise InvalidInput("edit", "only an apply can edit the payload")
             expect_id = yield from self._check_edit(session, edit, expect_id)
@@ -97,8 +94,7 @@ class Core(Staging):
             raise InvalidInput("expect_id", f"{expect_id} is not the current target "
                                f"({target.id} is); nothing was changed")
         edited = merge_patch(target.payload, edit)
-        check_json(edited, "edit", max_bytes=self.settings.max_payload_bytes,
-                   max_depth=self.settings.max_json_depth, what="the edited payload is ")
+        check_json(edited, "edit", self.settings.max_payload_bytes, "the edited payload is ")
         check_payload(edited, target.payload_schema, "edit")
         return target.id
 

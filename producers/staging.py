@@ -107,8 +107,7 @@ class Staging:
             payload = {}
         if not isinstance(payload, dict):
             raise InvalidInput("payload", f"must be a JSON object, got {type(payload).__name__}")
-        limit, depth = self.settings.max_payload_bytes, self.settings.max_json_depth
-        check_json(payload, "payload", max_bytes=limit, max_depth=depth)
+        check_json(payload, "payload", self.settings.max_payload_bytes)
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)
                                 or not 0 < ttl <= 10 * 365 * 86_400):
             raise InvalidInput("ttl", f"must be a positive number of seconds (got {ttl!r})")
@@ -117,7 +116,7 @@ class Staging:
             raise InvalidInput("fingerprint", f"must be a string of 1-{MAX_FINGERPRINT_CHARS} "
                                "characters")
         if schema is not None:  # before the validator walks it (recursively)
-            check_json(schema, "schema", max_bytes=limit, max_depth=depth)
+            check_json(schema, "schema", self.settings.max_payload_bytes)
         checked_schema = check_schema(schema)
         check_payload(payload, checked_schema, "payload")
         return {"session": session, "kind": kind, "tool": tool, "label": label,

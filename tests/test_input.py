@@ -358,8 +358,10 @@ def test_deep_json_is_refused_naming_the_field(deployment: Any, session: str,
 
 
 def test_the_depth_limit_is_exact(pa: PendingActions, session: str) -> None:
-    """As deep as ``max_json_depth`` passes, untouched; one more level is refused."""
-    limit = Settings().max_json_depth
+    """As deep as ``MAX_DEPTH`` passes, untouched; one more level is refused."""
+    from pending_actions.broker.payloads import MAX_DEPTH
+
+    limit = MAX_DEPTH
     pa.stage(session=session, tool="edit", label="deep", apply="t.details",
              payload=nested(limit))
     done = pa.resolve(session=session, action="apply", reason="r", extra=nested(limit))

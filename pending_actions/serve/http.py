@@ -4,8 +4,8 @@ outage instead of one per request.
 
 Status codes: 400 bad input (``{"error", "field"}``), 401 no or bad token, 403 a role that may
 not, 404 no such session (another tenant's answers the same), 413 a body over
-``max_body_bytes``, 503 Redis unavailable or full, 500 anything else (logged once, with its
-traceback: that one is a bug).
+``broker.payloads.max_body_bytes``, 503 Redis unavailable or full, 500 anything else (logged
+once, with its traceback: that one is a bug).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pending_actions.broker.errors import (
     RedisUnavailable,
 )
 from pending_actions.broker.failures import REDIS_ERRORS, translate
-from pending_actions.broker.payloads import check_depth
+from pending_actions.broker.payloads import check_depth, max_body_bytes
 from pending_actions.broker.settings import Settings
 
 log = logging.getLogger("pending_actions.serve")
@@ -95,7 +95,7 @@ async def read_json(request: Request, settings: Settings,
     full, then parsed, then every field held to the nesting limit of the client's own checks
     (``broker.payloads``), so a deep value is a 400 naming its field, never a parser's
     recursion."""
-    limit = settings.max_body_bytes
+    limit = max_body_bytes(settings)
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise HTTPError(413, f"the body is over the limit of {limit} bytes", "body")
@@ -112,7 +112,7 @@ async def read_json(request: Request, settings: Settings,
     if not isinstance(body, kinds):
         raise InvalidInput("body", "must be a JSON object")
     for field, value in _fields(body):
-        check_depth(value, field, settings.max_json_depth)
+        check_depth(value, field)
     return body
 
 

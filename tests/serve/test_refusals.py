@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from pending_actions.broker.payloads import MAX_DEPTH, max_body_bytes
 from pending_actions.broker.settings import Settings
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
@@ -21,6 +22,7 @@ from tests.serve.conftest import Server
 from tests.support.unchanged import redis_unchanged
 
 LIMITS = Settings()
+BODY_LIMIT = max_body_bytes(LIMITS)
 DEEP = 600
 
 
@@ -132,7 +134,7 @@ def bad_bodies(session: str, action_id: str) -> Iterator[tuple[str, str, Any, st
     stage = {"tool": "edit", "label": "l", "apply": "t.ok"}
     big = "x" * (LIMITS.max_payload_bytes + 1)
     yield "producer", actions, {**stage, "payload": nested(DEEP)}, "payload"
-    yield "producer", actions, {**stage, "payload": nested(LIMITS.max_json_depth + 1)}, \
+    yield "producer", actions, {**stage, "payload": nested(MAX_DEPTH + 1)}, \
         "payload"
     yield "producer", actions, {**stage, "payload": {"blob": big}}, "payload"
     yield "approver", resolve, {"action": "apply", "reason": "r", "extra": nested(DEEP)}, \
@@ -170,7 +172,7 @@ def _dumps(value: Any) -> bytes:
 
 def test_bodies_past_the_limits_are_refused_before_parsing(
         server: Server, single: Deployment, victim: Party) -> None:
-    too_big = b'{"action": "apply", "reason": "' + b"x" * LIMITS.max_body_bytes + b'"}'
+    too_big = b'{"action": "apply", "reason": "' + b"x" * BODY_LIMIT + b'"}'
     too_deep = b'{"extra": ' + b'{"a": ' * 2000 + b"1" + b"}" * 2001  # past orjson's own 1024
 
     def chunked() -> Iterator[bytes]:  # no Content-Length: counted as it is read
@@ -188,7 +190,7 @@ def test_bodies_past_the_limits_are_refused_before_parsing(
         for r in (sized, streamed):
             assert r.status_code == 413, (path, r.text[:200])
             assert r.json() == {"error": f"the body is over the limit of "
-                                         f"{LIMITS.max_body_bytes} bytes", "field": "body"}
+                                         f"{BODY_LIMIT} bytes", "field": "body"}
         assert deep.status_code == 400 and deep.json()["field"] == "body", deep.text
 
 
