@@ -3,16 +3,12 @@ only by ``serve`` itself, so the rest of the CLI works without the ``serve`` ext
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import sys
-from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Any
 
 import click
 
-from pending_actions.broker.errors import PendingActionsError
+from pending_actions.broker.errors import ConfigError, PendingActionsError
 from pending_actions.cli.base import Obj, fail
 from pending_actions.serve.auth import ROLES, Tokens
 
@@ -36,42 +32,24 @@ def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None,
     /healthz does not. /metrics shows the token's tenant only; the deployment's figures, every
     tenant's, are on --metrics-port. Open http://HOST:PORT/ in a browser for the inbox."""
     try:
-        import uvicorn
-
+        from pending_actions.serve import listen
         from pending_actions.serve.app import create_app, operator_app
     except ImportError as exc:
         raise click.UsageError(f"serve needs the 'serve' extra ({exc.name} is missing): "
                                "pip install 'pending-actions[serve]'") from None
     if metrics_port is not None and metrics_port == port and metrics_host == host:
         raise click.UsageError("--metrics-port must differ from --port")
+    try:
+        sock = listen.bind(host, port)
+        side = None if metrics_port is None else listen.bind(metrics_host, metrics_port)
+    except ConfigError as exc:
+        fail(exc)
     app = create_app(obj.client(), resolve_timeout)
-    options: dict[str, Any] = {"log_level": "warning", "access_log": False}
-    main = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
     click.echo(f"serving on http://{host}:{port}/", err=True)
-    if metrics_port is None:
-        main.run()
-        return
-
-    class Beside(uvicorn.Server):
-        """A second listener in the same event loop: it leaves the signals to the first."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    side = Beside(uvicorn.Config(operator_app(app.state.api), host=metrics_host,
-                                 port=metrics_port, lifespan="off", **options))
-    click.echo(f"operator metrics on http://{metrics_host}:{metrics_port}/metrics", err=True)
-
-    async def both() -> None:
-        beside = asyncio.create_task(side.serve())
-        try:
-            await main.serve()  # it takes the signals; the other follows it out
-        finally:
-            side.should_exit = True
-            await beside
-
-    asyncio.run(both())
+    if side is not None:
+        click.echo(f"operator metrics on http://{metrics_host}:{metrics_port}/metrics",
+                   err=True)
+    listen.run(app, sock, None if side is None else (operator_app(app.state.api), side))
 
 
 @click.group()

@@ -304,3 +304,23 @@ def test_plain_json_stats(pa: PendingActions, redis_server: Any) -> None:
     assert out.returncode == 0
     data = orjson.loads(out.stdout)
     assert {"sessions", "pending", "in_flight", "dead", "tenants", "handlers"} <= set(data)
+
+
+@pytest.mark.parametrize("which", ["--port", "--metrics-port"])
+def test_a_port_in_use_is_one_line(redis_server: Any, which: str) -> None:
+    """Both listeners are bound before either starts: a port in use (the API's or the
+    operator's) is one line naming it, exit 2, never one listener up beside a traceback."""
+    import socket
+
+    from tests.serve.conftest import free_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = str(taken.getsockname()[1])
+        ports = {"--port": busy, "--metrics-port": str(free_port())} if which == "--port" \
+            else {"--port": str(free_port()), "--metrics-port": busy}
+        out = cli(redis_server.url, "serve", *[x for kv in ports.items() for x in kv])
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == f"Error: cannot listen on 127.0.0.1:{busy}: Address already " \
+        "in use", out.stderr
