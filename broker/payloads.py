@@ -11,6 +11,12 @@ from jsonschema import exceptions as schema_errors
 from jsonschema import validators
 
 from pending_actions.broker.errors import InvalidInput
+from pending_actions.broker.settings import Settings
+
+# The deepest nesting of any JSON input (payload, schema, extra, edit, and each field of an
+# HTTP body): an object or a list is one level. Far below orjson's own limit (254), which
+# would otherwise answer a bare TypeError, and below any recursion a reader of it may do.
+MAX_DEPTH = 64
 
 
 def check_schema(schema: object) -> dict[str, Any] | None:
@@ -37,6 +43,37 @@ def check_payload(payload: object, schema: dict[str, Any] | None, field: str) ->
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path)
         raise InvalidInput(field, error.message + (f" (at /{where})" if where else ""))
+
+
+def check_depth(value: object, field: str, limit: int = MAX_DEPTH) -> None:
+    """``value`` nests at most ``limit`` levels (an object or a list is one; a scalar none);
+    else InvalidInput naming ``field``. Iterative, and it stops at the first level too deep:
+    a value a caller built in Python may be nested far past any recursion limit."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item \
+            if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        if depth > limit:
+            raise InvalidInput(field, f"nested deeper than {limit} levels")
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
+
+
+def check_json(value: object, field: str, max_bytes: int, what: str = "") -> None:
+    """The limits every JSON input meets (payload, extra, edit, schema): its depth
+    (``MAX_DEPTH``), then its size as stored (``check_size``); the depth first, as orjson
+    refuses deep values itself."""
+    check_depth(value, field)
+    check_size(value, field, max_bytes, what)
+
+
+def max_body_bytes(settings: Settings) -> int:
+    """The largest HTTP request body ``serve`` reads: room for a stage's payload and its
+    schema at their limit (``max_payload_bytes`` each), a resolve's ``extra`` at its own, and
+    1 MiB for everything else (a batch's reasons). Derived, so raising a limit raises it."""
+    return 2 * settings.max_payload_bytes + settings.max_extra_bytes + 1_048_576
 
 
 def check_size(value: object, field: str, limit: int, what: str = "") -> None:

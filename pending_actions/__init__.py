@@ -7,8 +7,10 @@ The public names live here; the parts are ``pending_actions.broker`` (what both 
 
 from pending_actions.broker.errors import (
     ConfigError,
+    Forbidden,
     InvalidInput,
     PendingActionsError,
+    RedisFull,
     RedisUnavailable,
     Stale,
     ToolError,
@@ -31,10 +33,12 @@ from pending_actions.workers.registry import handler
 __all__ = [
     "AsyncPendingActions",
     "ConfigError",
+    "Forbidden",
     "InvalidInput",
     "PendingAction",
     "PendingActions",
     "PendingActionsError",
+    "RedisFull",
     "RedisUnavailable",
     "Result",
     "Settings",

@@ -10,21 +10,25 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import orjson
 from dramatiq.cli import RET_IMPORT, RET_PIDFILE
 
 from pending_actions.broker import backoff
 from pending_actions.broker.context import Context
+from pending_actions.broker.errors import ConfigError
 from pending_actions.broker.loops import EXIT_LOOP_DIED
 from pending_actions.broker.policy import preflight
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.tasks import serves_locally, task_broker
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import Child
+from pending_actions.webhooks import parse_urls
 from pending_actions.workers.resolver import ResolveWorker
 
 log = logging.getLogger("pending_actions")
@@ -41,8 +45,53 @@ def dramatiq_command(modules: list[str], settings: Settings, shutdown_ms: int) -
     ]
 
 
+# run in a child process: a module's import side effects (a thread, a connection) stay there
+IMPORT_CHECK = """
+import importlib, json, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:
+        sys.stderr.write("\\0" + json.dumps([name, f"{type(exc).__name__}: {exc}"]))
+        sys.exit(3)
+"""
+IMPORT_CHECK_S = 120.0
+
+
+def check_handler_modules(settings: Settings, modules: list[str]) -> None:
+    """Each handler module imports, or ConfigError naming it and what its import raised:
+    before anything starts, so a misspelt module is one line and no dramatiq traceback. Tried
+    in a child process from this directory, as dramatiq imports them (``--path``), with the
+    Redis URL in its environment when it is known yet (``up`` has none before its Redis)."""
+    if not modules:
+        return
+    env = dict(os.environ)
+    if settings.redis_url:
+        env["PENDING_ACTIONS_REDIS_URL"] = settings.redis_url
+    try:
+        done = subprocess.run([sys.executable, "-c", IMPORT_CHECK, *modules], cwd=os.getcwd(),
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=IMPORT_CHECK_S, check=False)
+    except subprocess.TimeoutExpired:  # a slow import is no verdict: dramatiq tries it
+        log.warning("importing %s took over %.0fs; starting anyway", ", ".join(modules),
+                    IMPORT_CHECK_S)
+        return
+    if done.returncode == 0:
+        return
+    try:
+        name, why = orjson.loads(done.stderr.rpartition("\0")[2])
+    except orjson.JSONDecodeError:  # it died otherwise (a module that exits, a signal)
+        raise ConfigError(f"importing the handler modules {', '.join(modules)} failed "
+                          f"(exit {done.returncode})") from None
+    first = why.strip().splitlines()[0] if why.strip() else why
+    raise ConfigError(f"cannot import handler module {name!r}: {first}")
+
+
 def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | None = None,
         shutdown_s: float = 30.0) -> int:
+    # what can be refused before anything starts (and before "running" is said)
+    parse_urls(settings.webhook_urls)
+    check_handler_modules(settings, modules)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -98,7 +98,9 @@ class Figures:
     tasks_queued: int = 0
     leases: int = 0
     leases_overdue: int = 0
-    staged_total: int = 0
+    # counter values handed out, in blocks per producer process: an id's upper bound, never
+    # a count of stages (a block's unused values are skipped)
+    ids_reserved: int = 0
     malformed_requests: int = 0
     handlers: list[str] = field(default_factory=list)
 
@@ -110,7 +112,7 @@ class Figures:
         return {
             "sessions": self.sessions, "requests_waiting": self.requests_waiting,
             "tasks_queued": self.tasks_queued, "leases": self.leases,
-            "leases_overdue": self.leases_overdue, "staged_total": self.staged_total,
+            "leases_overdue": self.leases_overdue, "ids_reserved": self.ids_reserved,
             "malformed_requests": self.malformed_requests, "handlers": self.handlers,
             "pending": sum(self.pending.values()), "in_flight": sum(self.in_flight.values()),
             "dead": sum(self.dead.values()),
@@ -158,7 +160,7 @@ def figures(pa: PendingActions) -> Figures:
     f.requests_waiting = base["requests_waiting"]
     f.tasks_queued = base["tasks_queued"]
     f.leases = base["leases"]
-    f.staged_total = base["ids_reserved"]
+    f.ids_reserved = base["ids_reserved"]
     f.malformed_requests = base["malformed_requests"]
     f.handlers = base["handlers"]
     pipe = c.pipeline(transaction=False)

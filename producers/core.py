@@ -22,7 +22,7 @@ from pending_actions.broker.models import (
     check_session,
     merge_patch,
 )
-from pending_actions.broker.payloads import check_payload, check_size
+from pending_actions.broker.payloads import check_json, check_payload
 from pending_actions.broker.pools import parse_live, queue_live
 from pending_actions.broker.replies import Peeked, Pending
 from pending_actions.broker.results import base_details, text_result
@@ -50,10 +50,8 @@ class Core(Staging):
         if len(given.reason) > self.settings.max_reason_chars:
             raise InvalidInput("reason", f"{len(given.reason)} characters; the limit is "
                                f"{self.settings.max_reason_chars}")
-        if given.extra is not None and (size := len(orjson.dumps(given.extra))) > \
-                self.settings.max_extra_bytes:
-            raise InvalidInput("extra", f"{size} bytes as JSON; the limit is "
-                               f"{self.settings.max_extra_bytes}")
+        if given.extra is not None:
+            check_json(given.extra, "extra", self.settings.max_extra_bytes)
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, int | float) or timeout < 0.001):
             # (the request counts its timeout in whole ms)
@@ -66,6 +64,7 @@ class Core(Staging):
         if edit is not None:
             if not isinstance(edit, dict):
                 raise InvalidInput("edit", "must be a JSON Merge Patch object")
+            check_json(edit, "edit", self.settings.max_payload_bytes)
             if given.action != "apply":
                 raise InvalidInput("edit", "only an apply can edit the payload")
             expect_id = yield from self._check_edit(session, edit, expect_id)
@@ -95,7 +94,7 @@ class Core(Staging):
             raise InvalidInput("expect_id", f"{expect_id} is not the current target "
                                f"({target.id} is); nothing was changed")
         edited = merge_patch(target.payload, edit)
-        check_size(edited, "edit", self.settings.max_payload_bytes, "the edited payload is ")
+        check_json(edited, "edit", self.settings.max_payload_bytes, "the edited payload is ")
         check_payload(edited, target.payload_schema, "edit")
         return target.id
 

@@ -27,7 +27,7 @@ from pending_actions.broker.models import (
     check_tenant,
     spec_json,
 )
-from pending_actions.broker.payloads import check_payload, check_schema, check_size
+from pending_actions.broker.payloads import check_json, check_payload, check_schema
 from pending_actions.broker.pools import Live, parse_live, queue_live
 from pending_actions.broker.replies import Staged
 from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
@@ -107,7 +107,7 @@ class Staging:
             payload = {}
         if not isinstance(payload, dict):
             raise InvalidInput("payload", f"must be a JSON object, got {type(payload).__name__}")
-        check_size(payload, "payload", self.settings.max_payload_bytes)
+        check_json(payload, "payload", self.settings.max_payload_bytes)
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)
                                 or not 0 < ttl <= 10 * 365 * 86_400):
             raise InvalidInput("ttl", f"must be a positive number of seconds (got {ttl!r})")
@@ -115,6 +115,8 @@ class Staging:
                                         or len(fingerprint) > MAX_FINGERPRINT_CHARS):
             raise InvalidInput("fingerprint", f"must be a string of 1-{MAX_FINGERPRINT_CHARS} "
                                "characters")
+        if schema is not None:  # before the validator walks it (recursively)
+            check_json(schema, "schema", self.settings.max_payload_bytes)
         checked_schema = check_schema(schema)
         check_payload(payload, checked_schema, "payload")
         return {"session": session, "kind": kind, "tool": tool, "label": label,

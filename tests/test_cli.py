@@ -13,6 +13,7 @@ import orjson
 import pytest
 import redis
 
+from pending_actions.broker.keys import Keys
 from pending_actions.embedded import EmbeddedRedis, free_port
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
@@ -128,3 +129,26 @@ def test_up_runs_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize(("module", "why"), [
+    ("no.such.module", "ModuleNotFoundError: No module named 'no'"),
+    ("explodes_on_import", "RuntimeError: exploded at import"),
+])
+def test_a_bad_handler_module_stops_worker_before_it_runs(redis_server: EmbeddedRedis,
+                                                          tmp_path: Path, module: str,
+                                                          why: str) -> None:
+    """Issue 29, item 14: one line naming the module and what its import raised, exit 2,
+    before "running", with no dramatiq traceback; nothing registered in Redis."""
+    (tmp_path / "explodes_on_import.py").write_text('raise RuntimeError("exploded at import")\n')
+    env = worker_env(redis_server.url)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path), env.get("PYTHONPATH")) if p)
+    lifecycle = Keys().workers  # a worker that starts says so there
+    workers = redis.Redis.from_url(redis_server.url).xlen(lifecycle)
+    proc = subprocess.run([sys.executable, "-m", "pending_actions", "worker", "--handlers",
+                           f"tests.support.handlers,{module}"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"Error: cannot import handler module {module!r}: {why}"
+    assert proc.stdout == ""
+    assert redis.Redis.from_url(redis_server.url).xlen(lifecycle) == workers

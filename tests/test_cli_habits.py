@@ -118,3 +118,50 @@ def test_edit_and_expect_id_from_the_command_line(redis_server: EmbeddedRedis, w
                "--edit", '{"n": 2}', "--expect-id", action_id, "--json")
     assert good.returncode == 0, good.stderr
     assert orjson.loads(good.stdout)["details"]["sourceResultDetails"]["payload"] == {"n": 2}
+
+
+def nested_json(levels: int) -> str:
+    return '{"a": ' * (levels - 1) + "{}" + "}" * (levels - 1)
+
+
+@pytest.mark.parametrize("option", ["--payload", "--schema", "--extra", "--edit"])
+def test_deep_json_is_one_line_and_exit_2(redis_server: EmbeddedRedis, worker: Worker,
+                                          session: str, option: str) -> None:
+    """600 levels (issue 29, item 13): one line naming the field, exit 2, nothing written."""
+    import redis
+
+    from tests.support.unchanged import redis_unchanged
+
+    url = redis_server.url
+    run(url, "stage", "--session", session, "--tool", "edit", "--label", "L", "--apply",
+        "t.ok")
+    command = ["stage", "--session", session, "--tool", "edit", "--label", "deep",
+               "--apply", "t.ok"] if option in ("--payload", "--schema") else \
+        ["resolve", "--session", session, "--action", "apply", "--reason", "r"]
+    rc = redis.Redis.from_url(url)
+    with redis_unchanged(rc):
+        out = run(url, *command, option, "-", stdin=nested_json(600))
+    rc.close()
+    assert out.returncode == 2, out.stderr
+    field = option.removeprefix("--")
+    assert out.stderr.strip() == f"Error: invalid {field}: nested deeper than 64 levels", \
+        out.stderr
+
+
+def test_stage_into_a_tenant(redis_server: EmbeddedRedis, worker: Worker, session: str) -> None:
+    url = redis_server.url
+    tenant = f"cli-{session[-8:]}"
+    staged = run(url, "stage", "--session", session, "--tool", "edit", "--label", "L",
+                 "--apply", "t.ok", "--tenant", tenant, "--json")
+    assert staged.returncode == 0, staged.stderr
+    action_id = orjson.loads(staged.stdout)["id"]
+    listed = orjson.loads(run(url, "ls", "--all", "--tenant", tenant, "--json").stdout)
+    assert [(a["id"], a["tenant"]) for a in listed] == [(action_id, tenant)]
+    # the session is that tenant's now: another's stage is refused, one line, exit 1
+    other = run(url, "stage", "--session", session, "--tool", "edit", "--label", "L",
+                "--apply", "t.ok", "--tenant", "someone-else")
+    assert other.returncode == 1, other.stderr
+    assert other.stderr.strip() == f"error: session {session!r} belongs to another tenant"
+    bad = run(url, "stage", "--session", session, "--tool", "edit", "--label", "L",
+              "--apply", "t.ok", "--tenant", "no spaces")
+    assert bad.returncode == 2 and "invalid tenant" in bad.stderr

@@ -300,3 +300,76 @@ def test_the_resolvers_direct_encodings_match_the_models(
     assert direct == modelled
     assert dramatiq.Message.decode(encoded_task(request, token, "q", "m-1")).kwargs == \
         TaskMessage.for_lease(request, token).model_dump()
+
+
+def test_public_errors_are_importable_from_the_package() -> None:
+    """CONTRACT section 8: every public error from ``pending_actions``, each a
+    PendingActionsError."""
+    import pending_actions
+
+    for name in ("InvalidInput", "RedisUnavailable", "RedisFull", "Forbidden", "Stale",
+                 "ToolError"):
+        error = getattr(pending_actions, name)
+        assert issubclass(error, pending_actions.PendingActionsError), name
+        assert name in pending_actions.__all__, name
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """A JSON object ``levels`` deep (``{}`` is one)."""
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+def _deep_calls(session: str, field: str, value: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The client method and its arguments that carry ``value`` as ``field``."""
+    if field in ("payload", "schema"):
+        return "stage", {"session": session, "tool": "edit", "label": "deep",
+                         "apply": "t.ok", field: value}
+    return "resolve", {"session": session, "action": "apply", "reason": "deep", field: value}
+
+
+@pytest.mark.parametrize("field", ["payload", "schema", "extra", "edit"])
+def test_deep_json_is_refused_naming_the_field(deployment: Any, session: str,
+                                               field: str) -> None:
+    """600 levels (issue 29, item 13): InvalidInput with ``.field`` from the blocking and the
+    asyncio client alike, never orjson's TypeError, and nothing written."""
+    import asyncio
+
+    from pending_actions.producers import AsyncPendingActions
+    from tests.support.unchanged import redis_unchanged
+
+    pa: PendingActions = deployment.pa
+    pa.stage(session=session, tool="edit", label="target of the edit", apply="t.ok")
+    method, args = _deep_calls(session, field, nested(600))
+
+    async def from_async() -> None:
+        async with AsyncPendingActions.from_url(deployment.url) as apa:
+            await getattr(apa, method)(**args)
+
+    with redis_unchanged(deployment.rc):
+        with pytest.raises(InvalidInput) as sync:
+            getattr(pa, method)(**args)
+        with pytest.raises(InvalidInput) as aio:
+            asyncio.run(from_async())
+    for err in (sync.value, aio.value):
+        assert err.field == field and "nested deeper than 64 levels" in str(err)
+
+
+def test_the_depth_limit_is_exact(pa: PendingActions, session: str) -> None:
+    """As deep as ``MAX_DEPTH`` passes, untouched; one more level is refused."""
+    from pending_actions.broker.payloads import MAX_DEPTH
+
+    limit = MAX_DEPTH
+    pa.stage(session=session, tool="edit", label="deep", apply="t.details",
+             payload=nested(limit))
+    done = pa.resolve(session=session, action="apply", reason="r", extra=nested(limit))
+    assert not done.is_error and done.details["sourceResultDetails"]["echo"] == nested(limit)
+    with pytest.raises(InvalidInput) as err:
+        pa.stage(session=session, tool="edit", label="deep", apply="t.ok",
+                 payload=nested(limit + 1))
+    assert err.value.field == "payload"
+    with pytest.raises(InvalidInput) as err:
+        pa.resolve(session=session, action="apply", reason="r", extra=nested(limit + 1))
+    assert err.value.field == "extra"

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,10 @@ from typing import Any
 import pytest
 import redis
 
-from pending_actions.embedded import EmbeddedRedis, free_port
-from pending_actions.procs import ExitWatch
+from pending_actions.embedded import EmbeddedRedis, check_port_free, free_port
+from pending_actions.procs import ROOT, ExitWatch
 from tests.support.procs import Worker
-from tests.support.up import await_up, spawn_up, up_children
+from tests.support.up import await_up, spawn_up, up_children, up_env
 
 
 def test_port_in_use_is_an_error_naming_it(redis_server: EmbeddedRedis,
@@ -94,3 +95,18 @@ def test_nothing_outlives_worker(redis_server: EmbeddedRedis) -> None:
             assert exits.wait(timeout=60) == []
     finally:
         worker.kill()
+
+
+def test_a_bad_handler_module_stops_up_before_it_starts_anything(tmp_path: Path) -> None:
+    """`up --handlers no.such.module`: one line, exit 2, no export line, no Redis started."""
+    port = free_port()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pending_actions", "up", "--handlers", "no.such.module",
+         "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        env=up_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == "Error: cannot import handler module 'no.such.module': " \
+        "ModuleNotFoundError: No module named 'no'"
+    assert proc.stdout == ""
+    assert not (tmp_path / "data").exists()
+    check_port_free(port)  # raises if a redis-server was left on it

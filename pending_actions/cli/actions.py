@@ -9,7 +9,7 @@ import click
 import orjson
 
 from pending_actions.broker.errors import PendingActionsError
-from pending_actions.broker.models import PendingAction, Result
+from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.cli.base import SESSION, Obj, fail, json_object
 
 
@@ -25,17 +25,19 @@ from pending_actions.cli.base import SESSION, Obj, fail, json_object
               help="Ends as expired, unresolved, after this long.")
 @click.option("--fingerprint", help="What the preview was computed from (a content hash).")
 @click.option("--schema", metavar="JSON|@FILE|-", help="JSON Schema of the payload (edits).")
+@click.option("--tenant", default=DEFAULT_TENANT, show_default=True,
+              help="The tenant the session belongs to (its first stage claims it).")
 @click.pass_obj
 def stage(obj: Obj, session: str, tool: str, label: str, apply_: str, reject: str | None,
           payload: str | None, ttl: float | None, fingerprint: str | None,
-          schema: str | None) -> None:
+          schema: str | None, tenant: str) -> None:
     """Stage a pending action on top of SESSION's stack; prints its id."""
     data = json_object("--payload", payload)
     try:
         action_id = obj.client().stage(session=session, tool=tool, label=label, apply=apply_,
                                        reject=reject, payload=data, ttl=ttl,
                                        fingerprint=fingerprint,
-                                       schema=json_object("--schema", schema))
+                                       schema=json_object("--schema", schema), tenant=tenant)
     except PendingActionsError as exc:
         fail(exc)
     obj.out({"id": action_id}, action_id)

@@ -3,9 +3,13 @@
 Every ``/v1`` route needs ``Authorization: Bearer <token>``. A token belongs to a tenant and a
 role: no token or an unknown one is a 401, a role that may not do this is a 403, and a session
 of another tenant is a 404 exactly like a session that does not exist, so a token cannot even
-learn which sessions other tenants have. Resolves run the public client in worker threads (it
-blocks on the reply), one thread per session in a batch, so one slow handler holds up only its
-own session's items.
+learn which sessions other tenants have. ``/metrics`` shows a token's own tenant only; the
+deployment's figures are on the operator listener (``operator_app``), when one is configured.
+
+Resolves wait on the asyncio client (``AsyncPendingActions``): a resolve waiting for a slow
+handler holds no thread, so however many are waiting, reads (which run the blocking client
+in the thread pool, briefly) still get a thread at once. A batch resolves its sessions
+concurrently, each session's items in the order given.
 """
 
 from __future__ import annotations
@@ -13,45 +17,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
-import orjson
+import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pending_actions.broker.errors import (
-    Forbidden,
-    InvalidInput,
-    PendingActionsError,
-    RedisUnavailable,
-)
+from pending_actions.broker.errors import ConfigError, InvalidInput
 from pending_actions.broker.models import NAME_RE, Result
-from pending_actions.producers import PendingActions
+from pending_actions.producers import AsyncPendingActions, PendingActions
 from pending_actions.serve import metrics
 from pending_actions.serve.auth import Principal, Role, Tokens
+from pending_actions.serve.http import (
+    HTTPError,
+    Outage,
+    SecurityHeaders,
+    errors,
+    json_response,
+    read_json,
+)
 from pending_actions.views import inbox
 
-Handler = Callable[[Request], Awaitable[Response]]
 RESOLVE_FIELDS = {"action", "reason", "extra", "edit", "expect_id"}
+STAGE_FIELDS = {"tool", "label", "apply", "reject", "payload"}
 BATCH_FIELDS = {"session", "id", "action", "reason", "extra"}
 MAX_BATCH = 100
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.field = field
-
-
-def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(value), status_code=status, media_type="application/json",
-                    headers=headers)
+# resolves waiting at once; more wait their turn in serve (holding nothing). Each waiting one
+# holds a connection for its reply's BLPOP, so the asyncio client's pool gets that many and
+# room for the short commands beside them (redis-py's default of 100 would refuse the 101st)
+MAX_RESOLVES = 1_000
+ASYNC_CONNECTIONS = MAX_RESOLVES + 100
+# resolves in threads, only where the asyncio client cannot run (a Redis Cluster with
+# REPLICA_WAIT): a limiter of their own, so they never take the threads reads need
+RESOLVE_THREADS = 2 * MAX_BATCH
 
 
 def _static(name: str) -> bytes:
@@ -61,12 +65,37 @@ def _static(name: str) -> bytes:
 class Api:
     def __init__(self, pa: PendingActions, resolve_timeout_s: float | None = None) -> None:
         self.pa = pa
+        self.settings = pa.settings
         self.tokens = Tokens(pa.client, pa.ctx.keys)
         self.timeout = resolve_timeout_s
-        self.metrics = metrics.Metrics(pa)
+        # one for the routes, the scrapes and the feed: one warning line per outage
+        self.outage = Outage("serve")
+        self.metrics = metrics.Metrics(pa, self.outage)
         self.pages = {name: _static(name) for name in ("index.html", "inbox.js", "inbox.css")}
+        self._apa: AsyncPendingActions | None = None
+        self._threads: anyio.CapacityLimiter | None = None
+        self._resolving = asyncio.Semaphore(MAX_RESOLVES)
 
-    # --- authorization -------------------------------------------------------------------
+    # --- the clients -----------------------------------------------------------------------
+    def aio(self) -> AsyncPendingActions | None:
+        """The asyncio client, made on first use on the server's event loop (it binds its
+        connections to it); None where it cannot run, and resolves take their own threads."""
+        if self._apa is None and self._threads is None:
+            try:
+                self._apa = AsyncPendingActions(self.settings)
+            except ConfigError:
+                self._threads = anyio.CapacityLimiter(RESOLVE_THREADS)
+                return None
+            pool = getattr(self._apa.client, "connection_pool", None)
+            if pool is not None:  # one server (a cluster client's pools are unbounded)
+                pool.max_connections = ASYNC_CONNECTIONS
+        return self._apa
+
+    async def close(self) -> None:
+        if self._apa is not None:
+            await self._apa.close()
+
+    # --- authorization ---------------------------------------------------------------------
     def principal(self, request: Request, *roles: Role) -> Principal:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
@@ -80,26 +109,33 @@ class Api:
                                  f"{' or '.join(roles)}")
         return who
 
-    def owned(self, who: Principal, session: str) -> str:
-        """404 unless the session exists and belongs to the token's tenant. A session's tenant
-        is written by its first stage and never changes, so this check cannot go stale."""
+    async def who(self, request: Request, *roles: Role) -> Principal:
+        return await run_in_threadpool(self.principal, request, *roles)
+
+    async def owned(self, who: Principal, session: str, *, new: bool = False) -> str:
+        """404 unless the session belongs to the token's tenant (with ``new``, or belongs to
+        nobody yet: a stage claims it). A session's tenant is written by its first stage and
+        never changes, so this check cannot go stale."""
         if not NAME_RE.match(session):
             raise HTTPError(404, "no such session")
-        if self.pa.tenant_of(session) != who.tenant:
+        apa = self.aio()
+        owner = await (apa.tenant_of(session) if apa is not None
+                       else run_in_threadpool(self.pa.tenant_of, session))
+        if owner != who.tenant and not (new and owner is None):
             raise HTTPError(404, "no such session")
         return session
 
-    # --- routes ---------------------------------------------------------------------------
+    # --- routes ----------------------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
         try:
             await run_in_threadpool(self.pa.client.ping)
         except Exception as exc:  # any failure to answer means not healthy
-            return _json({"ok": False, "redis": str(exc)}, 503)
-        return _json({"ok": True})
+            return json_response({"ok": False, "redis": str(exc)}, 503)
+        return json_response({"ok": True})
 
     async def metrics_text(self, request: Request) -> Response:
-        await run_in_threadpool(self.principal, request, "admin")
-        body = await run_in_threadpool(self.metrics.render)
+        who = await self.who(request, "admin")
+        body = await run_in_threadpool(self.metrics.render, who.tenant)
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
     async def page(self, request: Request) -> Response:
@@ -117,43 +153,45 @@ class Api:
             who = self.principal(request)
             return {"tenant": who.tenant, "token": who.name, "role": who.role,
                     "now": time.time(), "actions": inbox(self.pa, who.tenant)}
-        return _json(await run_in_threadpool(run))
+        return json_response(await run_in_threadpool(run))
 
     async def get_pending(self, request: Request) -> Response:
-        def run() -> dict[str, Any]:
-            session = self.owned(self.principal(request), request.path_params["session"])
-            return {"session": session,
-                    "pending": [a.model_dump() for a in self.pa.pending(session)]}
-        return _json(await run_in_threadpool(run))
+        who = await self.who(request)
+        session = await self.owned(who, request.path_params["session"])
+        pending = await run_in_threadpool(self.pa.pending, session)
+        return json_response({"session": session, "pending": [a.model_dump() for a in pending]})
 
     async def stage(self, request: Request) -> Response:
-        who = await run_in_threadpool(self.principal, request, "producer")
-        body = await _body(request, dict)
+        who = await self.who(request, "producer")
+        body = await read_json(request, self.settings)
+        unknown = set(body) - STAGE_FIELDS
+        if unknown:
+            raise InvalidInput(sorted(unknown)[0], "unknown field")
+        # another tenant's session is refused before the stage is tried: it answers as a
+        # missing one and leaves nothing behind (a stage racing this check is refused by the
+        # stage itself, Forbidden: the same 404)
+        session = await self.owned(who, request.path_params["session"], new=True)
 
-        def run() -> dict[str, Any]:
-            session = request.path_params["session"]
-            unknown = set(body) - {"tool", "label", "apply", "reject", "payload"}
-            if unknown:
-                raise InvalidInput(sorted(unknown)[0], "unknown field")
-            action_id = self.pa.stage(session=session, tenant=who.tenant, **body)
-            return {"id": action_id, "session": session}
-        return _json(await run_in_threadpool(run), 201)
+        def run() -> str:
+            return self.pa.stage(session=session, tenant=who.tenant, **body)
+
+        return json_response({"id": await run_in_threadpool(run), "session": session}, 201)
 
     async def resolve(self, request: Request) -> Response:
-        who = await run_in_threadpool(self.principal, request, "approver")
-        body = await _body(request, dict)
+        who = await self.who(request, "approver")
+        body = await read_json(request, self.settings)
         unknown = set(body) - RESOLVE_FIELDS
         if unknown:
             raise InvalidInput(sorted(unknown)[0], "unknown field")
         if body.get("edit") is not None:
             raise InvalidInput("edit", "payload edits are not supported by this server yet")
-        session = await run_in_threadpool(self.owned, who, request.path_params["session"])
-        result = await run_in_threadpool(self._resolve, who, session, body)
-        return _json(result.model_dump(), 409 if _conflict(result) else 200)
+        session = await self.owned(who, request.path_params["session"])
+        result = await self._resolve(who, session, body)
+        return json_response(result.model_dump(), 409 if _conflict(result) else 200)
 
     async def resolve_batch(self, request: Request) -> Response:
-        who = await run_in_threadpool(self.principal, request, "approver")
-        body = await _body(request, (dict, list))
+        who = await self.who(request, "approver")
+        body = await read_json(request, self.settings, (dict, list))
         items = body.get("items") if isinstance(body, dict) else body
         if not isinstance(items, list) or not items:
             raise InvalidInput("items", "must be a non-empty list of {session, id, action, "
@@ -170,16 +208,17 @@ class Api:
         for n, item in enumerate(items):
             by_session.setdefault(str(item["session"]), []).append(n)
 
-        def chain(session: str, order: list[int]) -> None:
+        async def chain(session: str, order: list[int]) -> None:
             # in the order given: each item's id is checked against the target its
             # predecessors left
             for n in order:
                 item = items[n]
                 out: dict[str, Any] = {"session": session, "id": item["id"]}
                 try:
-                    self.owned(who, session)
+                    await self.owned(who, session)
                     fields = {k: v for k, v in item.items() if k not in ("session", "id")}
-                    result = self._resolve(who, session, {**fields, "expect_id": item["id"]})
+                    result = await self._resolve(who, session,
+                                                 {**fields, "expect_id": item["id"]})
                     out.update(status=409 if _conflict(result) else 200,
                                result=result.model_dump())
                 except HTTPError as exc:
@@ -188,17 +227,23 @@ class Api:
                     out.update(status=400, error=str(exc), field=exc.field)
                 results[n] = out
 
-        await asyncio.gather(*(run_in_threadpool(chain, s, order)
-                               for s, order in by_session.items()))
-        return _json({"results": results})
+        await asyncio.gather(*(chain(s, order) for s, order in by_session.items()))
+        return json_response({"results": results})
 
-    def _resolve(self, who: Principal, session: str, body: dict[str, Any]) -> Result:
+    async def _resolve(self, who: Principal, session: str, body: dict[str, Any]) -> Result:
         started = time.perf_counter()
-        result = self.pa.resolve(session=session, action=body.get("action"),  # type: ignore[arg-type]
-                                 reason=body.get("reason"),  # type: ignore[arg-type]
-                                 extra=body.get("extra"), expect_id=body.get("expect_id"),
-                                 by=who.name, timeout=self.timeout)
-        self.metrics.observe_resolve(str(body.get("action")), result,
+        args: dict[str, Any] = {
+            "session": session, "action": body.get("action"), "reason": body.get("reason"),
+            "extra": body.get("extra"), "expect_id": body.get("expect_id"), "by": who.name,
+            "timeout": self.timeout}
+        apa = self.aio()
+        if apa is not None:
+            async with self._resolving:
+                result = await apa.resolve(**args)
+        else:
+            result = await anyio.to_thread.run_sync(lambda: self.pa.resolve(**args),
+                                                    limiter=self._threads)
+        self.metrics.observe_resolve(who.tenant, str(body.get("action")), result,
                                      time.perf_counter() - started)
         return result
 
@@ -207,46 +252,22 @@ def _conflict(result: Result) -> bool:
     return result.is_error and "expect_id" in result.details
 
 
-async def _body(request: Request, kinds: type | tuple[type, ...]) -> Any:
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput("body", f"not JSON: {exc}") from None
-    if not isinstance(body, kinds):
-        raise InvalidInput("body", "must be a JSON object")
-    return body
-
-
-def _errors(fn: Handler) -> Handler:
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except HTTPError as exc:
-            headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
-            return _json({"error": str(exc)}, exc.status, headers)
-        except InvalidInput as exc:
-            return _json({"error": str(exc), "field": exc.field}, 400)
-        except Forbidden:  # another tenant's session: the same answer as none at all
-            return _json({"error": "no such session"}, 404)
-        except RedisUnavailable as exc:
-            return _json({"error": str(exc)}, 503)
-        except PendingActionsError as exc:
-            return _json({"error": str(exc)}, 500)
-    return wrapped
-
-
 def create_app(pa: PendingActions, resolve_timeout_s: float | None = None) -> Starlette:
     api = Api(pa, resolve_timeout_s)
+
+    def route(path: str, fn: Any, **kw: Any) -> Route:
+        return Route(path, errors(fn, api.outage), **kw)
+
     routes = [
-        Route("/", _errors(api.page)),
-        Route("/static/{name}", _errors(api.page)),
+        Route("/", errors(api.page)),
+        Route("/static/{name}", errors(api.page)),
         Route("/healthz", api.healthz),
-        Route("/metrics", _errors(api.metrics_text)),
-        Route("/v1/inbox", _errors(api.get_inbox)),
-        Route("/v1/sessions/{session}/pending", _errors(api.get_pending)),
-        Route("/v1/sessions/{session}/actions", _errors(api.stage), methods=["POST"]),
-        Route("/v1/sessions/{session}/resolve", _errors(api.resolve), methods=["POST"]),
-        Route("/v1/resolve-batch", _errors(api.resolve_batch), methods=["POST"]),
+        route("/metrics", api.metrics_text),
+        route("/v1/inbox", api.get_inbox),
+        route("/v1/sessions/{session}/pending", api.get_pending),
+        route("/v1/sessions/{session}/actions", api.stage, methods=["POST"]),
+        route("/v1/sessions/{session}/resolve", api.resolve, methods=["POST"]),
+        route("/v1/resolve-batch", api.resolve_batch, methods=["POST"]),
     ]
 
     @contextlib.asynccontextmanager
@@ -254,8 +275,22 @@ def create_app(pa: PendingActions, resolve_timeout_s: float | None = None) -> St
         api.metrics.start()
         yield
         api.metrics.stop.set()
+        await api.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders)])
     app.state.api = api
     return app
 
+
+def operator_app(api: Api) -> Starlette:
+    """The operator listener (``serve --metrics-port``): the deployment's figures, every
+    tenant's series, with no token. It is meant for a port only the monitoring can reach
+    (127.0.0.1 by default), never the one people and agents use."""
+
+    async def all_metrics(request: Request) -> Response:
+        body = await run_in_threadpool(api.metrics.render, None)
+        return Response(body, media_type=metrics.CONTENT_TYPE)
+
+    return Starlette(routes=[Route("/metrics", errors(all_metrics)),
+                             Route("/healthz", api.healthz)],
+                     middleware=[Middleware(SecurityHeaders)])

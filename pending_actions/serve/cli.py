@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import click
 
-from pending_actions.broker.errors import PendingActionsError
+from pending_actions.broker.errors import ConfigError, PendingActionsError
 from pending_actions.cli.base import Obj, fail
 from pending_actions.serve.auth import ROLES, Tokens
 
@@ -18,22 +18,38 @@ from pending_actions.serve.auth import ROLES, Tokens
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option("--resolve-timeout", type=click.FloatRange(min=0, min_open=True),
               metavar="SECONDS", help="Longest wait of one resolve [default: settings, 60].")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="Also serve every tenant's /metrics, with no token, on this port "
+                   "(for the operators' monitoring; off by default).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address of the --metrics-port listener.")
 @click.pass_obj
-def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None) -> None:
+def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None,
+          metrics_port: int | None, metrics_host: str) -> None:
     """Run the HTTP API and the approval inbox page (needs `pip install 'pending-actions[serve]'`).
 
     Every /v1 route and /metrics need `Authorization: Bearer <token>` (see `token create`);
-    /healthz does not. Open http://HOST:PORT/ in a browser for the inbox."""
+    /healthz does not. /metrics shows the token's tenant only; the deployment's figures, every
+    tenant's, are on --metrics-port. Open http://HOST:PORT/ in a browser for the inbox."""
     try:
-        import uvicorn
-
-        from pending_actions.serve.app import create_app
+        from pending_actions.serve import listen
+        from pending_actions.serve.app import create_app, operator_app
     except ImportError as exc:
         raise click.UsageError(f"serve needs the 'serve' extra ({exc.name} is missing): "
                                "pip install 'pending-actions[serve]'") from None
+    if metrics_port is not None and metrics_port == port and metrics_host == host:
+        raise click.UsageError("--metrics-port must differ from --port")
+    try:
+        sock = listen.bind(host, port)
+        side = None if metrics_port is None else listen.bind(metrics_host, metrics_port)
+    except ConfigError as exc:
+        fail(exc)
     app = create_app(obj.client(), resolve_timeout)
     click.echo(f"serving on http://{host}:{port}/", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    if side is not None:
+        click.echo(f"operator metrics on http://{metrics_host}:{metrics_port}/metrics",
+                   err=True)
+    listen.run(app, sock, None if side is None else (operator_app(app.state.api), side))
 
 
 @click.group()

@@ -1,5 +1,10 @@
 """Prometheus metrics of ``serve``, with the official client.
 
+Scoped: ``render(tenant)`` gives one tenant's series only (what an admin token reads on
+``/metrics``: no other tenant's label value appears at all, and the deployment-wide figures,
+which add up every tenant's work, are left out); ``render(None)`` gives everything, for the
+operator listener (``serve --metrics-port``).
+
 Two sources. Gauges are read from Redis at each scrape (``views.figures``): what is pending, in
 flight, dead, how old the oldest is, and whether the loops of the workers are reading. Counters
 and histograms of what happened (outcomes, time to decision, lease stalls) come from the
@@ -10,7 +15,6 @@ Resolve latency is measured here, around each resolve made through the API.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -25,33 +29,72 @@ from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Result
 from pending_actions.producers import PendingActions
+from pending_actions.serve.http import Outage
 from pending_actions.views import figures
 
-log = logging.getLogger("pending_actions.serve.metrics")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 OUTCOMES = ("applied", "discarded", "failed", "expired", "stale", "dead-lettered",
             "late-refused")  # late-refused: an outcome published, then refused as late
 DECISIONS = ("applied", "discarded", "expired", "stale", "dead-lettered")
 # from a click in the inbox (seconds) to an agent left waiting for a day
 DECISION_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
+# what a tenant's scrape shows besides its own series: nothing about other tenants
+TENANT_NEUTRAL = {"pending_actions_redis_up"}
+
+
+class TenantView(Collector):
+    """A registry's metrics as one tenant sees them: the families with a ``tenant`` label,
+    only that tenant's samples, and the neutral ones; every deployment-wide figure left out."""
+
+    def __init__(self, registry: CollectorRegistry, tenant: str) -> None:
+        self.registry = registry
+        self.tenant = tenant
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            if family.name in TENANT_NEUTRAL:
+                yield family
+                continue
+            if not _per_tenant(family):
+                continue
+            mine = Metric(family.name, family.documentation, family.type, family.unit)
+            mine.samples = [x for x in family.samples if x.labels.get("tenant") == self.tenant]
+            yield mine
+
+
+def _per_tenant(family: Metric) -> bool:
+    """A family is per tenant when its samples carry the label; an empty family is judged by
+    its name (a gauge with no sample yet still declares what it is)."""
+    if family.samples:
+        return all("tenant" in x.labels for x in family.samples)
+    return family.name in PER_TENANT_FAMILIES
+
+
+PER_TENANT_FAMILIES = {
+    "pending_actions_pending", "pending_actions_in_flight", "pending_actions_dead_letters",
+    "pending_actions_oldest_pending_age_seconds", "pending_actions_outcomes",
+    "pending_actions_staged", "pending_actions_lease_stalls",
+    "pending_actions_time_to_decision_seconds", "pending_actions_resolve_seconds"}
 
 
 class RedisFigures(Collector):
     """Gauges read at scrape time."""
 
-    def __init__(self, pa: PendingActions) -> None:
+    def __init__(self, pa: PendingActions, outage: Outage) -> None:
         self.pa = pa
+        self.outage = outage
 
     def collect(self) -> Iterator[Metric]:
         try:
             f = figures(self.pa)
             loops = self._loops()
         except TRANSIENT as exc:
-            log.warning("metrics: Redis unavailable (%s)", exc)
+            self.outage.failed(exc)
             up = GaugeMetricFamily("pending_actions_redis_up", "Redis answered this scrape")
             up.add_metric([], 0)
             yield up
             return
+        self.outage.ok()
         up = GaugeMetricFamily("pending_actions_redis_up", "Redis answered this scrape")
         up.add_metric([], 1)
         yield up
@@ -130,10 +173,12 @@ class RedisFigures(Collector):
 
 
 class Metrics:
-    def __init__(self, pa: PendingActions) -> None:
+    def __init__(self, pa: PendingActions, outage: Outage) -> None:
+        """``outage``: where a failure to reach Redis is noted (one log line per outage)."""
         self.pa = pa
+        self.outage = outage
         self.registry = CollectorRegistry()
-        self.registry.register(RedisFigures(pa))
+        self.registry.register(RedisFigures(pa, outage))
         self.outcomes = Counter("pending_actions_outcomes", "Outcomes seen since this server "
                                 "started", ["kind", "tenant"], registry=self.registry)
         self.staged = Counter("pending_actions_staged", "Actions staged since this server "
@@ -146,20 +191,24 @@ class Metrics:
             ["tenant", "outcome"], buckets=DECISION_BUCKETS, registry=self.registry)
         self.resolve_latency = Histogram(
             "pending_actions_resolve_seconds", "Resolve through this API, request to result",
-            ["action", "result"], registry=self.registry)
+            ["tenant", "action", "result"], registry=self.registry)
         for kind in OUTCOMES:
             self.outcomes.labels(kind, "default")
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self._tenants: dict[str, str] = {}
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, tenant: str | None) -> bytes:
+        """``tenant``'s series only; None: every series (the operator listener)."""
+        if tenant is None:
+            return generate_latest(self.registry)
+        return generate_latest(TenantView(self.registry, tenant))
 
-    def observe_resolve(self, action: str, result: Result, seconds: float) -> None:
+    def observe_resolve(self, tenant: str, action: str, result: Result,
+                        seconds: float) -> None:
         kind = "conflict" if result.is_error and "expect_id" in result.details else \
             "error" if result.is_error else "ok"
-        self.resolve_latency.labels(action, kind).observe(seconds)
+        self.resolve_latency.labels(tenant, action, kind).observe(seconds)
 
     def observe_event(self, fields: dict[str, str]) -> None:
         event = fields.get("event", "")
@@ -194,17 +243,20 @@ class Metrics:
 
     def _tail(self) -> None:
         client, key, last = self.pa.client, self.pa.ctx.keys.events, "$"
+        outage = self.outage
         while not self.stop.is_set():
             try:
                 if last == "$":  # resolve "$" to an id once, so no event falls between reads
                     newest: Any = client.xrevrange(key, count=1)
                     last = newest[0][0].decode() if newest else "0-0"
                 got: Any = client.xread({key: last}, count=500, block=1000)
+                for _stream, entries in got or ():
+                    for entry_id, raw in entries:
+                        # (a recovery's entry looks its tenant up: Redis may fail there too)
+                        self.observe_event({k.decode(): v.decode() for k, v in raw.items()})
+                        last = entry_id.decode()
             except TRANSIENT as exc:
-                log.warning("metrics feed: %s", exc)
+                outage.failed(exc)
                 self.stop.wait(1.0)
                 continue
-            for _stream, entries in got or ():
-                for entry_id, raw in entries:
-                    last = entry_id.decode()
-                    self.observe_event({k.decode(): v.decode() for k, v in raw.items()})
+            outage.ok()

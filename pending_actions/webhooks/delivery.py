@@ -24,7 +24,7 @@ import redis
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.loops import Loop
 from pending_actions.broker.settings import Settings
-from pending_actions.webhooks import DELIVERY, SIGNATURE, TIMESTAMP, sign
+from pending_actions.webhooks import DELIVERY, SIGNATURE, TIMESTAMP, parse_urls, sign
 from pending_actions.workers.actors import beats, broker, ctx
 
 log = logging.getLogger("pending_actions.webhooks")
@@ -32,7 +32,22 @@ GROUP = "webhooks"
 
 
 def urls(settings: Settings) -> list[str]:
-    return [u.strip() for u in (settings.webhook_urls or "").split(",") if u.strip()]
+    return parse_urls(settings.webhook_urls)
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """http and https only, and no redirect handler: a 3xx reaches the default error handler
+    and is raised as an HTTPError, a failed delivery (never a signed event sent on to wherever
+    a receiver points)."""
+    opener = urllib.request.OpenerDirector()
+    for handler in (urllib.request.HTTPHandler(), urllib.request.HTTPSHandler(),
+                    urllib.request.HTTPDefaultErrorHandler(),
+                    urllib.request.HTTPErrorProcessor()):
+        opener.add_handler(handler)
+    return opener
+
+
+OPENER = _opener()
 
 
 QUEUE = f"{ctx.settings.queue}.webhooks"  # apart from handler runs, so a slow receiver
@@ -60,10 +75,10 @@ def deliver(url: str, event: dict[str, Any], delivery: str) -> None:
     headers = {"Content-Type": "application/json", TIMESTAMP: str(timestamp), DELIVERY: delivery,
                "User-Agent": "pending-actions-webhook"}
     if ctx.settings.webhook_secret:
-        headers[SIGNATURE] = sign(ctx.settings.webhook_secret, timestamp, body)
+        headers[SIGNATURE] = sign(ctx.settings.webhook_secret, timestamp, delivery, body)
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=ctx.settings.webhook_timeout_s) as reply:
+        with OPENER.open(request, timeout=ctx.settings.webhook_timeout_s) as reply:
             reply.read()
     except (urllib.error.URLError, OSError) as exc:
         from dramatiq.middleware import CurrentMessage

@@ -3,11 +3,13 @@ of the suite, and tokens to talk to it."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,21 +28,30 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, url: str) -> None:
-        self.port = free_port()
+    """``serve`` with its operator listener (``--metrics-port``) on a second free port; with
+    ``log``, its stderr goes to that file (else to ours)."""
+
+    def __init__(self, url: str, log: Path | None = None) -> None:
+        self.port, self.metrics_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pending_actions", "serve", "--port", str(self.port),
-             "--resolve-timeout", "30"],
-            env=worker_env(url), cwd=ROOT, stdin=subprocess.DEVNULL)
+        self.log = log
+        with contextlib.ExitStack() as files:
+            stderr = files.enter_context(log.open("wb")) if log else None
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pending_actions", "serve", "--port", str(self.port),
+                 "--resolve-timeout", "30", "--metrics-port", str(self.metrics_port)],
+                env=worker_env(url), cwd=ROOT, stdin=subprocess.DEVNULL, stderr=stderr)
         self.http = httpx.Client(base_url=self.base, timeout=60, trust_env=False)
+        self.operator = httpx.Client(base_url=f"http://127.0.0.1:{self.metrics_port}",
+                                     timeout=60, trust_env=False)
 
     def wait_ready(self, timeout: float = 30) -> Server:
         deadline = time.monotonic() + timeout
         while True:
             assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}"
             try:
-                if self.http.get("/healthz").status_code == 200:
+                if self.http.get("/healthz").status_code == 200 and \
+                        self.operator.get("/healthz").status_code == 200:
                     return self
             except httpx.TransportError:
                 if time.monotonic() > deadline:
@@ -49,6 +60,7 @@ class Server:
 
     def stop(self) -> None:
         self.http.close()
+        self.operator.close()
         self.proc.terminate()
         try:
             self.proc.wait(10)

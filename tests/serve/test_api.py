@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -236,38 +237,62 @@ def test_inbox_newest_first_with_the_target_marked(server: Server, pa: PendingAc
     assert body["actions"][1]["payload"]["diff"].startswith("--- a")
 
 
-def test_metrics(server: Server, pa: PendingActions, tokens: Tokens) -> None:
-    t = tenant()
+def test_metrics_show_a_tenant_its_own_series_only(server: Server, pa: PendingActions,
+                                                   tokens: Tokens) -> None:
+    t, other = tenant(), tenant()
     admin, _ = tokens.create(t, "admin")
-    s = new_session()
+    other_admin, _ = tokens.create(other, "admin")
+    s, s2 = new_session(), new_session()
     stage(pa, s, t)
     stage(pa, s, t)
-    r = server.http.post(f"/v1/sessions/{s}/resolve", headers=server.as_(admin),
-                         json={"action": "apply", "reason": "metrics"})
-    assert r.status_code == 200
-    text = server.http.get("/metrics", headers=server.as_(admin)).text
-    assert f'pending_actions_pending{{tenant="{t}",tool="edit"}} 1.0' in text
-    assert f'pending_actions_oldest_pending_age_seconds{{tenant="{t}"}}' in text
-    assert 'pending_actions_resolve_seconds_count{action="apply",result="ok"}' in text
-    for family in ("pending_actions_outcomes_total", "pending_actions_time_to_decision_seconds",
-                   "pending_actions_lease_stalls_total", "pending_actions_leases_overdue",
-                   "pending_actions_loops", "pending_actions_in_flight",
-                   "pending_actions_dead_letters", "pending_actions_redis_up 1.0"):
-        assert family in text, family
-    assert 'pending_actions_loops{group="resolver",state="live"}' in text
+    stage(pa, s2, other)
+    stage(pa, s2, other)
+    for token, session in ((admin, s), (other_admin, s2)):
+        r = server.http.post(f"/v1/sessions/{session}/resolve", headers=server.as_(token),
+                             json={"action": "apply", "reason": "metrics"})
+        assert r.status_code == 200
     # outcomes come from the event feed, read by a thread: wait for this one to show up
     wanted = f'pending_actions_outcomes_total{{kind="applied",tenant="{t}"}} 1.0'
-    body = _eventually(server, admin, wanted)
+    text = _eventually(lambda: server.http.get("/metrics", headers=server.as_(admin)).text,
+                       wanted)
+    assert f'pending_actions_pending{{tenant="{t}",tool="edit"}} 1.0' in text
+    assert f'pending_actions_oldest_pending_age_seconds{{tenant="{t}"}}' in text
+    assert 'pending_actions_resolve_seconds_count{action="apply",result="ok",' \
+           f'tenant="{t}"}} 1.0' in text
     assert f'pending_actions_time_to_decision_seconds_count{{outcome="applied",tenant="{t}"}} ' \
-           '1.0' in body
+           '1.0' in text
+    for family in ("pending_actions_outcomes_total", "pending_actions_lease_stalls_total",
+                   "pending_actions_in_flight", "pending_actions_dead_letters",
+                   "pending_actions_redis_up 1.0"):
+        assert family in text, family
+    # no other tenant's label value at all, and none of the figures that add up every
+    # tenant's work (sessions, queues, leases, worker loops)
+    assert set(re.findall(r'tenant="([^"]*)"', text)) == {t}
+    assert other not in text
+    for family in ("pending_actions_sessions", "pending_actions_requests_waiting",
+                   "pending_actions_tasks_queued", "pending_actions_leases",
+                   "pending_actions_loops", "pending_actions_loop_idle_seconds"):
+        assert f"\n{family} " not in text and f"\n{family}{{" not in text, family
+        assert f"# TYPE {family} " not in text, family
+    # the operator listener: every tenant and the deployment's figures, with no token
+    wanted = f'pending_actions_outcomes_total{{kind="applied",tenant="{other}"}} 1.0'
+    every = _eventually(lambda: server.operator.get("/metrics").text, wanted)
+    assert f'pending_actions_pending{{tenant="{t}",tool="edit"}} 1.0' in every
+    assert f'pending_actions_pending{{tenant="{other}",tool="edit"}} 1.0' in every
+    for family in ("pending_actions_leases_overdue", "pending_actions_sessions ",
+                   'pending_actions_loops{group="resolver",state="live"}',
+                   "pending_actions_redis_up 1.0"):
+        assert family in every, family
+    # the operator's /metrics is only on its own listener: the API's still wants a token
+    assert server.http.get("/metrics").status_code == 401
 
 
-def _eventually(server: Server, token: str, wanted: str, timeout: float = 10) -> str:
+def _eventually(scrape: Callable[[], str], wanted: str, timeout: float = 10) -> str:
     import time
 
     deadline = time.monotonic() + timeout
     while True:
-        body = server.http.get("/metrics", headers=server.as_(token)).text
+        body = scrape()
         if wanted in body or time.monotonic() > deadline:
             assert wanted in body, body[-3000:]
             return body
@@ -279,3 +304,23 @@ def test_plain_json_stats(pa: PendingActions, redis_server: Any) -> None:
     assert out.returncode == 0
     data = orjson.loads(out.stdout)
     assert {"sessions", "pending", "in_flight", "dead", "tenants", "handlers"} <= set(data)
+
+
+@pytest.mark.parametrize("which", ["--port", "--metrics-port"])
+def test_a_port_in_use_is_one_line(redis_server: Any, which: str) -> None:
+    """Both listeners are bound before either starts: a port in use (the API's or the
+    operator's) is one line naming it, exit 2, never one listener up beside a traceback."""
+    import socket
+
+    from tests.serve.conftest import free_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = str(taken.getsockname()[1])
+        ports = {"--port": busy, "--metrics-port": str(free_port())} if which == "--port" \
+            else {"--port": str(free_port()), "--metrics-port": busy}
+        out = cli(redis_server.url, "serve", *[x for kv in ports.items() for x in kv])
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == f"Error: cannot listen on 127.0.0.1:{busy}: Address already " \
+        "in use", out.stderr

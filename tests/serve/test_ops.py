@@ -56,8 +56,31 @@ def test_stats_table_and_top(pa: PendingActions, redis_server: EmbeddedRedis) ->
     row = next(line for line in table.splitlines() if line.startswith(tenant + " "))
     assert row.split()[:4] == [tenant, "1", "0", "0"]
     assert any(line.split() == [tenant, "deploy", "1"] for line in table.splitlines())
+    # what stats counts is said for what it is: ids reserved (in blocks), not stages
+    assert "ids reserved (all time)" in table and "staged (all time)" not in table
     top = cli(redis_server.url, "top", "--iterations", "2", "--interval", "0.2").stdout
     frames = top.split("pending-actions top")[1:]
     assert len(frames) == 2
     assert "staged/s" in frames[1] and "recent events" in frames[1]
     assert tenant in frames[1]
+
+
+def test_tops_rates_count_the_stages_in_the_feed(pa: PendingActions) -> None:
+    """top's staged/s is stages (the feed's ``staged`` entries), not ids reserved: a new
+    producer process reserves a block of ids for its first stage."""
+    from pending_actions.ops import feed_rates
+
+    def now_ms() -> int:
+        seconds, micros = pa.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    since = now_ms()
+    fresh = PendingActions.from_url(pa.settings.require_url())  # ids of its own, in blocks
+    session = f"rate-{uuid.uuid4().hex[:8]}"
+    for n in range(3):
+        fresh.stage(session=session, tool="edit", label=f"r{n}", apply="t.ok")
+    fresh.close()
+    until = now_ms()
+    rates = feed_rates(pa, since, until)
+    seconds = max(until - since, 1) / 1000
+    assert round(rates["staged"] * seconds) == 3, rates

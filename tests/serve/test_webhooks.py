@@ -4,31 +4,37 @@ tasks in a real worker started with the webhook settings."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
 from pending_actions.embedded import EmbeddedRedis
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
-from pending_actions.webhooks import SIGNATURE, TIMESTAMP, sign, verify
-from tests.support.procs import Worker
+from pending_actions.webhooks import DELIVERY, SIGNATURE, TIMESTAMP, sign, verify
+from tests.support.procs import Worker, worker_env
 
 SECRET = "s3cret-for-tests"
 
 
 class Receiver:
-    def __init__(self) -> None:
+    def __init__(self, redirect_to: str | None = None) -> None:
+        """``redirect_to``: where ``/moved`` sends its requests (a 302)."""
         self.lock = threading.Condition()
         self.accepted: list[tuple[str, dict[str, Any]]] = []  # (path, event)
         self.tries: dict[str, int] = defaultdict(int)  # delivery id -> requests seen
         self.bad_signatures = 0
+        self.requests = 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,7 +42,11 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 delivery = self.headers["X-Pending-Actions-Delivery"]
                 with receiver.lock:
-                    if not verify(SECRET, dict(self.headers), body):
+                    receiver.requests += 1
+                    if self.path == "/moved" and redirect_to:
+                        self.send_response(302)
+                        self.send_header("Location", redirect_to)
+                    elif not verify(SECRET, dict(self.headers), body):
                         receiver.bad_signatures += 1
                         self.send_response(401)
                     else:
@@ -47,6 +57,12 @@ class Receiver:
                             receiver.accepted.append((self.path, orjson.loads(body)))
                         self.send_response(200 if ok else 503)
                     receiver.lock.notify_all()
+                self.end_headers()
+
+            def do_GET(self) -> None:  # what a followed 302 turns the POST into
+                with receiver.lock:
+                    receiver.requests += 1
+                self.send_response(200)
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:
@@ -85,12 +101,17 @@ def notifying_worker(redis_server: EmbeddedRedis, receiver: Receiver) -> Iterato
 def test_signature_round_trip_and_replay() -> None:
     body = b'{"event":"staged"}'
     now = int(time.time())
-    headers = {TIMESTAMP: str(now), SIGNATURE: sign(SECRET, now, body)}
+    headers = {TIMESTAMP: str(now), DELIVERY: "1-0/0", SIGNATURE: sign(SECRET, now, "1-0/0", body)}
     assert verify(SECRET, headers, body)
     assert not verify("other", headers, body)
     assert not verify(SECRET, headers, body + b" ")
     old = now - 3600  # a captured request replayed an hour later, correctly signed back then
-    assert not verify(SECRET, {TIMESTAMP: str(old), SIGNATURE: sign(SECRET, old, body)}, body)
+    assert not verify(SECRET, {TIMESTAMP: str(old), DELIVERY: "1-0/0",
+                               SIGNATURE: sign(SECRET, old, "1-0/0", body)}, body)
+    # the delivery id is signed: replayed now under a new id (past a receiver's duplicate
+    # check) it fails, and without one it fails
+    assert not verify(SECRET, {**headers, DELIVERY: "2-0/0"}, body)
+    assert not verify(SECRET, {k: v for k, v in headers.items() if k != DELIVERY}, body)
 
 
 def test_stage_and_outcome_delivered_signed_with_retries(
@@ -140,3 +161,44 @@ def _wait_dead(pa: PendingActions, session: str, n: int, timeout: float = 30) ->
                 if d["event"]["session"] == session:
                     found.append(d)
     return found
+
+
+def test_a_redirect_is_a_failed_delivery_never_followed(tmp_path: Path) -> None:
+    """A receiver answering 302 towards another address: the signed event never reaches that
+    address; each try fails, and the delivery ends in the dead letters with the 302."""
+    target = Receiver()
+    moving = Receiver(redirect_to=f"{target.url}/ok")
+    server = EmbeddedRedis(directory=tmp_path / "redis").start()
+    worker = Worker(server.url, overrides={
+        "webhook_urls": f"{moving.url}/moved", "webhook_secret": SECRET,
+        "webhook_retries": "1", "webhook_min_backoff_ms": "50"}).start()
+    pa = PendingActions.from_url(server.url)
+    try:
+        session = f"hook-{uuid.uuid4().hex[:8]}"
+        pa.stage(session=session, tool="deploy", label="Deploy", apply="t.ok")
+        dead = _wait_dead(pa, session, 1)
+        assert dead[0]["url"] == f"{moving.url}/moved" and "302" in dead[0]["error"], dead
+        assert dead[0]["retries"] == "1"
+        with moving.lock:
+            assert moving.requests == 2  # the first try and its one retry
+        with target.lock:
+            assert target.requests == 0 and target.accepted == []
+    finally:
+        pa.close()
+        worker.stop()
+        server.stop()
+        target.http.shutdown()
+        moving.http.shutdown()
+
+
+@pytest.mark.parametrize("bad", ["file:///etc/passwd", "ftp://example.com/x", "example.com/x",
+                                 "http://", "https://host:port/"])
+def test_webhook_urls_are_checked_before_running(redis_server: EmbeddedRedis,
+                                                 bad: str) -> None:
+    env = worker_env(redis_server.url, webhook_urls=f"https://example.com/ok,{bad}")
+    proc = subprocess.run([sys.executable, "-m", "pending_actions", "worker", "--handlers",
+                           "tests.support.handlers"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"Error: PENDING_ACTIONS_WEBHOOK_URLS: {bad!r} is not an " \
+        "http:// or https:// URL with a host"
