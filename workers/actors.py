@@ -24,18 +24,18 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.events import WorkerEvent
 from pending_actions.broker.loops import PULSE_S, Beats, Loop
 from pending_actions.broker.settings import Settings
-from pending_actions.broker.taskbroker import StreamsBroker
-from pending_actions.broker.tasks import (
+from pending_actions.workers import attempt, registry
+from pending_actions.workers.early import EarlyClaims, HandBack
+from pending_actions.workers.local import LocalDispatch
+from pending_actions.workers.resolver import ResolveWorker
+from pending_actions.workers.taskbroker import StreamsBroker
+from pending_actions.workers.tasks import (
     ACTOR_NAME,
     TaskMessage,
     pool_queue,
     serves_locally,
     task_broker,
 )
-from pending_actions.workers import attempt, registry
-from pending_actions.workers.early import EarlyClaims, HandBack
-from pending_actions.workers.local import LocalDispatch
-from pending_actions.workers.resolver import ResolveWorker
 
 log = logging.getLogger("pending_actions.actors")
 ctx = Context.create(Settings(), role="worker")

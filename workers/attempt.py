@@ -30,10 +30,10 @@ from pending_actions.broker.payloads import check_payload
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
 from pending_actions.broker.scripts import Call, Queued
-from pending_actions.broker.tasks import TaskMessage
 from pending_actions.workers import aio, registry
 from pending_actions.workers.early import Claimed
 from pending_actions.workers.poison import park_poison, park_spec
+from pending_actions.workers.tasks import TaskMessage
 
 log = logging.getLogger("pending_actions.attempt")
 R = TypeVar("R")

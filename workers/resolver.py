@@ -37,11 +37,11 @@ from pending_actions.broker.results import (
     nothing_to_target_json,
     text_result,
 )
-from pending_actions.broker.taskbroker import StreamsBroker
-from pending_actions.broker.tasks import TaskMessage, encoded_task, pool_queue
 from pending_actions.workers.local import Claims, LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
+from pending_actions.workers.taskbroker import StreamsBroker
+from pending_actions.workers.tasks import TaskMessage, encoded_task, pool_queue
 from pending_actions.workers.upgrade import upgrade, upgrade_stack
 
 log = logging.getLogger("pending_actions.resolver")
