@@ -3,14 +3,19 @@
 ``Event`` is what a session's history stream (``pa:{S}:history``) records. The Lua scripts get
 it as the table ``EVENT`` (generated from this enum into the prelude, see ``broker/scripts.py``),
 so a script names an event as ``EVENT.TAKEN`` and an unknown name fails the script.
-``WorkerEvent`` is what the lifecycle stream ``pa:workers`` records.
+``WorkerEvent`` is what the lifecycle stream ``pa:workers`` records, each entry written by
+``announce``.
 
 Each event also says what it means for its action (``Fate``), so that whoever counts outcomes
 (``serve``'s metrics, the soak's tally) derives them from here: a new outcome is one member."""
 
 from __future__ import annotations
 
+import os
 from enum import Enum, StrEnum
+from typing import Any
+
+from pending_actions.broker.keys import Keys
 
 
 class Fate(Enum):
@@ -70,3 +75,10 @@ class WorkerEvent(StrEnum):
     READY = "ready"  # a resolve worker or a dramatiq worker process is serving
     SERVING = "serving"  # a dramatiq worker process serves resolve requests (workers/local.py)
     STOPPING = "stopping"  # a dramatiq worker process is shutting down
+
+
+def announce(client: Any, keys: Keys, role: str, event: str, **fields: str | int) -> None:
+    """One entry on the lifecycle stream (``Keys.workers``), capped: this process (its pid) in
+    ``role`` says ``event`` (a ``WorkerEvent``, or a failpoint's name), with ``fields``."""
+    client.xadd(keys.workers, {"role": role, "event": event, "pid": os.getpid(), **fields},
+                maxlen=1000, approximate=True)

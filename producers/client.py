@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import redis
 
 from pending_actions.broker import connection
-from pending_actions.broker.backoff import Backoff, retry
+from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisUnavailable
@@ -27,8 +27,6 @@ WAIT_RETRIES = 3  # dropped connections in a row a reply wait rides out
 # the first reply wait rides in the request's round trip, so a refused request (Redis full) is
 # only known when that wait ends: it is kept short
 FIRST_WAIT_S = 0.5
-
-FAILOVER_WAIT_S = 10.0
 
 
 def _queued(step: Batch) -> Callable[[Any], Callable[[list[Any]], list[Any]]]:
