@@ -14,12 +14,12 @@ from pending_actions.broker import connection
 from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
-from pending_actions.broker.errors import RedisUnavailable
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.pools import LiveView
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions
+from pending_actions.broker.urls import url_options
 from pending_actions.producers.core import Batch, Chunks, Core, Plan, Run, Wait
 
 T = TypeVar("T")
@@ -43,6 +43,7 @@ class PendingActions:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.ctx = Context.create(self.settings)
+        self.tls = url_options(self.settings.require_url()).tls  # named in connection errors
         self.core = Core(self.settings, self.ctx.keys, self.ctx.scripts,
                          cluster=is_cluster(self.ctx.client))
         self.live = LiveView(self.ctx.client, self.ctx.keys)  # for operators' views
@@ -69,7 +70,7 @@ class PendingActions:
                 elif isinstance(step, Chunks):
                     reply = self._chunks(step)
                 elif isinstance(step, Run):
-                    with redis_errors():
+                    with redis_errors(tls=self.tls):
                         reply = step.call.run()
                 else:
                     reply = self._wait(step)
@@ -77,7 +78,7 @@ class PendingActions:
             return done.value  # type: ignore[no-any-return]
 
     def _batch(self, step: Batch) -> list[Any]:
-        with redis_errors():
+        with redis_errors(tls=self.tls):
             if step.wait_on is not None and self.settings.replica_wait:
                 def send() -> list[Any]:
                     return acked(self.client, step.wait_on or "", _queued(step),
@@ -98,7 +99,7 @@ class PendingActions:
         if cluster or self.settings.replica_wait:
             return [self._batch(Batch(queue, transaction=not cluster, wait_on=step.wait_on,
                                       raise_on_error=False)) for queue in step.queues]
-        with redis_errors():
+        with redis_errors(tls=self.tls):
             return transactions(self.client, step.queues)
 
     def _first_wait(self, first: Callable[[Any], object], key: str, seconds: float) -> Any:
@@ -138,10 +139,10 @@ class PendingActions:
                     return got[1]  # type: ignore[no-any-return]
             except TRANSIENT as exc:
                 if retry.failures >= WAIT_RETRIES:
-                    raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                    raise translate(exc, tls=self.tls) from exc
                 time.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
             except REDIS_ERRORS as exc:
-                raise translate(exc) from exc
+                raise translate(exc, tls=self.tls) from exc
         return None
 
     # --- staging ---------------------------------------------------------------------------
