@@ -1,5 +1,5 @@
 """What producers and workers share: settings, key names, models, errors, Lua scripts and the
-Redis/dramatiq setup."""
+Redis setup (the dramatiq side is the workers': ``workers/tasks.py``, ``workers/taskbroker.py``)."""
 
 from pending_actions.broker.errors import (
     ConfigError,

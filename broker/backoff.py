@@ -18,6 +18,10 @@ from pending_actions.broker.connection import TRANSIENT
 
 T = TypeVar("T")
 log = logging.getLogger("pending_actions")
+# how long a step that must reach a replica (REPLICA_WAIT) is sent again through a failover: a
+# replica's promotion takes seconds (the producer's stage and resolve, a worker's claim and
+# outcome)
+FAILOVER_WAIT_S = 10.0
 
 
 def delay(failures: int, first: float, cap: float) -> float:

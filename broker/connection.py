@@ -1,17 +1,15 @@
 """Redis clients. Producers fail fast; workers retry with backoff (see ``worker_client``).
 
-One URL picks the client: ``redis://`` / ``rediss://`` / ``unix://`` a single Redis,
-``redis+cluster://[user:password@]host1:port1,host2:port2/`` (or ``rediss+cluster://``) a Redis
-Cluster, reached through any of the listed startup nodes with redis-py's ``RedisCluster``."""
+One URL picks the client: a single Redis or a Redis Cluster (redis-py's ``RedisCluster``),
+blocking or asyncio; what the URL says is read once, for all of them, in ``broker/urls.py``."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
-from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
@@ -36,6 +34,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from pending_actions.broker.errors import ConfigError
+from pending_actions.broker.urls import UrlOptions, shown, url_options
 
 T = TypeVar("T")
 
@@ -60,11 +59,6 @@ TRANSIENT: tuple[type[Exception], ...] = (
 # less (BLOCK_CHUNK_S, block_ms), so it never trips this; redis-py 8 defaults to 5 s otherwise.
 SOCKET_TIMEOUT_S = 15.0
 BLOCK_CHUNK_S = 5.0
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-
-
-def is_cluster_url(url: str) -> bool:
-    return url.split("://", 1)[0] in CLUSTER_SCHEMES
 
 
 def is_cluster(client: Any) -> bool:
@@ -81,48 +75,40 @@ def is_cluster(client: Any) -> bool:
 _CLUSTER_TYPES: dict[type, bool] = {}
 
 
-def cluster_client(url: str, **options: Any) -> redis.Redis:
-    """A RedisCluster for a ``redis+cluster://`` URL."""
-    parts = urlsplit(url)
-    hosts = parts.netloc.rpartition("@")[2]
-    nodes = []
-    for hostport in hosts.split(","):
-        host, _, port = hostport.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"cluster URL: expected host:port in {hostport!r} ({url!r})")
-        nodes.append(ClusterNode(host, int(port)))  # type: ignore[no-untyped-call]
-    if parts.username or parts.password:
-        options["username"] = unquote(parts.username) if parts.username else None
-        options["password"] = unquote(parts.password) if parts.password else None
-    if parts.scheme.startswith("rediss"):
-        options["ssl"] = True
-    # RedisCluster serves every command and pipeline we send on a single Redis (keys of one
-    # call in one slot), so the rest of the code types it as a redis.Redis
-    return cast(redis.Redis, RedisCluster(startup_nodes=nodes, **options))
+@contextlib.contextmanager
+def _made_from(url: str) -> Iterator[None]:
+    """A constructor's refusal of an option (its value, or one a cluster client lacks) as the
+    same one line as a bad URL."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bad Redis URL {shown(url)!r}: {exc}") from None
+
+
+def _given(defaults: dict[str, Any], url: UrlOptions) -> dict[str, Any]:
+    # the URL's own options win over ours, as in redis-py's from_url
+    return {**defaults, **url.options}
+
+
+def blocking_client(url: str, **options: Any) -> redis.Redis:
+    """The blocking client of ``url`` (a RedisCluster for a cluster URL), ``options`` its
+    defaults."""
+    read = url_options(url)
+    with _made_from(url):
+        if not read.cluster:
+            return redis.Redis(**_given({"retry_on_error": list(TRANSIENT), **options}, read))
+        nodes = [ClusterNode(host, port) for host, port in read.nodes]  # type: ignore[no-untyped-call]
+        # RedisCluster serves every command and pipeline we send on a single Redis (keys of one
+        # call in one slot), so the rest of the code types it as a redis.Redis
+        return cast(redis.Redis, RedisCluster(startup_nodes=nodes, **_given(options, read)))
 
 
 def _client(url: str, backoff_cap: float, retries: int, **extra: int) -> redis.Redis:
-    if not url.startswith(("redis://", "rediss://", "unix://")) and not is_cluster_url(url):
-        raise ConfigError(f"bad Redis URL {url.split('@')[-1]!r}: it must start with "
-                          "redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://")
-    try:
-        return _from_url(url, backoff_cap, retries, **extra)
-    except ValueError as exc:
-        raise ConfigError(f"bad Redis URL {url.split('@')[-1]!r}: {exc}") from None
-
-
-def _from_url(url: str, backoff_cap: float, retries: int, **extra: int) -> redis.Redis:
-    options: dict[str, Any] = dict(
-        socket_connect_timeout=2.0,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_keepalive=True,
+    return blocking_client(
+        url, socket_connect_timeout=2.0, socket_timeout=SOCKET_TIMEOUT_S, socket_keepalive=True,
         health_check_interval=30,
         retry=Retry(ExponentialBackoff(cap=backoff_cap, base=backoff_cap / 20), retries=retries),
-        **extra,
-    )
-    if is_cluster_url(url):
-        return cluster_client(url, **options)
-    return redis.Redis.from_url(url, retry_on_error=list(TRANSIENT), **options)
+        **extra)
 
 
 def server_info(client: Any, section: str) -> dict[str, Any]:
@@ -367,22 +353,18 @@ def acked(client: redis.Redis, key: str, build: Callable[[Any], Callable[[list[A
 def async_producer_client(url: str) -> redis.asyncio.Redis:
     """``producer_client`` for asyncio programs (``AsyncPendingActions``); a
     ``redis+cluster://`` URL gives ``redis.asyncio``'s RedisCluster."""
+    read = url_options(url)
     options: dict[str, Any] = dict(
         socket_connect_timeout=2.0,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_keepalive=True,
         retry=AsyncRetry(ExponentialBackoff(cap=0.5, base=0.025), retries=3),
     )
-    if is_cluster_url(url):
-        parts = urlsplit(url)
-        nodes = [AsyncClusterNode(h.rpartition(":")[0], int(h.rpartition(":")[2]))
-                 for h in parts.netloc.rpartition("@")[2].split(",")]
-        if parts.password:
-            options["password"] = unquote(parts.password)
-        if parts.username:
-            options["username"] = unquote(parts.username)
-        # the rest of the code types it as the single-server client, like the sync one
-        return cast(redis.asyncio.Redis,
-                    redis.asyncio.RedisCluster(startup_nodes=nodes, **options))
-    return redis.asyncio.Redis.from_url(url, health_check_interval=30,
-                                        retry_on_error=list(TRANSIENT), **options)
+    with _made_from(url):
+        if read.cluster:
+            nodes = [AsyncClusterNode(host, port) for host, port in read.nodes]
+            # the rest of the code types it as the single-server client, like the sync one
+            return cast(redis.asyncio.Redis,
+                        redis.asyncio.RedisCluster(startup_nodes=nodes, **_given(options, read)))
+        return redis.asyncio.Redis(**_given(
+            {"health_check_interval": 30, "retry_on_error": list(TRANSIENT), **options}, read))

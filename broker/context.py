@@ -1,5 +1,6 @@
 """What every process builds first: settings, key names, a Redis client and the scripts. The
-dramatiq side (``broker.tasks``) is kept apart so that producers never import dramatiq."""
+dramatiq side (``workers/tasks.py``) lives with the workers, so that producers never import
+dramatiq."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import threading
 
 import redis
 
+from pending_actions.broker.events import announce
 from pending_actions.broker.keys import Keys
 
 ENV = "PENDING_ACTIONS_FAILPOINT"
@@ -19,5 +20,5 @@ ENV = "PENDING_ACTIONS_FAILPOINT"
 def hit(name: str, client: redis.Redis, keys: Keys) -> None:
     if os.environ.get(ENV) != name:
         return
-    client.xadd(keys.workers, {"role": "failpoint", "event": name, "pid": os.getpid()})
+    announce(client, keys, "failpoint", name)
     threading.Event().wait()

@@ -18,6 +18,7 @@ from pending_actions.broker.errors import (
     RedisFull,
     RedisUnavailable,
 )
+from pending_actions.broker.urls import shown
 
 POISON_PREFIX = "POISON "
 # what redis-py raises: its cluster client also raises RedisClusterException, which is not a
@@ -37,11 +38,16 @@ def poison_of(exc: BaseException) -> Poison | None:
     return Poison(what, key, field)
 
 
-def translate(exc: BaseException, url: str = "") -> PendingActionsError:
-    """The package error for a redis-py (or URL parsing) error."""
-    where = f" at {_safe(url)}" if url else ""
+def translate(exc: BaseException, url: str = "", tls: bool = False) -> PendingActionsError:
+    """The package error for a redis-py (or URL parsing) error. ``tls``: the client was asked
+    for TLS (so is any client of a ``rediss`` ``url``)."""
+    where = f" at {shown(url)}" if url else ""
+    tls = tls or url.startswith("rediss")
     if isinstance(exc, PendingActionsError):
         return exc
+    if isinstance(exc, rx.RedisClusterException) and isinstance(
+            exc.__cause__, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError):
+        exc = exc.__cause__  # no startup node took the credentials
     if isinstance(exc, rx.OutOfMemoryError) or str(exc).startswith("OOM "):
         return RedisFull(f"Redis{where} is full (maxmemory reached); nothing was changed")
     if isinstance(exc, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError):
@@ -52,32 +58,33 @@ def translate(exc: BaseException, url: str = "") -> PendingActionsError:
     if isinstance(exc, rx.InvalidResponse) or "Protocol error" in str(exc):
         return RedisUnavailable(f"the server{where} does not speak the Redis protocol ({exc})")
     if isinstance(exc, TRANSIENT):
-        return RedisUnavailable(f"Redis{where} is unavailable: {exc}")
+        return RedisUnavailable(f"Redis{where} is unavailable: {exc}{_over_tls(exc, tls)}")
     if isinstance(exc, rx.RedisClusterException):
-        return RedisUnavailable(f"the Redis Cluster{where} is unavailable: {exc}")
+        return RedisUnavailable(f"the Redis Cluster{where} is unavailable: {exc}"
+                                f"{_over_tls(exc, tls)}")
     if "DB index is out of range" in str(exc) or "invalid DB index" in str(exc):
         return ConfigError(f"the database number in the Redis URL{where} does not exist "
                            f"on that server ({exc})")
     if isinstance(exc, ValueError):  # redis-py's URL parser
-        return ConfigError(f"bad Redis URL {_safe(url)!r}: {exc}")
+        return ConfigError(f"bad Redis URL {shown(url)!r}: {exc}")
     found = poison_of(exc)
     if found is not None:
         return found
     return RedisUnavailable(f"Redis{where} answered with an error: {exc}")
 
 
+def _over_tls(exc: BaseException, tls: bool) -> str:
+    # TLS is never dropped for a server that lacks it (broker/urls.py): such a server takes
+    # the handshake for a command that has not ended, and the connection times out
+    if tls and "connecting to" in str(exc):
+        return " (over TLS: a server that does not speak TLS never completes the handshake)"
+    return ""
+
+
 @contextmanager
-def redis_errors(url: str = "") -> Iterator[None]:
+def redis_errors(url: str = "", tls: bool = False) -> Iterator[None]:
     """Raise every redis-py error inside as the package error ``translate`` gives."""
     try:
         yield
     except REDIS_ERRORS as exc:
-        raise translate(exc, url) from exc
-
-
-def _safe(url: str) -> str:
-    """The URL without its password."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+        raise translate(exc, url, tls) from exc

@@ -147,7 +147,7 @@ class Keys:
 
     def requests_dead(self, partition: int) -> str:
         """STREAM of malformed entries taken off the request stream, with the reason."""
-        return self._p(partition, "requests:dead")
+        return self.stream_dead(self.requests(partition))
 
     def leases(self, partition: int) -> str:
         """ZSET of every live lease of the partition, member ``<session>/<token>`` (see
@@ -182,12 +182,18 @@ class Keys:
 
     def task_dead(self, partition: int, pool: str) -> str:
         """STREAM of task messages that were nacked or could not be decoded."""
-        return self._p(partition, f"dq:{pool}:dead")
+        return self.stream_dead(self.task_queue(partition, pool))
 
     def plain_queue(self, queue: str) -> str:
         """STREAM backing a dramatiq queue on a Redis of its own (``DRAMATIQ_URL``), where no
         script enqueues and partitions do not matter."""
         return f"{self.prefix}:dq:{queue}"
+
+    @staticmethod
+    def stream_dead(stream: str) -> str:
+        """STREAM where the entries of ``stream`` (a request or task stream, either of the above,
+        or a ``plain_queue``) that cannot be served are parked, with the reason; in its slot."""
+        return f"{stream}:dead"
 
     @staticmethod
     def lease_member(session: str, token: str) -> str:

@@ -25,11 +25,11 @@ from pending_actions.broker.errors import ConfigError
 from pending_actions.broker.loops import EXIT_LOOP_DIED
 from pending_actions.broker.policy import preflight
 from pending_actions.broker.settings import Settings
-from pending_actions.broker.tasks import serves_locally, task_broker
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import Child
 from pending_actions.webhooks import parse_urls
 from pending_actions.workers.resolver import ResolveWorker
+from pending_actions.workers.tasks import serves_locally, task_broker
 
 log = logging.getLogger("pending_actions")
 

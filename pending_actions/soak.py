@@ -24,6 +24,7 @@ import orjson
 import redis
 
 from pending_actions.broker.errors import PendingActionsError
+from pending_actions.broker.events import ENDINGS
 from pending_actions.broker.keys import Keys
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers.client import PendingActions
@@ -41,7 +42,7 @@ class Histories:
     both read this."""
 
     staged: set[str]
-    outcomes: dict[str, list[str]]  # id -> "applied" / "discarded", in order
+    outcomes: dict[str, list[str]]  # id -> the events that ended it (Event.ends), in order
     pending: set[str]
     dead: set[str]
 
@@ -53,7 +54,7 @@ class Histories:
                 event, action_id = f[b"event"].decode(), f[b"id"].decode()
                 if event == "staged":
                     found.staged.add(action_id)
-                elif event in ("applied", "discarded"):
+                elif event in ENDINGS:
                     found.outcomes.setdefault(action_id, []).append(event)
             found.pending.update(x.decode() for x in client.zrange(K.stack(s), 0, -1))
             found.pending.update(orjson.loads(v)["id"] for v in client.hvals(K.inflight(s)))

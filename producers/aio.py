@@ -15,12 +15,7 @@ from redis.asyncio.cluster import PipelineCommand
 from redis.exceptions import AskError
 
 from pending_actions.broker.backoff import Backoff
-from pending_actions.broker.connection import (
-    BLOCK_CHUNK_S,
-    TRANSIENT,
-    async_producer_client,
-    is_cluster_url,
-)
+from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, async_producer_client
 from pending_actions.broker.errors import ConfigError, RedisUnavailable
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.keys import Keys
@@ -28,6 +23,7 @@ from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions_async
+from pending_actions.broker.urls import url_options
 from pending_actions.producers.client import FIRST_WAIT_S, WAIT_RETRIES
 from pending_actions.producers.core import Batch, Chunks, Core, Plan, Run, Wait
 
@@ -40,9 +36,12 @@ class AsyncPendingActions:
 
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
-        self.client: redis.asyncio.Redis = async_producer_client(self.settings.require_url())
+        url = self.settings.require_url()
+        self.client: redis.asyncio.Redis = async_producer_client(url)
         keys = Keys(self.settings.key_prefix, self.settings.partitions)
-        self.cluster = cluster = is_cluster_url(self.settings.require_url())
+        read = url_options(url)
+        self.cluster = cluster = read.cluster
+        self.tls = read.tls  # named in the errors of a connection that cannot be made
         if cluster and self.settings.replica_wait:
             raise ConfigError("REPLICA_WAIT with AsyncPendingActions on a Redis Cluster is not "
                               "supported yet; use PendingActions there")
@@ -73,7 +72,7 @@ class AsyncPendingActions:
                 elif isinstance(step, Chunks):
                     reply = await self._chunks(step)
                 elif isinstance(step, Run):
-                    with redis_errors():
+                    with redis_errors(tls=self.tls):
                         reply = await step.call.run_async()
                 else:
                     reply = await self._wait(step)
@@ -81,7 +80,7 @@ class AsyncPendingActions:
             return done.value  # type: ignore[no-any-return]
 
     async def _batch(self, step: Batch) -> list[Any]:
-        with redis_errors():
+        with redis_errors(tls=self.tls):
             replicas = self.settings.replica_wait if step.wait_on is not None else 0
             # (WAIT is no command for a MULTI/EXEC: with it the batch is a plain pipeline)
             pipe = self.client.pipeline(transaction=step.transaction and not replicas
@@ -103,7 +102,7 @@ class AsyncPendingActions:
             return [await self._batch(Batch(queue, transaction=not self.cluster,
                                             wait_on=step.wait_on, raise_on_error=False))
                     for queue in step.queues]
-        with redis_errors():
+        with redis_errors(tls=self.tls):
             return await transactions_async(self.client, step.queues)
 
     async def _first_wait(self, first: Callable[[Any], object], key: str,
@@ -139,10 +138,10 @@ class AsyncPendingActions:
                     return got[1]  # type: ignore[no-any-return]
             except TRANSIENT as exc:
                 if retry.failures >= WAIT_RETRIES:
-                    raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                    raise translate(exc, tls=self.tls) from exc
                 await asyncio.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
             except REDIS_ERRORS as exc:
-                raise translate(exc) from exc
+                raise translate(exc, tls=self.tls) from exc
         return None
 
     # --- the methods of PendingActions -----------------------------------------------------

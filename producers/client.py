@@ -11,15 +11,15 @@ from typing import Any, TypeVar
 import redis
 
 from pending_actions.broker import connection
-from pending_actions.broker.backoff import Backoff, retry
+from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
-from pending_actions.broker.errors import RedisUnavailable
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.pools import LiveView
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions
+from pending_actions.broker.urls import url_options
 from pending_actions.producers.core import Batch, Chunks, Core, Plan, Run, Wait
 
 T = TypeVar("T")
@@ -27,8 +27,6 @@ WAIT_RETRIES = 3  # dropped connections in a row a reply wait rides out
 # the first reply wait rides in the request's round trip, so a refused request (Redis full) is
 # only known when that wait ends: it is kept short
 FIRST_WAIT_S = 0.5
-
-FAILOVER_WAIT_S = 10.0
 
 
 def _queued(step: Batch) -> Callable[[Any], Callable[[list[Any]], list[Any]]]:
@@ -45,6 +43,7 @@ class PendingActions:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.ctx = Context.create(self.settings)
+        self.tls = url_options(self.settings.require_url()).tls  # named in connection errors
         self.core = Core(self.settings, self.ctx.keys, self.ctx.scripts,
                          cluster=is_cluster(self.ctx.client))
         self.live = LiveView(self.ctx.client, self.ctx.keys)  # for operators' views
@@ -71,7 +70,7 @@ class PendingActions:
                 elif isinstance(step, Chunks):
                     reply = self._chunks(step)
                 elif isinstance(step, Run):
-                    with redis_errors():
+                    with redis_errors(tls=self.tls):
                         reply = step.call.run()
                 else:
                     reply = self._wait(step)
@@ -79,7 +78,7 @@ class PendingActions:
             return done.value  # type: ignore[no-any-return]
 
     def _batch(self, step: Batch) -> list[Any]:
-        with redis_errors():
+        with redis_errors(tls=self.tls):
             if step.wait_on is not None and self.settings.replica_wait:
                 def send() -> list[Any]:
                     return acked(self.client, step.wait_on or "", _queued(step),
@@ -100,7 +99,7 @@ class PendingActions:
         if cluster or self.settings.replica_wait:
             return [self._batch(Batch(queue, transaction=not cluster, wait_on=step.wait_on,
                                       raise_on_error=False)) for queue in step.queues]
-        with redis_errors():
+        with redis_errors(tls=self.tls):
             return transactions(self.client, step.queues)
 
     def _first_wait(self, first: Callable[[Any], object], key: str, seconds: float) -> Any:
@@ -140,10 +139,10 @@ class PendingActions:
                     return got[1]  # type: ignore[no-any-return]
             except TRANSIENT as exc:
                 if retry.failures >= WAIT_RETRIES:
-                    raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                    raise translate(exc, tls=self.tls) from exc
                 time.sleep(min(retry.next(), max(deadline - time.monotonic(), 0)))
             except REDIS_ERRORS as exc:
-                raise translate(exc) from exc
+                raise translate(exc, tls=self.tls) from exc
         return None
 
     # --- staging ---------------------------------------------------------------------------

@@ -19,9 +19,9 @@ from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.pools import read_live
 from pending_actions.broker.settings import Settings
-from pending_actions.broker.taskbroker import FIELD as TASK_FIELD
-from pending_actions.broker.tasks import ACTOR_NAME, TaskMessage
 from pending_actions.producers import PendingActions
+from pending_actions.workers.taskbroker import FIELD as TASK_FIELD
+from pending_actions.workers.tasks import ACTOR_NAME, TaskMessage
 from tests.support.replies import read, tail_id, xadd
 
 K = Keys()
@@ -276,8 +276,8 @@ def test_the_resolvers_direct_encodings_match_the_models(
     producer its request, without the models; what they build must be what the models would
     have made."""
     from pending_actions.broker.results import nothing_to_target, nothing_to_target_json
-    from pending_actions.broker.taskbroker import OrjsonEncoder
-    from pending_actions.broker.tasks import encoded_task
+    from pending_actions.workers.taskbroker import OrjsonEncoder
+    from pending_actions.workers.tasks import encoded_task
 
     request = ResolveRequest(req=uuid.uuid4().hex, session="s-1", action=action,  # type: ignore[arg-type]
                              reason=reason, extra=extra, edit=edit, timeout_ms=1000,

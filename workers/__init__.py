@@ -1,4 +1,6 @@
-"""The resolve worker and the dramatiq actors that run registered handlers."""
+"""The resolve worker and the dramatiq actors that run registered handlers, with the dramatiq
+side they share: the task message (``tasks.py``) and our Redis streams broker
+(``taskbroker.py``)."""
 
 from pending_actions.workers.registry import handler
 

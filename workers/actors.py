@@ -21,21 +21,21 @@ from dramatiq.middleware import CurrentMessage
 from pending_actions.broker import pools
 from pending_actions.broker.connection import is_cluster
 from pending_actions.broker.context import Context
-from pending_actions.broker.events import WorkerEvent
+from pending_actions.broker.events import WorkerEvent, announce
 from pending_actions.broker.loops import PULSE_S, Beats, Loop
 from pending_actions.broker.settings import Settings
-from pending_actions.broker.taskbroker import StreamsBroker
-from pending_actions.broker.tasks import (
+from pending_actions.workers import attempt, registry
+from pending_actions.workers.early import EarlyClaims, HandBack
+from pending_actions.workers.local import LocalDispatch
+from pending_actions.workers.resolver import ResolveWorker
+from pending_actions.workers.taskbroker import StreamsBroker
+from pending_actions.workers.tasks import (
     ACTOR_NAME,
     TaskMessage,
     pool_queue,
     serves_locally,
     task_broker,
 )
-from pending_actions.workers import attempt, registry
-from pending_actions.workers.early import EarlyClaims, HandBack
-from pending_actions.workers.local import LocalDispatch
-from pending_actions.workers.resolver import ResolveWorker
 
 log = logging.getLogger("pending_actions.actors")
 ctx = Context.create(Settings(), role="worker")
@@ -92,9 +92,7 @@ class Registration(dramatiq.Middleware):
             self.resolver.stop.set()
         try:
             pools.leave(ctx.client, ctx.keys, self.pool, self.instance)
-            ctx.client.xadd(ctx.keys.workers, {"role": "dramatiq", "event": WorkerEvent.STOPPING,
-                                               "pid": os.getpid()}, maxlen=1000,
-                            approximate=True)
+            announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.STOPPING)
             ctx.client.delete(ctx.keys.beats(beats.proc))  # gone: not a dead loop
         except redis.RedisError:
             log.warning("could not announce shutdown; Redis is unavailable")
@@ -103,11 +101,8 @@ class Registration(dramatiq.Middleware):
         pools.heartbeat(ctx.client, ctx.keys, self.pool, self.names, self.instance,
                         ctx.settings.pool_ttl_ms)
         if self.first:
-            ctx.client.xadd(ctx.keys.workers,
-                            {"role": "dramatiq", "event": WorkerEvent.READY,
-                             "pid": os.getpid(), "pool": self.pool,
-                             "handlers": ",".join(self.names)},
-                            maxlen=1000, approximate=True)
+            announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.READY, pool=self.pool,
+                     handlers=",".join(self.names))
         self.first = False
 
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, texts
-from pending_actions.broker.backoff import Backoff, retry
+from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
 from pending_actions.broker.connection import NotReplicated, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import Stale, ToolError
@@ -30,10 +30,10 @@ from pending_actions.broker.payloads import check_payload
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
 from pending_actions.broker.scripts import Call, Queued
-from pending_actions.broker.tasks import TaskMessage
 from pending_actions.workers import aio, registry
 from pending_actions.workers.early import Claimed
 from pending_actions.workers.poison import park_poison, park_spec
+from pending_actions.workers.tasks import TaskMessage
 
 log = logging.getLogger("pending_actions.attempt")
 R = TypeVar("R")
@@ -121,7 +121,6 @@ def idempotency_key(spec: Spec, req: str) -> str:
     return f"{spec.id}:{req}" if spec.kind == "standing" else spec.id
 
 
-FAILOVER_WAIT_S = 10.0
 Settle = Callable[[Any], None]  # queues the task message's own ack on the outcome's pipeline
 
 

@@ -33,7 +33,7 @@ from pending_actions.broker.connection import pipeline, read_replies
 from pending_actions.broker.context import Context
 from pending_actions.broker.replies import BeginStatus, Begun
 from pending_actions.broker.scripts import Call
-from pending_actions.broker.tasks import ACTOR_NAME
+from pending_actions.workers.tasks import ACTOR_NAME
 
 log = logging.getLogger("pending_actions.early")
 
@@ -119,7 +119,7 @@ class Claimed:
 
 
 class EarlyClaims:
-    """The ``Early`` of ``broker/taskbroker.py`` for the run_attempt actor."""
+    """The ``Early`` of ``workers/taskbroker.py`` for the run_attempt actor."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx

@@ -4,7 +4,7 @@ An idle resolve wakes three processes in turn: the resolve worker takes the targ
 enqueues its task, a dramatiq worker's consumer thread reads the task and claims it
 (begin.lua), and a worker thread runs it; each step a round trip to Redis (an fsync under
 ``appendfsync always``) and a process woken from sleep. With ``LOCAL_DISPATCH`` (off by
-default, and only where ``broker.tasks.serves_locally`` allows it) each dramatiq process runs
+default, and only where ``workers.tasks.serves_locally`` allows it) each dramatiq process runs
 the resolve worker's serve loop itself: for each request it reads while one of its worker
 threads is free, take.lua claims the attempt for that thread in the same atomic step as the
 take (the lease written running, with its claimant, as begin.lua would write it) and enqueues
@@ -35,9 +35,9 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.pools import Live
 from pending_actions.broker.replies import Taken
-from pending_actions.broker.taskbroker import ACKED, STREAM, StreamConsumer, StreamsBroker
-from pending_actions.broker.tasks import task_fields
 from pending_actions.workers.early import Claimed, EarlyClaims, Verdict
+from pending_actions.workers.taskbroker import ACKED, STREAM, StreamConsumer, StreamsBroker
+from pending_actions.workers.tasks import task_fields
 
 
 class LocalDispatch:

@@ -23,7 +23,7 @@ from pending_actions.broker import failpoints, texts
 from pending_actions.broker.connection import is_cluster, pipeline, read_group
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
-from pending_actions.broker.events import WorkerEvent
+from pending_actions.broker.events import WorkerEvent, announce
 from pending_actions.broker.failures import poison_of, translate
 from pending_actions.broker.keys import RESOLVER_GROUP
 from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop
@@ -37,11 +37,11 @@ from pending_actions.broker.results import (
     nothing_to_target_json,
     text_result,
 )
-from pending_actions.broker.taskbroker import StreamsBroker
-from pending_actions.broker.tasks import TaskMessage, encoded_task, pool_queue
 from pending_actions.workers.local import Claims, LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
+from pending_actions.workers.taskbroker import StreamsBroker
+from pending_actions.workers.tasks import TaskMessage, encoded_task, pool_queue
 from pending_actions.workers.upgrade import upgrade, upgrade_stack
 
 log = logging.getLogger("pending_actions.resolver")
@@ -124,9 +124,7 @@ class ResolveWorker:
         process, that the process serves requests too (its own ready is its pool's)."""
         role, event = (("dramatiq", WorkerEvent.SERVING) if self.local is not None
                        else ("resolver", WorkerEvent.READY))
-        self.ctx.client.xadd(self.ctx.keys.workers, {"role": role, "event": event,
-                                                     "pid": os.getpid(), "name": self.name},
-                             maxlen=1000, approximate=True)
+        announce(self.ctx.client, self.ctx.keys, role, event, name=self.name)
         self._announced = True
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -173,7 +171,7 @@ class ResolveWorker:
               ack: bool = True) -> None:
         log.warning("resolve request %s parked: %s", entry_id, reason)
         pipe = self.ctx.client.pipeline(transaction=False)
-        pipe.xadd(f"{stream}:dead",
+        pipe.xadd(self.ctx.keys.stream_dead(stream),
                   {b"entry": entry_id, b"reason": reason[:500],
                    b"data": orjson.dumps({k.decode(errors="replace"): v.decode(errors="replace")
                                           for k, v in fields.items()})},

@@ -21,7 +21,7 @@ local function by_of(lease)
 end
 
 -- add a handler task (an encoded dramatiq message) to a task stream, under the field the
--- streams broker reads (FIELD in broker/taskbroker.py)
+-- streams broker reads (FIELD in workers/taskbroker.py)
 local function add_task(key, message)
   redis.call('XADD', key, '*', 'm', message)
 end

@@ -26,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.events import ENDINGS, OUTCOMES, Event
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Result
 from pending_actions.producers import PendingActions
@@ -33,9 +34,6 @@ from pending_actions.serve.http import Outage
 from pending_actions.views import figures
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-OUTCOMES = ("applied", "discarded", "failed", "expired", "stale", "dead-lettered",
-            "late-refused")  # late-refused: an outcome published, then refused as late
-DECISIONS = ("applied", "discarded", "expired", "stale", "dead-lettered")
 # from a click in the inbox (seconds) to an agent left waiting for a day
 DECISION_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
 # what a tenant's scrape shows besides its own series: nothing about other tenants
@@ -213,14 +211,14 @@ class Metrics:
     def observe_event(self, fields: dict[str, str]) -> None:
         event = fields.get("event", "")
         tenant = fields.get("tenant") or self._tenant(fields.get("session", ""))
-        if event == "staged":
+        if event == Event.STAGED:
             self.staged.labels(tenant).inc()
-        elif event == "recovered":
+        elif event == Event.RECOVERED:
             self.stalls.labels(tenant).inc()
-        elif event in OUTCOMES:
+        elif event in OUTCOMES:  # late-refused too: an outcome published, then refused as late
             self.outcomes.labels(event, tenant).inc()
             created, at = fields.get("created_at"), fields.get("at")
-            if event in DECISIONS and created and at:
+            if event in ENDINGS and created and at:
                 self.decision.labels(tenant, event).observe(
                     max(0.0, float(at) - float(created)))
 

@@ -13,9 +13,10 @@ from typing import Any
 import orjson
 import redis
 
-from pending_actions.broker.connection import cluster_client, is_cluster_url
+from pending_actions.broker.connection import blocking_client
 from pending_actions.broker.errors import Stale, ToolError
 from pending_actions.broker.models import PendingAction
+from pending_actions.broker.urls import is_cluster_url
 from pending_actions.workers import handler
 from tests.support.runs import Run, runs_key
 
@@ -28,7 +29,7 @@ def client() -> redis.Redis:
     # no socket timeout: t.gate blocks for up to a minute on purpose
     url = os.environ.get("TEST_RECORD_URL") or os.environ["PENDING_ACTIONS_REDIS_URL"]
     if is_cluster_url(url):
-        return cluster_client(url, socket_timeout=None)
+        return blocking_client(url, socket_timeout=None)
     return redis.Redis.from_url(url, socket_timeout=None)
 
 

@@ -7,12 +7,13 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker.connection import cluster_client, is_cluster_url
+from pending_actions.broker.connection import blocking_client
 from pending_actions.broker.models import PendingAction
+from pending_actions.broker.urls import is_cluster_url
 from pending_actions.workers import handler
 
 _url = os.environ["PENDING_ACTIONS_REDIS_URL"]
-_client = cluster_client(_url) if is_cluster_url(_url) else redis.Redis.from_url(_url)
+_client = blocking_client(_url) if is_cluster_url(_url) else redis.Redis.from_url(_url)
 
 
 @handler("mix.b")

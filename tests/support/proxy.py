@@ -1,5 +1,6 @@
 """A small TCP proxy for the tests that can cut every connection through it at once, with a
-reset, as a flaky network or a failover would."""
+reset, as a flaky network or a failover would; it also keeps the first bytes each client sent
+(``openings``), which tell a TLS handshake from a plaintext command."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class ChaosProxy:
         self.cuts = 0
         self.closed = False
         self.chunks = 0  # forwarded so far, either way: lets a test cut by traffic, not time
+        self.openings: list[bytes] = []  # each connection's first chunk from its client
         self.traffic = threading.Condition()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -40,12 +42,16 @@ class ChaosProxy:
             upstream.settimeout(None)
             with self.lock:
                 self.sockets.update((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, first in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pump, args=(a, b, first), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, keep_first: bool = False) -> None:
         try:
             while data := src.recv(65536):
+                if keep_first:
+                    with self.lock:
+                        self.openings.append(data)
+                    keep_first = False
                 dst.sendall(data)
                 with self.traffic:
                     self.chunks += 1

@@ -262,7 +262,8 @@ class StreamConsumer(Consumer):
         pipe = self.client.pipeline(transaction=False)
         if park is not None:
             fields: dict[Any, Any] = {**park, b"entry": entry}
-            pipe.xadd(f"{stream}:dead", fields, maxlen=10_000, approximate=True)  # capped
+            pipe.xadd(self.broker.keys.stream_dead(stream), fields, maxlen=10_000,
+                      approximate=True)  # capped
         if entry:
             pipe.xack(stream, TASK_GROUP, entry)
             pipe.xdel(stream, entry)

@@ -10,11 +10,12 @@ import dramatiq
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from pending_actions.broker.connection import is_cluster_url, worker_client
+from pending_actions.broker.connection import worker_client
 from pending_actions.broker.context import Context
 from pending_actions.broker.models import ResolveAction, ResolveRequest
 from pending_actions.broker.settings import Settings
-from pending_actions.broker.taskbroker import OrjsonEncoder, StreamsBroker
+from pending_actions.broker.urls import is_cluster_url
+from pending_actions.workers.taskbroker import OrjsonEncoder, StreamsBroker
 
 ACTOR_NAME = "run_attempt"
 
