@@ -1,6 +1,11 @@
 """What producers and workers share: settings, key names, models, errors, Lua scripts and the
 Redis/dramatiq setup."""
 
+# One import name, so one copy of every class (an ``except Stale`` catches every Stale): from
+# the repo root ``broker`` is importable too, and is refused before it loads anything.
+if __name__ != "pending_actions.broker":
+    raise ImportError(f"import pending_actions.broker, not {__name__}", name=__name__)
+
 from pending_actions.broker.errors import (
     ConfigError,
     InvalidInput,
