@@ -6,6 +6,7 @@ these and also installs a clone without symlinks into a fresh venv."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("broker", "workers", "producers")
+HARNESS_NAMES = re.compile(r"bench|soak|embedded_cluster|supervise")
 # the top-level folders and the import name each installs under
 FOLDERS = {"pending_actions": "pending_actions", **{p: f"pending_actions.{p}" for p in PARTS}}
 
@@ -91,6 +93,8 @@ def test_the_wheel_holds_the_tree(dists: Dists) -> None:
     shipped = {n for n in dists.wheel if ".dist-info/" not in n}
     assert sorted(shipped ^ wanted) == []
     assert len([n for n in shipped if n.endswith(".lua")]) >= 20
+    # the runtime only: the benchmark, the soak and the test clusters are the harness's
+    assert [n for n in shipped if HARNESS_NAMES.search(n)] == []
 
 
 def test_the_sdist_has_no_tests_and_no_part_twice(dists: Dists) -> None:
@@ -119,3 +123,16 @@ def test_a_part_refuses_a_second_name(part: str) -> None:
     assert ran.returncode == 0, ran.stderr
     refusal = f"import pending_actions.{part}, not {part}"
     assert ran.stdout.splitlines() == [refusal, refusal, "[]"]
+
+
+def test_the_harness_is_its_own_distribution_of_the_same_version() -> None:
+    """bench and soak reach the CLI through the harness's entry points; it pins the service
+    it was written against (it drives internals)."""
+    ours = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    harness = tomllib.loads((ROOT / "harness" / "pyproject.toml").read_text())["project"]
+    assert harness["dependencies"] == [f"{ours['name']}=={ours['version']}"]
+    for command, option in (("bench", "--quick"), ("soak", "--kill-every")):
+        ran = subprocess.run([sys.executable, "-m", "pending_actions", command, "--help"],
+                             capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        assert option in ran.stdout
