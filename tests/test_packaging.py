@@ -41,7 +41,9 @@ def without_symlinks(dest: Path) -> Path:
     """The working tree as ``git clone -c core.symlinks=false`` lays it out: every file git
     tracks or would add, a link written as a file holding its target."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], cwd=ROOT, capture_output=True, check=True)
+                             "--exclude-standard"], cwd=ROOT, capture_output=True)
+    if listed.returncode:
+        pytest.skip("not a git checkout: which files are the tree is git's to say")
     for rel in filter(None, listed.stdout.decode().split("\0")):
         src, dst = ROOT / rel, dest / rel
         if not src.is_symlink() and not src.is_file():
