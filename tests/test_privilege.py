@@ -18,7 +18,7 @@ import redis
 from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
-from pending_actions.supervise import WorkerProcess
+from pending_actions_harness.supervise import WorkerProcess
 from tests.support.faults import FAST, K, cluster
 from tests.support.procs import TEST_ENV, worker_env
 from tests.support.replies import byte_list
