@@ -13,7 +13,7 @@ from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from pending_actions.serve.http import Outage
 from pending_actions.serve.metrics import Metrics
-from pending_actions.soak import Histories
+from pending_actions_harness.soak import Histories
 
 
 def test_each_event_says_what_it_means_for_its_action() -> None:
