@@ -84,7 +84,7 @@ class Renewer:
         ctx = self.ctx
         pipe = ctx.client.pipeline(transaction=False)
         # renew.lua moves the lease's index entry too
-        renewals = [ctx.scripts.renew(session, token).on(pipe) for token, session in items]
+        renewals = [ctx.scripts.renew(session, token=token).on(pipe) for token, session in items]
         replies = pipe.execute(raise_on_error=False)
         failed = [r for r in replies if isinstance(r, Exception)]
         for (token, session), queued in zip(items, renewals, strict=True):
@@ -161,7 +161,8 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         # claimant is told OK again where its claim holds, and a master that took over without
         # it says whether another delivery claimed the attempt meanwhile (RUNNING)
         def build(pipe: Any) -> Callable[[list[Any]], Begun]:
-            return _own(ctx.scripts.begin(session, token, claimant).on(pipe, by_digest=digest))
+            return _own(ctx.scripts.begin(session, token=token, claimant=claimant).on(
+                pipe, by_digest=digest))
 
         return acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False,
                      own=True)
@@ -226,8 +227,9 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
     if begun.status is BeginStatus.GONE:
         reply = text_result(texts.REPLACED, base_details(action, task.reason, task.extra),
                             is_error=True)
-        conclude(ctx.scripts.readd(session, token, req, "replaced", reply.to_json(),
-                                   begun.lease.id, begun.lease.attempt))
+        conclude(ctx.scripts.readd(session, token=token, req=req, last_error="replaced",
+                                   reply=reply.to_json(), action_id=begun.lease.id,
+                                   attempt=begun.lease.attempt))
         return "failed"
     assert begun.spec is not None and begun.counters is not None
     spec = begun.spec
@@ -240,12 +242,15 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
         result, outcome, noted = ran.result, _event(ran, action, spec), _noted(ran, spec, task)
         by = begun.lease.by
         if outcome is Event.FAILED and spec.kind != "directive":
-            done = conclude(ctx.scripts.readd(session, token, req, result.text,
-                                              result.to_json(), spec.id, view.attempts),
+            done = conclude(ctx.scripts.readd(session, token=token, req=req,
+                                              last_error=result.text, reply=result.to_json(),
+                                              action_id=spec.id, attempt=view.attempts),
                             outcome, spec, by)
         else:  # an outcome that consumes: returned (error results too), stale, a failed directive
-            done = conclude(ctx.scripts.finalize(session, token, req, result.to_json(),
-                                                 outcome, spec.id, view.attempts, noted),
+            done = conclude(ctx.scripts.finalize(session, token=token, req=req,
+                                                 reply=result.to_json(), event=outcome,
+                                                 action_id=spec.id, attempt=view.attempts,
+                                                 noted=noted),
                             outcome, spec, by)
     finally:
         renewer.discard(token)
