@@ -4,29 +4,21 @@ its KEYS and ARGV by keyword from their types in ``broker/arguments.py`` (field 
 order), and decodes its reply into the type from ``broker/replies.py``. Methods with more than
 a session and a value or two take keywords only.
 
-A method returns a ``Call``: ``run()`` sends it now with EVALSHA (redis-py's
-``register_script`` handles the NOSCRIPT fallback); ``on(pipe)`` queues it on a pipeline and
-returns a ``Queued`` that picks and decodes its reply from ``pipe.execute()``. On a pipeline the
-script goes as EVAL with its body (redis-py's pipeline would send SCRIPT EXISTS before every
-execute that carries a registered script: a round trip more), or with ``by_digest=True`` as
-EVALSHA, where the caller sends again whatever comes back NOSCRIPT (the hot path and stage
-batches: Redis hashes an EVAL's body at every call). The text of each script is
-``broker/lua.py``'s."""
+A method returns a ``Call`` (``broker/calls.py``): sent now (``run()``) or queued on a pipeline
+(``on(pipe)``). The text of each script is ``broker/lua.py``'s."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import redis
 import redis.asyncio
-from redis.exceptions import SlotNotCoveredError
 
 from pending_actions.broker import arguments as arg
-from pending_actions.broker.connection import is_cluster, server_info
+from pending_actions.broker.calls import Call, Queued
+from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import MAXLEN as FEED_MAXLEN
 from pending_actions.broker.keys import RESOLVER_GROUP, Keys
@@ -55,59 +47,6 @@ _SET = {"directive": Event.DIRECTIVE_SET, "standing": Event.STANDING_SET}
 _CLEARED = {"directive": Event.DIRECTIVE_CLEARED, "standing": Event.STANDING_CLEARED}
 
 
-@dataclass(frozen=True)
-class Queued(Generic[R]):
-    """Where a script's reply will be in the list ``pipe.execute()`` returns."""
-
-    index: int
-    decode: Callable[[Any], R]
-
-    def get(self, replies: list[Any]) -> R:
-        return self.decode(replies[self.index])
-
-
-# not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, which
-# costs three times as long (~0.35 us more), and every script call builds one
-@dataclass(slots=True)
-class Call(Generic[R]):
-    script: Any  # redis-py's registered Script
-    keys: Sequence[str]
-    args: Sequence[Any]
-    decode: Callable[[Any], R]
-
-    def run(self) -> R:
-        return self.decode(self.script(keys=self.keys, args=self.args))
-
-    async def run_async(self) -> R:
-        """``run()`` on Scripts built over a ``redis.asyncio`` client."""
-        return self.decode(await self.script(keys=self.keys, args=self.args))
-
-    def on(self, pipe: redis.client.Pipeline | redis.asyncio.client.Pipeline,
-           by_digest: bool = False) -> Queued[R]:
-        """Queue the script on ``pipe`` with its body (EVAL), or with ``by_digest`` its SHA1
-        (EVALSHA): a pipeline of many calls is then mostly their arguments, not the body over
-        and over (3 KB for stage.lua). Redis answers NOSCRIPT while its script
-        cache lacks the script (after a restart, a failover, SCRIPT FLUSH): the caller sends
-        those calls again with their body, which also loads it."""
-        index = len(pipe)
-        # execute_command, not eval(): redis-py's cluster pipeline refuses eval() itself but
-        # routes an EVAL by its keys like any command. It would first ask a server for those
-        # keys (COMMAND GETKEYS, a round trip per call): it is told their node instead, and
-        # finds it again by itself after a MOVED
-        to: dict[str, Any] = {}
-        if is_cluster(pipe) and self.keys:  # redis-py's cluster pipeline
-            # a slot its table lacks (mid-failover): left to redis-py, which reads it again
-            with contextlib.suppress(SlotNotCoveredError):
-                to["target_nodes"] = cast(Any, pipe).get_node_from_key(self.keys[0])
-        if by_digest:
-            pipe.execute_command(
-                "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args, **to)
-        else:
-            pipe.execute_command(
-                "EVAL", self.script.script, len(self.keys), *self.keys, *self.args, **to)
-        return Queued(index, self.decode)
-
-
 class Scripts:
     def __init__(self, client: redis.Redis | redis.asyncio.Redis, settings: Settings,
                  keys: Keys, flags: bool | None = None) -> None:
@@ -118,6 +57,7 @@ class Scripts:
         self._s = settings
         self._client = client
         self._flags = flags
+        self._streams: dict[tuple[int, tuple[str, ...]], tuple[str, ...]] = {}
         self._fn: dict[bool, dict[str, Any]] = {
             on: {name: client.register_script(source(name, on)) for name in NAMES}
             for on in (True, False)}
@@ -243,11 +183,18 @@ class Scripts:
             expired_reply=expired_reply, memory_ms=s.expired_memory_s * 1000, entry=entry,
             group=RESOLVER_GROUP, claimant=claimant, lease_ms=s.lease_ms,
             own_pool=here if claimant else 0)
-        return self._call(
-            "take",
-            keys if message is None else [*keys, *[k.task_queue(p, pool) for pool in live.pools]],
-            args, partial(Taken.decode, session=session),
-        )
+        return self._call("take", keys if message is None else keys + self._task_queues(p, live),
+                          args, partial(Taken.decode, session=session))
+
+    def _task_queues(self, partition: int, live: Live) -> tuple[str, ...]:
+        """The partition's task stream of each live pool, kept: every take sends them."""
+        found = self._streams.get((partition, live.pools))
+        if found is None:
+            if len(self._streams) >= 10_000:  # pools that came and went
+                self._streams.clear()
+            found = tuple(self._k.task_queue(partition, pool) for pool in live.pools)
+            self._streams[partition, live.pools] = found
+        return found
 
     def expire(self, session: str, *, action_id: str) -> Call[Expiry]:
         k = self._k
