@@ -27,7 +27,7 @@ from pending_actions.broker.events import Event
 from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
 from pending_actions.broker.loops import Beats, Loop
-from pending_actions.broker.models import Lease, PendingAction, Result, Spec
+from pending_actions.broker.models import Lease, PendingAction, ResolveAction, Result, Spec
 from pending_actions.broker.payloads import check_payload
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
@@ -158,9 +158,8 @@ class Attempt:
         if settings.replica_wait:  # a step sent again through a failover, which takes seconds
             self.budget = max(self.budget, FAILOVER_WAIT_S)
         # with REPLICA_WAIT, the claim is on a replica before the handler runs (so a failover
-        # cannot forget the take and run the action again), and so is the outcome before this
-        # attempt is over (a lost outcome is sent again, to the new master, while the lease
-        # holds)
+        # cannot forget the take and run the action again), and so is the outcome before the
+        # attempt is over (a lost outcome is sent again, to the new master, while leased)
         self.where = ctx.keys.inflight(task.session)
         self.replicas, self.wait_ms = settings.replica_wait, settings.replica_wait_timeout_ms
         self.claimant = early.claimant if early is not None else uuid.uuid4().hex
@@ -246,8 +245,8 @@ class Attempt:
         whether it was recorded (False: the lease had expired, the outcome refused)."""
         assert begun.spec is not None and begun.counters is not None and begun.lease is not None
         spec, task, scripts = begun.spec, self.task, self.ctx.scripts
-        attempts = begun.counters.attempts
-        end = conclusion(ran, task, spec)
+        attempts, by = begun.counters.attempts, begun.lease.by
+        end = conclusion(ran, spec, task.action, task.edit)
         if end.readd:
             step = scripts.readd(task.session, token=task.token, req=task.req,
                                  last_error=ran.result.text, reply=ran.result.to_json(),
@@ -256,7 +255,7 @@ class Attempt:
             step = scripts.finalize(task.session, token=task.token, req=task.req,
                                     reply=ran.result.to_json(), event=end.event,
                                     action_id=spec.id, attempt=attempts, noted=end.noted)
-        return end.event, self._record(step, end.event, spec, begun.lease.by)
+        return end.event, self._record(step, end.event, spec, by)
 
     def refused_late(self, begun: Begun, outcome: Event) -> str:
         """The outcome came after its lease had gone (expired, and recovered by recover.lua):
@@ -341,11 +340,12 @@ class Conclusion(NamedTuple):
     noted: tuple[str, ...]  # what the history entry of a finalize adds
 
 
-def conclusion(ran: Ran, task: TaskMessage, spec: Spec) -> Conclusion:
+def conclusion(ran: Ran, spec: Spec, action: ResolveAction,
+               edit: dict[str, Any] | None = None) -> Conclusion:
     """What a handler's run comes to: the one place that decides what happens when a handler
     fails. It raised (a ToolError, any other exception, a time limit): FAILED, and the action
     goes back on its stack's head, or the standing handler stays, with last_error, for the next
-    resolve; a directive is used up instead, so that a failing one does not block the session.
+    resolve; a directive is used up instead (one shot, whatever the outcome: docs/semantics.md).
     It raised Stale: STALE, used up. It returned, an error result too: APPLIED or DISCARDED,
     used up. (Before any handler runs, a record that does not parse is parked in the dead
     letters, ``_unreadable``; an attempt whose worker is lost is put back, or dead-lettered
@@ -355,11 +355,11 @@ def conclusion(ran: Ran, task: TaskMessage, spec: Spec) -> Conclusion:
     elif ran.how == "raised":
         event = Event.FAILED
     else:
-        event = Event.APPLIED if task.action == "apply" else Event.DISCARDED
+        event = Event.APPLIED if action == "apply" else Event.DISCARDED
     # the error text of an error result, and an edit's patch beside the payload it was applied to
     noted: tuple[str, ...] = ("error", ran.result.text) if ran.result.is_error else ()
-    if task.edit is not None:
-        noted += ("edit", orjson.dumps(task.edit).decode(),
+    if edit is not None:
+        noted += ("edit", orjson.dumps(edit).decode(),
                   "payload", orjson.dumps(spec.payload).decode())
     return Conclusion(event, event is Event.FAILED and spec.kind != "directive", noted)
 
