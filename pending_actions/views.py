@@ -3,25 +3,30 @@ dead action, and the deployment's figures (``stats``, ``top``, ``/metrics``).
 
 Sessions are found with HSCAN / SSCAN over the session indexes (never KEYS), and read in
 pipelined batches, so a view costs a few round trips per few hundred sessions and never blocks
-Redis.
+Redis. A session is shown as a tenant's only when its owner record (its field in its
+partition's sessions hash) says so: an index entry is a hint, never a grant. A session with
+keys but no record is shown to nobody but the operator's all-tenant views, marked unowned.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
-from pending_actions.broker.models import DEFAULT_TENANT, Spec, tool_of
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import DEFAULT_TENANT, NAME_RE, Spec, tool_of
 from pending_actions.producers import PendingActions
 
 BATCH = 200
 NO_TENANT = "-"  # sessions claimed by no tenant yet (only a slot was set)
+UNOWNED = "(unowned)"  # sessions with keys but no owner record: an operator's to mend
+Suffix = Literal["actions", "dead"]  # the key a view looks for in a session without a record
 
 
 def _text(raw: Any) -> str:
@@ -34,20 +39,73 @@ def scan(pa: PendingActions, key: str) -> Iterator[str]:
 
 
 def owned_sessions(pa: PendingActions) -> Iterator[tuple[str, str]]:
-    """Every session with its tenant (``NO_TENANT`` for none yet), from the partitions'
-    sessions hashes."""
+    """Every session with an owner record, and its tenant (``NO_TENANT`` for none yet), from
+    the partitions' sessions hashes."""
     k = pa.ctx.keys
     for p in range(k.partitions):
         for session, tenant in pa.client.hscan_iter(k.sessions(p), count=BATCH):
             yield _text(session), _text(tenant) or NO_TENANT
 
 
+def tenant_sessions(pa: PendingActions, tenant: str) -> Iterator[str]:
+    """The sessions whose owner record (their field in their partition's sessions hash) names
+    ``tenant``, and only those: for the default tenant, from the sessions hashes; for another,
+    from its index in each partition, each member kept only when its record names the tenant,
+    so an index entry that strayed there shows nothing."""
+    if tenant == DEFAULT_TENANT:
+        yield from (session for session, owner in owned_sessions(pa) if owner == tenant)
+        return
+    k = pa.ctx.keys
+    for p in range(k.partitions):
+        for chunk in _batches(scan(pa, k.tenant_index(p, tenant))):
+            owners: Any = pa.client.hmget(k.sessions(p), chunk)
+            yield from (session for session, owner in zip(chunk, owners, strict=True)
+                        if owner is not None and _text(owner) == tenant)
+
+
+def unowned_sessions(pa: PendingActions, suffix: Suffix) -> Iterator[str]:
+    """Sessions with a key ``suffix`` (``actions``: something pending; ``dead``: dead letters)
+    but no owner record (deleted by hand: stage refuses them, ``repair`` restores it). Found
+    by a SCAN of the whole key space (never KEYS): for the operator's all-tenant views only."""
+    k = pa.ctx.keys
+    found: dict[int, list[str]] = defaultdict(list)
+    for key in pa.client.scan_iter(match=f"{k.prefix}:{{*}}:s:*:{suffix}", count=1000):
+        session = _session_of(k, _text(key), suffix)
+        if session is not None:
+            found[k.partition(session)].append(session)
+    for p, sessions in found.items():
+        for chunk in _batches(sessions):
+            owners: Any = pa.client.hmget(k.sessions(p), chunk)
+            yield from (s for s, owner in zip(chunk, owners, strict=True) if owner is None)
+
+
+def _session_of(k: Keys, key: str, suffix: Suffix) -> str | None:
+    """The session whose ``suffix`` key ``key`` is, or None (a key that only looks like one)."""
+    _head, sep, rest = key.partition("}:s:")
+    session = rest[:-len(suffix) - 1]
+    if not sep or not rest.endswith(f":{suffix}") or not NAME_RE.match(session):
+        return None
+    named = k.actions(session) if suffix == "actions" else k.dead(session)
+    return session if named == key else None
+
+
+def listed(pa: PendingActions, tenant: str | None,
+           suffix: Suffix) -> Iterator[tuple[str, str]]:
+    """The sessions a view lists, each with its owner: a tenant's (checked against their owner
+    records); without a tenant, every session with a record, then those with a key ``suffix``
+    but no record, as ``UNOWNED``."""
+    if tenant:
+        yield from ((session, tenant) for session in tenant_sessions(pa, tenant))
+        return
+    yield from owned_sessions(pa)
+    yield from ((session, UNOWNED) for session in unowned_sessions(pa, suffix))
+
+
 def all_sessions(pa: PendingActions, tenant: str | None = None) -> Iterator[str]:
-    """Every session, or a tenant's: from its set, or for the default tenant (which has none)
-    from the partitions' sessions hashes."""
-    if tenant and tenant != DEFAULT_TENANT:
-        return scan(pa, pa.ctx.keys.tenant_sessions(tenant))
-    return (session for session, owner in owned_sessions(pa) if owner == (tenant or owner))
+    """Every session with an owner record, or a tenant's (``tenant_sessions``)."""
+    if tenant:
+        return tenant_sessions(pa, tenant)
+    return (session for session, _owner in owned_sessions(pa))
 
 
 def _batches(items: Iterable[str]) -> Iterator[list[str]]:
@@ -61,7 +119,7 @@ def inbox(pa: PendingActions, tenant: str) -> list[dict[str, Any]]:
     session would take now (its stack's head), which is the only one a person can act on."""
     now = time.time()
     out: list[dict[str, Any]] = []
-    for session in all_sessions(pa, tenant):
+    for session in tenant_sessions(pa, tenant):
         head_seen = False
         for a in pa.pending(session):
             target = a.state == "pending" and not head_seen
@@ -73,15 +131,24 @@ def inbox(pa: PendingActions, tenant: str) -> list[dict[str, Any]]:
 
 
 def dead_all(pa: PendingActions, tenant: str | None = None) -> list[dict[str, Any]]:
+    """Every dead letter of a tenant's sessions, or of every session (``unowned`` marks those
+    of a session with no owner record)."""
     k = pa.ctx.keys
     out: list[dict[str, Any]] = []
-    for chunk in _batches(all_sessions(pa, tenant)):
+    for chunk in _pairs(listed(pa, tenant, "dead")):
         pipe = pa.client.pipeline(transaction=False)
-        for session in chunk:
+        for session, _owner in chunk:
             pipe.lrange(k.dead(session), 0, -1)
-        for session, items in zip(chunk, pipe.execute(), strict=True):
-            out.extend({"session": session, **orjson.loads(raw)} for raw in items)
+        for (session, owner), items in zip(chunk, pipe.execute(), strict=True):
+            mark = {"unowned": True} if owner == UNOWNED else {}
+            out.extend({"session": session, **orjson.loads(raw), **mark} for raw in items)
     return out
+
+
+def _pairs(items: Iterable[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    it = iter(items)
+    while chunk := list(islice(it, BATCH)):
+        yield chunk
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Nothing grows for ever: the recovery loop retires, a page at a time, what finished sessions
 leave. retire.lua sets a finished session's history to expire after ``retention_s`` (never
 touching a session with anything pending, in flight, in a slot or dead-lettered), and drops a
-session with no keys left from its partition's sessions hash (its tenant claim with it); the
-tenants' sessions sets follow. The dead streams are capped where they are written; markers and
+session with no keys left from its partition's sessions hash (its owner record) and its
+tenant's index, in one step. The dead streams are capped where they are written; markers and
 replies have their own ttl.
 
 The pages are paced by the retention, not by the number of sessions: one pass over every
@@ -23,8 +23,8 @@ import redis
 from pending_actions.broker.context import Context
 
 log = logging.getLogger("pending_actions.resolver")
-TURN = "turn"  # the field of Keys.housekeeping with the index of the next hash or set to page
-# (that index, and each hash's or set's scan cursor and size when its pass began)
+TURN = "turn"  # the field of Keys.housekeeping with the index of the next hash to page
+# (that index, and each hash's scan cursor and size when its pass began)
 Pass = tuple[int, dict[str, tuple[int, int]]]
 
 
@@ -35,8 +35,6 @@ class Retirement:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.next_at = 0.0
-        self.sets: list[str] = []  # the tenants' sessions sets, found once a pass
-        self.sets_at = 0.0  # when to look for them again
         # the pass as this worker last left it: carried on alone while the shared record is
         # of another type (an operator's doing), rather than stopping the recovery loop
         self.own: Pass = (0, {})
@@ -49,8 +47,8 @@ class Retirement:
 
     def step(self) -> int:
         """At most every ``housekeeping_s``, by one worker at a time: a page of the next
-        sessions hashes and sets in turn (one each round when a pass spans more rounds than
-        there are of them; all of them when a pass is one round). Where a pass stands is kept
+        sessions hashes in turn (one each round when a pass spans more rounds than there are
+        of them; all of them when a pass is one round). Where a pass stands is kept
         in Redis (``Keys.housekeeping``), so whichever worker holds the round carries it on.
         Returns how many sessions were dropped."""
         s = self.ctx.settings
@@ -62,36 +60,31 @@ class Retirement:
         if not self.ctx.client.set(k.housekeeping_lock, "1", nx=True,
                                    px=int(s.housekeeping_s * 1000)):
             return 0
-        if now >= self.sets_at:
-            self.sets, self.sets_at = self.tenant_sets(), now + self.pass_s
-        keys = [(k.sessions(p), True) for p in range(k.partitions)] + [
-            (key, False) for key in self.sets]
+        keys = [k.sessions(p) for p in range(k.partitions)]
         first, state = self.load()
         first %= len(keys)
         rounds = self.pass_s / s.housekeeping_s
         n = min(len(keys), math.ceil(len(keys) / rounds))
         turn = [keys[(first + i) % len(keys)] for i in range(n)]
-        state.update(self.measure([(key, hashed) for key, hashed in turn
-                                   if not state.get(key, (0, 0))[0]]))
-        # the pages each hash or set gets in a pass, whole: a pass never takes longer than planned
+        state.update(self.measure([key for key in turn if not state.get(key, (0, 0))[0]]))
+        # the pages each hash gets in a pass, whole: a pass never takes longer than planned
         pages = max(1, int(rounds * n / len(keys)))
         dropped = 0
-        for key, hashed in turn:
+        for key in turn:
             cursor, size = state.get(key, (0, 0))
             if cursor or size:
-                gone, cursor = self.page(key, hashed, cursor, size, pages)
+                gone, cursor = self.page(key, cursor, size, pages)
                 dropped += gone
             state[key] = (cursor, size)
-        # a tenant's set that is gone (every session of it retired) leaves the record with
-        # its entry, else the record would keep one for every tenant there ever was
-        vanished = set(state) - {key for key, _ in keys}
+        # what older versions kept (the tenants' sets of sessions) leaves the record
+        vanished = set(state) - set(keys)
         for key in vanished:
             del state[key]
         self.own = ((first + n) % len(keys), state)
         try:
             pipe = self.ctx.client.pipeline(transaction=False)
             pipe.hset(k.housekeeping, mapping={
-                TURN: self.own[0], **{key: f"{state[key][0]} {state[key][1]}" for key, _ in turn}})
+                TURN: self.own[0], **{key: f"{state[key][0]} {state[key][1]}" for key in turn}})
             if vanished:
                 pipe.hdel(k.housekeeping, *vanished)
             pipe.execute()
@@ -127,63 +120,39 @@ class Retirement:
                 continue
         return turn, state
 
-    def tenant_sets(self) -> list[str]:
-        found: Any = self.ctx.client.scan_iter(match=self.ctx.keys.tenant_sessions("*"),
-                                               count=1000, _type="set")
-        return [x.decode() if isinstance(x, bytes) else x for x in found]
-
-    def measure(self, starting: list[tuple[str, bool]]) -> dict[str, tuple[int, int]]:
-        """The size of each hash and set whose pass begins now, which sets its page (and spares
-        the scan of one that is empty)."""
+    def measure(self, starting: list[str]) -> dict[str, tuple[int, int]]:
+        """The size of each hash whose pass begins now, which sets its page (and spares the
+        scan of one that is empty)."""
         if not starting:
             return {}
         pipe = self.ctx.client.pipeline(transaction=False)
-        for key, hashed in starting:
-            if hashed:
-                pipe.hlen(key)
-            else:
-                pipe.scard(key)
-        return {key: (0, int(size))
-                for (key, _), size in zip(starting, pipe.execute(), strict=True)}
+        for key in starting:
+            pipe.hlen(key)
+        return {key: (0, int(size)) for key, size in zip(starting, pipe.execute(), strict=True)}
 
-    def page(self, key: str, hashed: bool, cursor: int, size: int,
-             pages: int) -> tuple[int, int]:
-        """One of the ``pages`` of a pass over a partition's sessions hash (``hashed``:
-        retire.lua drops the sessions it finds gone) or a tenant's sessions set (dropped
-        here), from ``cursor``. Returns how many were dropped and the cursor after."""
-        ctx = self.ctx
+    def page(self, key: str, cursor: int, size: int, pages: int) -> tuple[int, int]:
+        """One of the ``pages`` of a pass over a partition's sessions hash from ``cursor``:
+        retire.lua drops the sessions it finds gone. Returns how many were dropped and the
+        cursor after."""
         # one more than its share: a scan stops once it has as many as asked, which for a
         # last page would leave the cursor short of the end, and the pass a page longer
         count = min(self.MAX_PAGE, math.ceil(size / pages) + 1)
-        scanned: Any = (ctx.client.hscan(key, cursor, count=count) if hashed
-                        else ctx.client.sscan(key, cursor, count=count))
-        after = int(scanned[0])
-        sessions = [m.decode() for m in scanned[1]]  # a hash's fields, a set's members
-        gone = self.retire(sessions) if sessions else []
-        if hashed or not gone:
-            return len(gone), after
-        ctx.client.srem(key, *gone)
-        # a stage may have come in between the look and the SREM (its producer adds the
-        # session to its tenant's set), so whatever has keys again now goes back
-        pipe = ctx.client.pipeline(transaction=False)
-        for session in gone:
-            pipe.exists(ctx.keys.actions(session), ctx.keys.history(session),
-                        ctx.keys.dead(session))
-        back = [x for x, n in zip(gone, pipe.execute(), strict=True) if n]
-        if back:
-            ctx.client.sadd(key, *back)
-        return len(gone) - len(back), after
+        scanned: Any = self.ctx.client.hscan(key, cursor, count=count)
+        # each session with its tenant as read: retire.lua takes it out of that tenant's index
+        sessions = [(s.decode(), t.decode()) for s, t in scanned[1].items()]
+        return len(self.retire(sessions)) if sessions else 0, int(scanned[0])
 
-    def retire(self, sessions: list[str]) -> list[str]:
-        """retire.lua on these sessions, one call per partition; returns those gone."""
+    def retire(self, sessions: list[tuple[str, str]]) -> list[str]:
+        """retire.lua on these sessions (each with the tenant its record held), one call per
+        partition; returns those gone."""
         ctx = self.ctx
-        by_partition: dict[int, list[str]] = defaultdict(list)
-        for session in sessions:
-            by_partition[ctx.keys.partition(session)].append(session)
+        by_partition: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for session, tenant in sessions:
+            by_partition[ctx.keys.partition(session)].append((session, tenant))
         retention = ctx.settings.retention_s * 1000
         gone: list[str] = []
         for partition, group in by_partition.items():
             codes = ctx.scripts.retire(partition, sessions=group,
                                         retention_ms=retention).run()
-            gone += [x for x, code in zip(group, codes, strict=True) if code == 2]
+            gone += [x for (x, _t), code in zip(group, codes, strict=True) if code == 2]
         return gone

@@ -94,20 +94,22 @@ def _one_or_all(session: str | None, all_: bool) -> None:
 @click.pass_obj
 def ls_(obj: Obj, session: str | None, all_: bool, tenant: str | None) -> None:
     """List pending actions of SESSION (in-flight first, then the stack, head first), or with
-    --all of every session, newest first."""
-    from pending_actions.views import all_sessions
+    --all of every session, newest first (a session whose owner record is lost is shown only
+    without --tenant, marked unowned)."""
+    from pending_actions.views import UNOWNED, listed
 
     _one_or_all(session, all_)
     try:
         pa = obj.client()
-        sessions = [session] if session else all_sessions(pa, tenant)
-        items = [a for s in sessions for a in pa.pending(s)]
+        sessions = [(session, "")] if session else listed(pa, tenant, "actions")
+        items = [(owner == UNOWNED, a) for s, owner in sessions for a in pa.pending(s)]
     except PendingActionsError as exc:
         fail(exc)
     if all_:
-        items.sort(key=lambda a: a.created_at, reverse=True)
-    obj.out([a.model_dump() for a in items],
-            "\n".join((f"{a.session}  " if all_ else "") + _line(a) for a in items)
+        items.sort(key=lambda x: x[1].created_at, reverse=True)
+    obj.out([{**a.model_dump(), **({"unowned": True} if lost else {})} for lost, a in items],
+            "\n".join((f"{a.session}{' ' + UNOWNED if lost else ''}  " if all_ else "")
+                      + _line(a) for lost, a in items)
             or "(nothing pending)")
 
 
