@@ -26,7 +26,7 @@ from pending_actions.producers import PendingActions
 BATCH = 200
 NO_TENANT = "-"  # sessions claimed by no tenant yet (only a slot was set)
 UNOWNED = "(unowned)"  # sessions with keys but no owner record: an operator's to mend
-Suffix = Literal["actions", "dead"]  # the key a view looks for in a session without a record
+Suffix = Literal["actions", "dead", "history"]  # what a session without a record is found by
 
 
 def _text(raw: Any) -> str:
@@ -63,29 +63,32 @@ def tenant_sessions(pa: PendingActions, tenant: str) -> Iterator[str]:
                         if owner is not None and _text(owner) == tenant)
 
 
-def unowned_sessions(pa: PendingActions, suffix: Suffix) -> Iterator[str]:
-    """Sessions with a key ``suffix`` (``actions``: something pending; ``dead``: dead letters)
-    but no owner record (deleted by hand: stage refuses them, ``repair`` restores it). Found
-    by a SCAN of the whole key space (never KEYS): for the operator's all-tenant views only."""
+def unowned_sessions(pa: PendingActions, *suffixes: Suffix) -> Iterator[str]:
+    """Sessions with a key of one of ``suffixes`` (``actions``: something pending; ``dead``:
+    dead letters; ``history``: anything staged) but no owner record (deleted by hand: stage
+    refuses them, ``repair`` restores it). Found by a SCAN of the whole key space (never
+    KEYS): for the operator's all-tenant views and ``repair`` only."""
     k = pa.ctx.keys
-    found: dict[int, list[str]] = defaultdict(list)
-    for key in pa.client.scan_iter(match=f"{k.prefix}:{{*}}:s:*:{suffix}", count=1000):
-        session = _session_of(k, _text(key), suffix)
+    pattern = f"{k.prefix}:{{*}}:s:*" + (f":{suffixes[0]}" if len(suffixes) == 1 else "")
+    found: dict[int, set[str]] = defaultdict(set)
+    for key in pa.client.scan_iter(match=pattern, count=1000):
+        session = _session_of(k, _text(key), suffixes)
         if session is not None:
-            found[k.partition(session)].append(session)
+            found[k.partition(session)].add(session)
     for p, sessions in found.items():
-        for chunk in _batches(sessions):
+        for chunk in _batches(sorted(sessions)):
             owners: Any = pa.client.hmget(k.sessions(p), chunk)
             yield from (s for s, owner in zip(chunk, owners, strict=True) if owner is None)
 
 
-def _session_of(k: Keys, key: str, suffix: Suffix) -> str | None:
-    """The session whose ``suffix`` key ``key`` is, or None (a key that only looks like one)."""
+def _session_of(k: Keys, key: str, suffixes: tuple[Suffix, ...]) -> str | None:
+    """The session whose key of one of ``suffixes`` ``key`` is, or None (another key, or one
+    that only looks like it)."""
     _head, sep, rest = key.partition("}:s:")
-    session = rest[:-len(suffix) - 1]
-    if not sep or not rest.endswith(f":{suffix}") or not NAME_RE.match(session):
+    session, _, suffix = rest.rpartition(":")
+    if not sep or suffix not in suffixes or not NAME_RE.match(session):
         return None
-    named = k.actions(session) if suffix == "actions" else k.dead(session)
+    named = {"actions": k.actions, "dead": k.dead, "history": k.history}[suffix](session)
     return session if named == key else None
 
 

@@ -35,6 +35,8 @@ def test_a_resolve_worker_upgrades_the_older_sessions_index(tmp_path: Path) -> N
     for session, tenant in planted:
         rc.sadd(keys.sessions(keys.partition(session)), session)
         rc.xadd(keys.history(session), {"event": "staged", "id": "pending-action:t:1"})
+        # the id counter as the older version's stage left it (an INCRBY, no mark beside it)
+        rc.set(keys.seq(keys.partition(session)), 1)
         if tenant is not None:
             rc.set(keys.legacy_tenant(session), tenant)
     worker = Worker(redis_server.url).start()

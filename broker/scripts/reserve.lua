@@ -2,8 +2,8 @@
 -- seq is value * partitions + partition; producers/staging.py). The counter has a copy, its
 -- mark, written in the same step: a counter deleted or set back by hand is rebuilt from the
 -- mark before any value is handed out, so neither ever goes back and no id is handed out
--- twice. When neither is left (or readable) in a partition that has been used (its sessions
--- hash or its event feed exists), no value is known to be free: nothing is handed out.
+-- twice. When neither is left (or readable) in a partition that has been used (it has sessions,
+-- or entries in its event feed), no value is known to be free: nothing is handed out.
 -- KEYS[1] the counter (string)   KEYS[2] its mark (string)
 -- KEYS[3] the partition's sessions (hash)   KEYS[4] the partition's event feed (stream)
 -- ARGV[1] size: how many values   ARGV[2] floor: a value known to be taken (a collision
@@ -21,7 +21,9 @@ local function value(key)
 end
 
 local held, copy = value(counter), value(mark)
-if not held and not copy and redis.call('EXISTS', sessions, feed) > 0 then
+-- (an empty feed says nothing: a webhook consumer's group makes one before any stage)
+if not held and not copy and (redis.call('EXISTS', sessions) > 0
+    or call_on('XLEN', feed) > 0) then
   return -1
 end
 local last = math.max(held or 0, copy or 0, tonumber(floor)) + tonumber(size)

@@ -1,6 +1,6 @@
 -- stage: push new pending actions of one session on the head of its stack, in the order given
 -- (the last one given ends up the head), each with its `staged` entry in the session's history
--- and in its partition's event feed. Their counters (state hash) are written at their first
+-- (naming a tenant other than the default) and in its partition's event feed. Their counters (state hash) are written at their first
 -- take: an action that has none is at attempt 0, no stalls, which saves a field, and for a
 -- session's first action a whole key, per pending action.
 -- The session's first stage claims it for its tenant, in this step: its field in its
@@ -86,6 +86,9 @@ redis.call('PERSIST', hist)
 local pushed = {}
 for k, i in ipairs(new) do pushed[k] = ARGV[i] end
 local depth = push_head(stack, pushed)
+-- a tenant other than the default is named in each staged entry of the history: what the
+-- session's owner record is restored from, should it be lost (`pending-actions repair`)
+local owned = indexed ~= '' and {'tenant', tenant} or {}
 local now = ttl and now_ms()
 local soonest
 for k, i in ipairs(new) do
@@ -94,10 +97,10 @@ for k, i in ipairs(new) do
   if ARGV[i + 2] ~= '' then
     local due = now + tonumber(ARGV[i + 2])
     redis.call('ZADD', expiries, due, session .. '/' .. id)
-    append(hist, EVENT.STAGED, 'id', id, 'expires_at', due)
+    append(hist, EVENT.STAGED, 'id', id, 'expires_at', due, unpack(owned))
     soonest = math.min(soonest or due, due)
   else
-    append(hist, EVENT.STAGED, 'id', id)
+    append(hist, EVENT.STAGED, 'id', id, unpack(owned))
   end
   append(feed, EVENT.STAGED, 'at', at, 'session', session, 'tenant', tenant, 'id', id, 'tool',
     string.match(id, '^pending%-action:(.+):%d+$') or '', 'kind', 'action', 'created_at',

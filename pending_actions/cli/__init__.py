@@ -78,11 +78,12 @@ def _register() -> None:
     from pending_actions.cli import actions, service
     from pending_actions.health import acl, health
     from pending_actions.ops import top
+    from pending_actions.repair import repair
     from pending_actions.serve.cli import serve, token
 
     for command in (service.up, service.worker, actions.stage, actions.resolve, actions.ls_,
                     actions.show, actions.history, actions.dead, actions.stats,
-                    serve, token, top, health, acl):
+                    serve, token, top, health, acl, repair):
         cli.add_command(command)
 
 
