@@ -164,8 +164,9 @@ def test_a_retry_is_told_from_a_collision(server: tuple[Any, redis.Redis]) -> No
     srv, rc = server
     pa = PendingActions.from_url(srv.url)
     try:
-        spec = {"session": "retry", "tool": "t", "label": "L", "apply": "t.ok", "reject": None,
-                "payload": {}, "kind": "action", "tenant": "default", "created_at": 1.0}
+        spec: dict[str, Any] = {"session": "retry", "tool": "t", "label": "L", "apply": "t.ok",
+                                "reject": None, "payload": {}, "kind": "action",
+                                "tenant": "default", "created_at": 1.0}
         first = pa.ctx.scripts.stage("retry", tenant="default", indexed=False, at="2.000",
                                      actions=[("pending-action:t:16", spec_json(spec), None,
                                                "1.000")])

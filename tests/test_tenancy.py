@@ -178,9 +178,9 @@ def test_views_check_every_session_against_its_owner_record(deployment: Deployme
     every = [a for a in orjson.loads(cli(d.url, "--json", "ls", "--all").stdout)
              if a["session"] == victim.session]
     assert [(a["id"], a.get("unowned")) for a in every] == [(victim.ids[0], True)]
-    dead = [x for x in orjson.loads(cli(d.url, "--json", "dead", "--all").stdout)
-            if x["session"] == victim.session]
-    assert [(x["reason"], x.get("unowned")) for x in dead] == [("secret reason", True)]
+    letters = [x for x in orjson.loads(cli(d.url, "--json", "dead", "--all").stdout)
+               if x["session"] == victim.session]
+    assert [(x["reason"], x.get("unowned")) for x in letters] == [("secret reason", True)]
     assert cli(d.url, "--json", "dead", "--all", "--tenant", victim.t2).stdout.strip() == "[]"
     text = cli(d.url, "ls", "--all").stdout
     assert f"{victim.session} (unowned)  {victim.ids[0]}" in text
