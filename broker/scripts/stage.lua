@@ -44,8 +44,8 @@ local ttl = false
 for i = quads_at + 2, #ARGV, 4 do
   ttl = ttl or ARGV[i] ~= ''
 end
--- the keys written after the first write (the actions hash checks its own type)
-local types = {[stack] = 'zset', [hist] = 'stream', [feed] = 'stream'}
+-- the keys written after the first write (the feed's; the actions hash checks its own type)
+local types = {[stack] = 'zset', [hist] = 'stream'}
 if ttl then types[expiries] = 'zset' end
 if claim and indexed ~= '' then types[tenants] = 'set' end
 check_types(types)
@@ -76,6 +76,14 @@ end
 if #new == 0 then
   return out
 end
+-- the feed's entries first: the first write checks its own key's type (POISON, nothing
+-- written), which saves a TYPE call on every stage
+for _, i in ipairs(new) do
+  append(feed, EVENT.STAGED, 'at', at, 'session', session, 'tenant', tenant, 'id', ARGV[i],
+    'tool', string.match(ARGV[i], '^pending%-action:(.+):%d+$') or '', 'kind', 'action',
+    'created_at', ARGV[i + 3])
+end
+trim(feed, feed_maxlen)
 redis.call('HSET', actions, unpack(fields))
 if claim then
   redis.call('HSET', sessions, session, tenant)
@@ -102,12 +110,8 @@ for k, i in ipairs(new) do
   else
     append(hist, EVENT.STAGED, 'id', id, unpack(owned))
   end
-  append(feed, EVENT.STAGED, 'at', at, 'session', session, 'tenant', tenant, 'id', id, 'tool',
-    string.match(id, '^pending%-action:(.+):%d+$') or '', 'kind', 'action', 'created_at',
-    ARGV[i + 3])
 end
 trim(hist, maxlen)
-trim(feed, feed_maxlen)
 if soonest then
   -- the mark is a hint that only lowers: one absent, unreadable or of another type is left
   -- as it is, and the sweep, which then reads the index, sets it again
