@@ -131,9 +131,10 @@ class Feeds:
         return out
 
     def _entries(self, got: Any) -> list[Entry]:
-        """Entries from an XREAD's or XREADGROUP's reply (redis-py's, or Redis's own)."""
+        """Entries from an XREAD's or XREADGROUP's reply (redis-py's, or Redis's own: a map
+        over RESP3)."""
         out: list[Entry] = []
-        for stream, entries in got or ():
+        for stream, entries in (got.items() if isinstance(got, dict) else got or ()):
             p = self.partition_of[_text(stream)]
             # a claimed or pending entry deleted meanwhile comes back with no fields: skipped
             out += [(p, _text(e), _fields(f)) for e, f in entries if f]

@@ -206,3 +206,44 @@ def test_a_spec_an_older_version_stored_reads_the_same(pa: PendingActions, rc: r
         {"id": action_id, "session": session, "tool": "edit", **orjson.loads(text)}))
     assert pa.pending(session) == [before]
     assert pa.show(session, action_id) == before
+
+
+def test_every_partitions_feed_is_read_as_one(deployment: Deployment) -> None:
+    """What webhooks and metrics read: the stages of sessions in many partitions, followed from
+    an id per partition, through a consumer group (claimed by another member while unacked),
+    and the newest across partitions; on a cluster each partition is read on its master."""
+    import threading
+    import uuid
+
+    from pending_actions.broker.feed import Feeds, order
+
+    pa, rc = deployment.pa, deployment.rc
+    feeds, stop = Feeds(pa.client, pa.ctx.keys), threading.Event()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    feeds.ensure_group(group)
+    start = feeds.newest()
+    sessions = [f"feed-{uuid.uuid4().hex[:8]}" for _ in range(24)]
+    ids = {pa.stage(session=s, tool="edit", label="L", apply="t.ok") for s in sessions}
+    assert len({pa.ctx.keys.partition(s) for s in sessions}) > 4
+    try:
+        seen: set[str] = set()
+        for _ in range(20):
+            got = feeds.read(start, 100, 200, stop)
+            seen |= {f["id"] for _p, _e, f in got}
+            start.update({p: e for p, e, _f in got})
+            if ids <= seen:
+                break
+        assert ids <= seen
+        mine = [e for _ in range(20) for e in feeds.read_group(group, "one", 100, 200, stop)
+                if e[2]["id"] in ids]
+        assert {f["id"] for _p, _e, f in mine} == ids
+        claimed = [e for e in feeds.claim(group, "two", 0, 100) if e[2]["id"] in ids]
+        assert sorted(claimed) == sorted(mine)
+        feeds.ack(group, claimed)
+        assert [e for e in feeds.claim(group, "two", 0, 100) if e[2]["id"] in ids] == []
+        newest = sorted((e for each in feeds.latest(3) for e in each),
+                        key=lambda e: order(e[1]), reverse=True)[:3]
+        assert {f["id"] for _p, _e, f in newest} <= ids
+    finally:
+        for stream in feeds.streams:
+            rc.xgroup_destroy(stream, group)
