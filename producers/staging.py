@@ -63,8 +63,9 @@ def _by_session(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 class Staging:
-    # ids reserved per partition in one INCRBY: a stage is then one script call, and ids stay
-    # unique without a counter hit per stage (an unused rest of a block is skipped, never reused)
+    # ids reserved per partition a block at a time (reserve.lua): a stage is then one script
+    # call, and ids stay unique without a counter hit per stage (an unused rest of a block is
+    # skipped, never reused)
     ID_BLOCK = 16
     LIVE_MAX_AGE_S = 2.0  # how old the view of live workers' handlers may be at a stage
     # stage.lua calls per MULTI/EXEC: one disk sync each under appendfsync always, and Redis
