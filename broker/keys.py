@@ -275,10 +275,9 @@ class Keys:
 
     @property
     def housekeeping(self) -> str:
-        """HASH: where the pass over the sessions stands (workers/retention.py): "turn" -> the
-        index of the next sessions hash or set to page, and each one's key -> "<scan cursor>
-        <its size when its pass began>", a gone tenant's set's entry dropped. Lost or garbled: the
-        passes start again."""
+        """HASH: where the pass over each sessions hash and set stands (workers/retention.py):
+        its key -> "<began, Redis ms> <its size then> <scan cursor> <members looked at> <done:
+        0|1>", a gone tenant's set's entry dropped. Lost or garbled: that pass starts again."""
         return f"{self.prefix}:housekeeping"
 
     @property
