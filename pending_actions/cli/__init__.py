@@ -36,8 +36,9 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
 
 def _register() -> None:
     from pending_actions.bench.__main__ import bench
+    from pending_actions.acl import acl
     from pending_actions.cli import actions, service
-    from pending_actions.health import acl, health
+    from pending_actions.health import health
     from pending_actions.ops import top
     from pending_actions.serve.cli import serve, token
     from pending_actions.soak import soak
