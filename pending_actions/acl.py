@@ -111,4 +111,13 @@ def acl(obj: Any, role: str, user: str | None, password: str) -> None:
     store only). Only producer and worker reach no token."""
     name = user or f"pa-{role}"
     rules = acl_rules(role, obj.settings().key_prefix, password)
-    obj.out({"user": name, "rules": rules}, f"ACL SETUSER {name} " + " ".join(rules))
+    obj.out({"user": name, "rules": rules},
+            " ".join(_quoted(w) for w in ("ACL", "SETUSER", name, *rules)))
+
+
+def _quoted(word: str) -> str:
+    """``word`` as redis-cli reads it from a line (the line can be piped to it): quoted when
+    it holds a space or a quote, say in a password."""
+    if not any(c.isspace() or c in "\"'\\" for c in word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
