@@ -30,8 +30,9 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
 
 # The commands each role's code sends itself, by what sends them (found by running each role's
 # work as a user allowed everything, with MONITOR, and by reading the paths no run takes).
-# every connection: redis-py's handshake and health checks, SELECT for a URL's database
-CONNECTION = ("hello", "ping", "client|setname", "select")
+# every connection: redis-py's handshake and health checks (SELECT only for a URL naming a
+# database other than 0: see acl_rules)
+CONNECTION = ("hello", "ping", "client|setname")
 # scripts (EVAL until Redis has one, EVALSHA, SCRIPT LOAD at start), transactions, WAIT with
 # REPLICA_WAIT, and the one clock (TIME)
 RUNNING = ("eval", "evalsha", "script|load", "multi", "exec", "discard", "wait", "time")
@@ -85,18 +86,23 @@ def script_commands(names: tuple[str, ...]) -> set[str]:
             for m in re.findall(r"(?:redis\.p?call|call_on)\('([A-Za-z]+)'", source(name))}
 
 
-def commands(role: str) -> list[str]:
-    return sorted({*PLAIN[role], *script_commands(SCRIPTS[role])})
+def commands(role: str, select: bool = False) -> list[str]:
+    return sorted({*PLAIN[role], *script_commands(SCRIPTS[role]), *(["select"] if select else [])})
 
 
-def acl_rules(role: str, prefix: str = "pa", password: str = "<password>") -> list[str]:
+def acl_rules(role: str, prefix: str = "pa", password: str = "<password>",
+              select: bool = False) -> list[str]:
     """The rules, in order: no command but those named, no key outside the role's patterns,
     no pub/sub. Deliberately absent: FLUSH*, KEYS, CONFIG, DEBUG, CLIENT KILL, MONITOR,
     SHUTDOWN and every other @dangerous command but INFO (workers read the run id and the
-    eviction policy). Redis 6.2 and 7 read them alike (no selectors, no %R~)."""
+    eviction policy). Redis 6.2 and 7 read them alike (no selectors, no %R~).
+
+    ``select``: the deployment's database is not 0, so its clients send SELECT. Key patterns
+    hold in every database alike, so a user with SELECT reaches its prefix in all of them: it
+    is granted only where needed, and deployments on one Redis stay apart by KEY_PREFIX."""
     keys = Keys(prefix)
     return ["on", f">{password}", "resetkeys", *patterns(role, keys), "resetchannels", "-@all",
-            *(f"+{c}" for c in commands(role))]
+            *(f"+{c}" for c in commands(role, select))]
 
 
 @click.command()
@@ -108,9 +114,14 @@ def acl(obj: Any, role: str, user: str | None, password: str) -> None:
     """Print the Redis ACL SETUSER command for a least-privilege user of ROLE: a producer
     (an agent runtime staging and resolving; the operators' views), a worker (`pending-actions
     worker`), serve (the HTTP API), or auth (whoever runs `pending-actions token`: the token
-    store only). Only producer and worker reach no token."""
+    store only). Only producer and worker reach no token. SELECT is granted only when
+    --redis-url names a database other than 0."""
+    from pending_actions.broker.urls import url_options
+
     name = user or f"pa-{role}"
-    rules = acl_rules(role, obj.settings().key_prefix, password)
+    settings = obj.settings()
+    select = bool(settings.redis_url and url_options(settings.redis_url).options.get("db"))
+    rules = acl_rules(role, settings.key_prefix, password, select)
     obj.out({"user": name, "rules": rules},
             " ".join(_quoted(w) for w in ("ACL", "SETUSER", name, *rules)))
 

@@ -309,6 +309,13 @@ def test_a_producer_or_a_worker_cannot_reach_auth_data(any_redis: EmbeddedRedis,
                      lambda: client.eval("return redis.call('HGETALL', KEYS[1])", 1, K.tokens)):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 call()
+        # the other ways at a key outside the pattern, or at the users themselves
+        for cmd in (("COPY", K.tokens, "pa:x"), ("RENAME", K.tokens, "pa:x"), ("DUMP", K.tokens),
+                    ("SORT", "pa:x", "BY", "nosort", "GET", "pa-auth:*"), ("KEYS", "*"),
+                    ("ACL", "LIST"), ("CONFIG", "GET", "*"), ("SCRIPT", "FLUSH"),
+                    ("CLIENT", "LIST"), ("SELECT", 1)):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.execute_command(*cmd)  # type: ignore[no-untyped-call]
         # a script that names the key in its body only: refused inside the script
         for body in (f"return redis.call('HGETALL', '{K.tokens}')",
                      f"return redis.call('HSET', '{K.tokens}', 'x', '{{}}')"):
@@ -346,6 +353,29 @@ def test_tokens_of_an_older_version_move_once(tmp_path: Path) -> None:
         assert fresh.lookup(stale_bob) is None
         again = cli(url["auth"], "token", "ls")
         assert again.returncode == 0 and "moved" not in again.stderr
+
+
+def test_select_is_granted_only_for_a_database_other_than_0(tmp_path: Path) -> None:
+    """ACL key patterns hold in every database alike: a user with SELECT reaches its prefix in
+    all of them. A producer of database 0 cannot SELECT another; one of database 3 can work
+    there (and only its rules name SELECT)."""
+    for server in redis_of("7", tmp_path / "redis"):
+        rc = redis.Redis.from_url(server.url)
+        url = users(rc, server.url)
+        redis.Redis.from_url(server.url[:-1] + "1").set("pa:theirs", "secret")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            redis.Redis.from_url(url["producer"]).execute_command(  # type: ignore[no-untyped-call]
+                "SELECT", 1)
+        db3 = server.url[:-1] + "3"
+        got = cli(db3, "--json", "acl", "--role", "producer", "--user", "pa-db3",
+                  "--password", "pw")
+        rules = orjson.loads(got.stdout)["rules"]
+        assert "+select" in rules
+        rc.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", "pa-db3", "reset", *rules)
+        pa = PendingActions.from_url(db3.replace("redis://", "redis://pa-db3:pw@"))
+        assert pa.pending("s") == []  # its script, in database 3
+        pa.close()
 
 
 def test_a_key_prefix_never_ends_in_auth() -> None:
