@@ -35,8 +35,8 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
 
 
 def _register() -> None:
-    from pending_actions.bench.__main__ import bench
     from pending_actions.acl import acl
+    from pending_actions.bench.__main__ import bench
     from pending_actions.cli import actions, service
     from pending_actions.health import health
     from pending_actions.ops import top
