@@ -214,8 +214,8 @@ def test_without_a_policy_the_upstreams_read_only_hint_decides() -> None:
         allowed = await decide("t", "s", "read_file", {}, read_only)
         assert (allowed.decision, allowed.rule) == ("allow", None)
         assert "readOnlyHint" in allowed.reason
-        for annotations in (None, ToolAnnotations(read_only_hint=False), ToolAnnotations()):
-            asked = await decide("t", "s", "write_file", {}, annotations)
+        for hints in (None, ToolAnnotations(read_only_hint=False), ToolAnnotations()):
+            asked = await decide("t", "s", "write_file", {}, hints)
             assert (asked.decision, asked.rule) == ("ask", None)
         # a hint never refuses: destructive is still asked, not denied
         destructive = ToolAnnotations(destructive_hint=True)

@@ -36,7 +36,6 @@ from tests.support.mcp import (
     proxy_args,
     resolved,
     text,
-    upstream_command,
     upstream_option,
     writes,
 )
