@@ -24,7 +24,16 @@ from pending_actions.mcp.texts import NOTHING_PENDING, PENDING_DESCRIPTION
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions, render
 from pending_actions.producers.tool import DESCRIPTION, PARAMETERS
-from tests.support.mcp import McpWorker, connect, proxy_args, resolved, text, writes
+from tests.support.mcp import (
+    McpWorker,
+    connect,
+    proxy_args,
+    resolved,
+    text,
+    upstream_command,
+    upstream_option,
+    writes,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +42,17 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory, folder: Path) -> Iterator[str]:
-    """A Redis of its own and a worker with the test handlers and the test upstream."""
+def spare(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spare")
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory, folder: Path, spare: Path) -> Iterator[str]:
+    """A Redis of its own and a worker with the test handlers and two upstreams: ``files`` on
+    its command line, ``spare`` in the setting."""
     server = EmbeddedRedis(directory=tmp_path_factory.mktemp("redis-mcp")).start()
-    worker = McpWorker(server.url, folder).start()
+    setting = orjson.dumps({"spare": upstream_command(spare)}).decode()
+    worker = McpWorker(server.url, folder, overrides={"mcp_upstreams": setting}).start()
     yield server.url
     worker.stop()
     server.stop()
@@ -187,6 +203,32 @@ def test_a_persons_edit_changes_the_arguments_checked_against_the_input_schema(
     done = pa.resolve(session=session, action="apply", reason="edited", edit={"text": "final"})
     assert not done.is_error, done.text
     assert (folder / path).read_text() == "final"
+
+
+def test_a_worker_has_the_upstreams_of_its_options_and_of_the_setting(
+        pa: PendingActions, folder: Path, spare: Path, session: str) -> None:
+    for name, where in (("files", folder), ("spare", spare)):
+        pa.stage(session=session, tool="write_file", label=name, apply=f"mcp:{name}",
+                 payload={"path": f"{session}.txt", "text": name})
+        done = pa.resolve(session=session, action="apply", reason="r")
+        assert not done.is_error, done.text
+        assert (where / f"{session}.txt").read_text() == name
+
+
+def test_staging_for_an_upstream_no_worker_has_is_an_error_result(
+        url: str, pa: PendingActions, folder: Path, session: str) -> None:
+    args = ["mcp-proxy", "--session", session, "--upstream", "other",
+            "--mcp-upstream", upstream_option(folder, name="other")]
+
+    async def body() -> None:
+        async with connect(url, *args) as proxy:
+            refused = await proxy.call_tool("write_file", {"path": "x.txt", "text": "x"})
+            assert refused.is_error
+            assert "no live worker has a handler named 'mcp:other'" in text(refused)
+            assert text(refused).endswith("Nothing was run or staged.")
+            assert pa.pending(session) == []
+
+    anyio.run(body)
 
 
 def test_arguments_past_the_payload_limits_are_refused_and_nothing_is_staged(

@@ -126,6 +126,17 @@ def test_a_worker_refuses_an_upstream_that_does_not_start(url: str, folder: Path
     assert ran.returncode == 2 and "did not start: exited" in one_error_line(ran)
 
 
+def test_up_refuses_a_bad_upstream_before_it_starts_anything(tmp_path: Path) -> None:
+    ran = subprocess.run(
+        [sys.executable, "-m", "pending_actions", "up", "--port", str(free_port()),
+         "--data-dir", str(tmp_path / "data"), "--mcp-upstream", "files=no-such-command-here"],
+        cwd=ROOT, env={k: v for k, v in worker_env("").items()
+                       if k != "PENDING_ACTIONS_REDIS_URL"},
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90)
+    assert ran.returncode == 2 and ran.stdout == ""  # no Redis was started
+    assert "MCP upstream files (`no-such-command-here`) did not start" in one_error_line(ran)
+
+
 @pytest.mark.parametrize(("how", "said"), [
     ("crash", "exited (its stdout closed) during the call of fail"),
     ("garbage", "wrote a line that is not JSON-RPC on its stdout: 'this is not JSON-RPC'"),

@@ -27,7 +27,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 
 from pending_actions.broker.errors import ConfigError, PendingActionsError
-from pending_actions.broker.models import PendingAction, Result, check_session
+from pending_actions.broker.models import PendingAction, ResolveInput, Result, check_session
 from pending_actions.broker.results import nothing_to_target
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.texts import REMINDER
@@ -197,10 +197,9 @@ class SessionServer(MCPServer[Any]):
             return error_result(f"invalid {unknown[0]}: not an argument of resolve (it takes "
                                 f"{', '.join(sorted(RESOLVE_FIELDS))})")
         if where.unclaimed:  # nothing was ever staged there by this tenant: nothing to take
-            given = {"extra": None, **arguments}
-            result = nothing_to_target(str(given.get("action")), str(given.get("reason")),
-                                       given["extra"] if isinstance(given["extra"], dict)
-                                       else None)
+            given = ResolveInput.parse(arguments.get("action"), arguments.get("reason"),
+                                       arguments.get("extra"))
+            result = nothing_to_target(given.action, given.reason, given.extra)
         else:
             result = await self.backend.resolve(where.session, arguments)
         return tool_result(result)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -82,16 +83,13 @@ class Upstreams:
     async def _main(self, ready: threading.Event) -> None:
         self.stop = asyncio.Event()
         settings = self.settings
-        connections = [Connection(up, settings.mcp_start_timeout_s, settings.mcp_call_timeout_s)
-                       for up in self.found.values()]
-        for connection in connections:
-            await connection.__aenter__()  # nothing starts yet: a process on first use
-            self.connections[connection.upstream.name] = connection
-        self.loop = asyncio.get_running_loop()
-        ready.set()
-        await self.stop.wait()
-        for connection in connections:
-            await connection.__aexit__(None, None, None)
+        async with contextlib.AsyncExitStack() as stack:
+            for up in self.found.values():  # nothing starts yet: a process on first use
+                self.connections[up.name] = await stack.enter_async_context(
+                    Connection(up, settings.mcp_start_timeout_s, settings.mcp_call_timeout_s))
+            self.loop = asyncio.get_running_loop()
+            ready.set()
+            await self.stop.wait()
 
     def call(self, name: str, tool: str, arguments: dict[str, Any],
              meta: dict[str, Any]) -> types.CallToolResult:
