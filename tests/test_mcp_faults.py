@@ -185,20 +185,38 @@ def test_a_failed_apply_keeps_the_action_pending_under_its_id(
     assert (folder / f"{session}.txt").read_text() == "ok"
 
 
-def test_the_upstreams_write_happens_once_when_the_worker_dies_after_it(tmp_path: Path) -> None:
-    """SIGKILL after the upstream wrote and answered, before the outcome was recorded: the
-    lease expires, the action is pending again, and the next attempt calls the upstream with
-    the same idempotency key, which answers its first result without writing again."""
+def await_write(folder: Path, timeout: float = 20.0) -> None:
+    """Until the upstream has made a write (it records each in a file, fsynced)."""
+    deadline = time.monotonic() + timeout
+    while not writes(folder):
+        assert time.monotonic() < deadline, "the upstream never wrote"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("when", ["mid-call", "after-the-answer"])
+def test_the_upstreams_write_happens_once_when_the_worker_is_killed(tmp_path: Path,
+                                                                     when: str) -> None:
+    """SIGKILL of the whole worker once the upstream has written: while the upstream has not
+    answered yet (mid-call), or after it answered and before the outcome was recorded (at a
+    failpoint). The lease expires, the action is pending again, and the next attempt calls the
+    upstream with the same idempotency key, which answers its first result and writes nothing."""
     folder = tmp_path / "files"
     with cluster(tmp_path, workers=0) as (server, workers, pa):
         rc = redis.Redis.from_url(server.url)
-        doomed = McpWorker(server.url, folder,
-                           overrides={**FAST, "failpoint": FAILPOINT}).start()
+        if when == "mid-call":
+            doomed = McpWorker(server.url, folder, overrides=FAST,
+                               flags=("--pause-after-write", "3600")).start()
+        else:
+            doomed = McpWorker(server.url, folder,
+                               overrides={**FAST, "failpoint": FAILPOINT}).start()
         action_id = pa.stage(session="s", tool="write_file", label="w", apply="mcp:files",
                              payload={"path": "once.txt", "text": "hello"})
         mark = tail_id(rc, K.workers)
         waiting = pool.submit(pa.resolve, session="s", action="apply", reason="r")
-        wait_for(rc, K.workers, lambda f: f.get(b"event") == FAILPOINT.encode(), mark)
+        if when == "mid-call":
+            await_write(folder)
+        else:
+            wait_for(rc, K.workers, lambda f: f.get(b"event") == FAILPOINT.encode(), mark)
         assert [(w["key"], w["attempt"]) for w in writes(folder)] == [(action_id, 1)]
         doomed.kill()
         workers.append(McpWorker(server.url, folder, overrides=FAST).start())

@@ -33,9 +33,10 @@ def upstream_option(folder: Path, *flags: str, name: str = NAME) -> str:
 class McpWorker(Worker):
     """A worker with the test handlers and ``--mcp-upstream files=...`` on its command line."""
 
-    def __init__(self, url: str, folder: Path, overrides: dict[str, str] | None = None) -> None:
+    def __init__(self, url: str, folder: Path, overrides: dict[str, str] | None = None,
+                 flags: tuple[str, ...] = ()) -> None:
         super().__init__(url, overrides=overrides)
-        self.child.argv += ["--mcp-upstream", upstream_option(folder)]
+        self.child.argv += ["--mcp-upstream", upstream_option(folder, *flags)]
 
 
 def writes(folder: Path) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ tools that read and write files in one folder, and one that misbehaves on purpos
 ``FOLDER/.applied.jsonl``, and a key seen again answers the first result and writes nothing. Every
 write it does make is one line of ``FOLDER/.writes.jsonl`` (path, key, attempt, time), which is
 what the tests count. ``--start`` makes it fail before it answers ``initialize``; each
-``--tool NAME`` adds a tool of that name (a clash with ours, a name that cannot be a tool's)."""
+``--tool NAME`` adds a tool of that name (a clash with ours, a name that cannot be a tool's);
+``--pause-after-write SECONDS`` answers a write that long after making it."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ ATTEMPT = "pending-actions/attempt"
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
-def build(folder: Path, extra_tools: list[str]) -> MCPServer:
+def build(folder: Path, extra_tools: list[str], pause_s: float = 0.0) -> MCPServer:
     server: MCPServer = MCPServer("files", log_level="WARNING")
 
     def inside(path: str) -> Path:
@@ -67,7 +68,8 @@ def build(folder: Path, extra_tools: list[str]) -> MCPServer:
             result = f"Wrote {len(text)} characters to {path}"
             if key:
                 _append(applied, {"key": key, "result": result})
-            return result
+        time.sleep(pause_s)  # written, not yet answered: where a fault test kills its caller
+        return result
 
     @server.tool(annotations=READ_ONLY)
     async def fail(how: str) -> str:
@@ -115,6 +117,7 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--start", choices=["exit", "garbage", "hang"])
     parser.add_argument("--tool", action="append", default=[])
+    parser.add_argument("--pause-after-write", type=float, default=0.0, metavar="SECONDS")
     args = parser.parse_args()
     if args.start == "exit":
         sys.exit(3)
@@ -125,7 +128,7 @@ def main() -> None:
         time.sleep(3600)
     folder = args.folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    build(folder, args.tool).run("stdio")
+    build(folder, args.tool, args.pause_after_write).run("stdio")
 
 
 if __name__ == "__main__":
