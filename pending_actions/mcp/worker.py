@@ -15,7 +15,8 @@ session runs on one event loop in a thread of its own, and takes the threads' ca
 time (JSON-RPC requests carry their own ids). One per thread would start as many copies of
 every upstream as there are threads (eight Node processes for one filesystem server), and a
 session on a thread's own loop (``workers/aio.py``) would go unread between that thread's
-tasks. The process is started on the first apply and again after it dies."""
+tasks. The process (and the loop's thread) is started on the first apply, never at import, and
+again after it dies."""
 
 from __future__ import annotations
 
@@ -77,19 +78,24 @@ class Upstreams:
                 self.thread.start()
                 ready.wait()
                 atexit.register(self.close)
-            assert self.loop is not None
+            if self.loop is None:
+                raise UpstreamError("the MCP upstreams' event loop did not start")
             return self.loop
 
     async def _main(self, ready: threading.Event) -> None:
         self.stop = asyncio.Event()
         settings = self.settings
-        async with contextlib.AsyncExitStack() as stack:
-            for up in self.found.values():  # nothing starts yet: a process on first use
-                self.connections[up.name] = await stack.enter_async_context(
-                    Connection(up, settings.mcp_start_timeout_s, settings.mcp_call_timeout_s))
-            self.loop = asyncio.get_running_loop()
-            ready.set()
-            await self.stop.wait()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                for up in self.found.values():  # nothing starts yet: a process on first use
+                    self.connections[up.name] = await stack.enter_async_context(
+                        Connection(up, settings.mcp_start_timeout_s,
+                                   settings.mcp_call_timeout_s))
+                self.loop = asyncio.get_running_loop()
+                ready.set()
+                await self.stop.wait()
+        finally:
+            ready.set()  # a loop that could not start: the callers are told, not left waiting
 
     def call(self, name: str, tool: str, arguments: dict[str, Any],
              meta: dict[str, Any]) -> types.CallToolResult:
