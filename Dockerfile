@@ -11,10 +11,11 @@ COPY pyproject.toml README.md ./
 RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
     && pip install --no-cache-dir 'setuptools>=68' -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
+# the service only (pyproject.toml maps the three folders into pending_actions); the harness
+# (bench, soak, test clusters) stays out of the image
 COPY broker broker
 COPY workers workers
 COPY producers producers
-# holds symlinks broker -> ../broker etc., resolved against the three copies above
 COPY pending_actions pending_actions
 RUN pip install --no-cache-dir --no-deps --no-build-isolation . && rm -rf build *.egg-info
 ENTRYPOINT ["pending-actions"]

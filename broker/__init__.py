@@ -1,6 +1,11 @@
 """What producers and workers share: settings, key names, models, errors, Lua scripts and the
 Redis setup (the dramatiq side is the workers': ``workers/tasks.py``, ``workers/taskbroker.py``)."""
 
+# One import name, so one copy of every class (an ``except Stale`` catches every Stale): from
+# the repo root ``broker`` is importable too, and is refused before it loads anything.
+if __name__ != "pending_actions.broker":
+    raise ImportError(f"import pending_actions.broker, not {__name__}", name=__name__)
+
 from pending_actions.broker.errors import (
     ConfigError,
     InvalidInput,

@@ -87,8 +87,8 @@ class Beats:
                 return
             self.last[loop] = now
         try:
-            self.ctx.scripts.beat(self.proc, loop, int(every_s * 1000), PROC_TTL_MS,
-                                  self.info).run()
+            self.ctx.scripts.beat(self.proc, loop=loop, every_ms=int(every_s * 1000),
+                                  ttl_ms=PROC_TTL_MS, info=self.info).run()
         except Exception as exc:  # a beat must never stop its loop
             log.debug("beat of %s not written: %s", loop, exc)
             with self.lock:

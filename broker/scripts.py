@@ -1,29 +1,24 @@
 """The atomic operations: one Lua file each under ``scripts/``, each behind a method here that
-passes every key it touches in KEYS (all under the hash tag of the session's partition) and
-decodes its reply into the type from ``broker/replies.py``.
+passes every key it touches in KEYS (all under the hash tag of the session's partition), builds
+its KEYS and ARGV by keyword from their types in ``broker/arguments.py`` (field order is slot
+order), and decodes its reply into the type from ``broker/replies.py``. Methods with more than
+a session and a value or two take keywords only.
 
-A method returns a ``Call``: ``run()`` sends it now with EVALSHA (redis-py's
-``register_script`` handles the NOSCRIPT fallback); ``on(pipe)`` queues it on a pipeline and
-returns a ``Queued`` that picks and decodes its reply from ``pipe.execute()``. On a pipeline the
-script goes as EVAL with its body (redis-py's pipeline would send SCRIPT EXISTS before every
-execute that carries a registered script: a round trip more), or with ``by_digest=True`` as
-EVALSHA, where the caller sends again whatever comes back NOSCRIPT (the hot path and stage
-batches: Redis hashes an EVAL's body at every call). The text of each script is
-``broker/lua.py``'s."""
+A method returns a ``Call`` (``broker/calls.py``): sent now (``run()``) or queued on a pipeline
+(``on(pipe)``). The text of each script is ``broker/lua.py``'s."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import redis
 import redis.asyncio
-from redis.exceptions import SlotNotCoveredError
 
-from pending_actions.broker.connection import is_cluster, server_info
+from pending_actions.broker import arguments as arg
+from pending_actions.broker.calls import Call, Queued
+from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import MAXLEN as FEED_MAXLEN
 from pending_actions.broker.keys import RESOLVER_GROUP, Keys
@@ -52,57 +47,6 @@ _SET = {"directive": Event.DIRECTIVE_SET, "standing": Event.STANDING_SET}
 _CLEARED = {"directive": Event.DIRECTIVE_CLEARED, "standing": Event.STANDING_CLEARED}
 
 
-@dataclass(frozen=True)
-class Queued(Generic[R]):
-    """Where a script's reply will be in the list ``pipe.execute()`` returns."""
-
-    index: int
-    decode: Callable[[Any], R]
-
-    def get(self, replies: list[Any]) -> R:
-        return self.decode(replies[self.index])
-
-
-@dataclass(frozen=True)
-class Call(Generic[R]):
-    script: Any  # redis-py's registered Script
-    keys: list[str]
-    args: list[Any]
-    decode: Callable[[Any], R]
-
-    def run(self) -> R:
-        return self.decode(self.script(keys=self.keys, args=self.args))
-
-    async def run_async(self) -> R:
-        """``run()`` on Scripts built over a ``redis.asyncio`` client."""
-        return self.decode(await self.script(keys=self.keys, args=self.args))
-
-    def on(self, pipe: redis.client.Pipeline | redis.asyncio.client.Pipeline,
-           by_digest: bool = False) -> Queued[R]:
-        """Queue the script on ``pipe`` with its body (EVAL), or with ``by_digest`` its SHA1
-        (EVALSHA): a pipeline of many calls is then mostly their arguments, not the body over
-        and over (3 KB for stage.lua). Redis answers NOSCRIPT while its script
-        cache lacks the script (after a restart, a failover, SCRIPT FLUSH): the caller sends
-        those calls again with their body, which also loads it."""
-        index = len(pipe)
-        # execute_command, not eval(): redis-py's cluster pipeline refuses eval() itself but
-        # routes an EVAL by its keys like any command. It would first ask a server for those
-        # keys (COMMAND GETKEYS, a round trip per call): it is told their node instead, and
-        # finds it again by itself after a MOVED
-        to: dict[str, Any] = {}
-        if is_cluster(pipe) and self.keys:  # redis-py's cluster pipeline
-            # a slot its table lacks (mid-failover): left to redis-py, which reads it again
-            with contextlib.suppress(SlotNotCoveredError):
-                to["target_nodes"] = cast(Any, pipe).get_node_from_key(self.keys[0])
-        if by_digest:
-            pipe.execute_command(
-                "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args, **to)
-        else:
-            pipe.execute_command(
-                "EVAL", self.script.script, len(self.keys), *self.keys, *self.args, **to)
-        return Queued(index, self.decode)
-
-
 class Scripts:
     def __init__(self, client: redis.Redis | redis.asyncio.Redis, settings: Settings,
                  keys: Keys, flags: bool | None = None) -> None:
@@ -113,6 +57,7 @@ class Scripts:
         self._s = settings
         self._client = client
         self._flags = flags
+        self._streams: dict[tuple[int, tuple[str, ...]], tuple[str, ...]] = {}
         self._fn: dict[bool, dict[str, Any]] = {
             on: {name: client.register_script(source(name, on)) for name in NAMES}
             for on in (True, False)}
@@ -133,225 +78,281 @@ class Scripts:
         for script in self._scripts().values():
             script.registered_client.script_load(script.script)
 
-    def _call(self, name: str, keys: list[str], args: list[Any],
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[Any],
               decode: Callable[[Any], R]) -> Call[R]:
         return Call(self._scripts()[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, tenant: str,
+    def stage(self, session: str, *, tenant: str,
               actions: list[tuple[str, bytes, int | None]]) -> Call[list[Staged]]:
         """``actions``: (id, spec JSON, ttl in ms or None) of one session, in the order given."""
         k = self._k
         p = k.partition(session)
         return self._call(
             "stage",
-            [k.stack(session), k.actions(session), k.history(session), k.sessions(p),
-             k.expiries(p), k.expiries_due(p)],
-            [self._s.history_maxlen, tenant, session,
+            arg.StageKeys(stack=k.stack(session), actions=k.actions(session),
+                          hist=k.history(session), sessions=k.sessions(p), expiries=k.expiries(p),
+                          expiries_due=k.expiries_due(p)),
+            [*arg.StageArgs(maxlen=self._s.history_maxlen, tenant=tenant, session=session),
              *(x for action_id, spec, ttl_ms in actions
                for x in (action_id, spec, "" if ttl_ms is None else ttl_ms))],
             Staged.decode,
         )
 
-    def feed(self, names: list[str], common: list[Any], values: list[Any]) -> Call[int]:
+    def feed(self, *, names: list[str], common: list[Any], values: list[Any]) -> Call[int]:
         """Entries with the fields ``names`` (the first "event"), for the event feed
         (``broker/feed.py``): ``common`` gives each field's value in every entry, or "" where
         each entry has its own; ``values`` those, entry after entry."""
-        return self._call("feed", [self._k.events],
-                          [FEED_MAXLEN, len(names), *names, *common, *values], int)
+        return self._call("feed", arg.FeedKeys(feed=self._k.events),
+                          [*arg.FeedArgs(maxlen=FEED_MAXLEN, field_count=len(names)),
+                           *names, *common, *values], int)
 
     def _leases(self, session: str, token: str) -> tuple[str, str]:
         """The lease index of the session's partition and the lease's member in it."""
         k = self._k
         return k.leases(k.partition(session)), k.lease_member(session, token)
 
-    def _slot_keys(self, session: str, slot: Slot) -> list[str]:
+    def _slot_keys(self, session: str, slot: Slot) -> arg.SlotKeys:
         k = self._k
         key = k.directive(session) if slot == "directive" else k.standing(session)
-        return [key, k.actions(session), k.state(session), k.history(session)]
+        return arg.SlotKeys(slot=key, actions=k.actions(session), state=k.state(session),
+                            hist=k.history(session))
 
-    def set_slot(self, session: str, slot: Slot, action_id: str,
+    def set_slot(self, session: str, slot: Slot, *, action_id: str,
                  spec: bytes) -> Call[SlotChanged]:
         return self._call(
             "set_slot", self._slot_keys(session, slot),
-            [action_id, spec, _SET[slot], self._s.history_maxlen], SlotChanged.decode,
+            arg.SetSlotArgs(action_id=action_id, spec=spec, event=_SET[slot],
+                            maxlen=self._s.history_maxlen),
+            SlotChanged.decode,
         )
 
     def clear_slot(self, session: str, slot: Slot) -> Call[SlotChanged]:
         return self._call(
             "clear_slot", self._slot_keys(session, slot),
-            [_CLEARED[slot], self._s.history_maxlen], SlotChanged.decode,
+            arg.ClearSlotArgs(event=_CLEARED[slot], maxlen=self._s.history_maxlen),
+            SlotChanged.decode,
         )
 
     def pending(self, session: str, limit: int) -> Call[Pending]:
         k = self._k
         return self._call(
             "pending",
-            [k.stack(session), k.inflight(session), k.actions(session), k.state(session),
-             k.expiries(k.partition(session))],
-            [limit, session], partial(Pending.decode, session=session),
+            arg.PendingKeys(stack=k.stack(session), inflight=k.inflight(session),
+                            actions=k.actions(session), state=k.state(session),
+                            expiries=k.expiries(k.partition(session))),
+            arg.PendingArgs(limit=limit, session=session), partial(Pending.decode, session=session),
         )
 
     def peek(self, session: str) -> Call[Peeked]:
         k = self._k
         return self._call(
             "peek",
-            [k.directive(session), k.stack(session), k.actions(session),
-             k.expiries(k.partition(session))],
-            [session], partial(Peeked.decode, session=session),
+            arg.PeekKeys(directive=k.directive(session), stack=k.stack(session),
+                         actions=k.actions(session), expiries=k.expiries(k.partition(session))),
+            arg.PeekArgs(session=session), partial(Peeked.decode, session=session),
         )
 
     # --- resolve worker --------------------------------------------------------------------
-    def take(self, session: str, req: str, action: str, token: str, reason: str,
+    def take(self, session: str, *, req: str, action: str, token: str, reason: str,
              extra: bytes, marker_ttl_s: int, none_reply: bytes, live: Live,
              message: bytes | None, expect_id: str = "", by: str = "",
              conflict_reply: bytes = b"", expired_reply: bytes = b"",
-             entry: bytes = b"", claimant: str = "", here: int = 0) -> Call[Taken]:
+             entry: bytes | str = b"", claimant: str = "", here: int = 0) -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself. ``entry``: the request's
         id in its partition's request stream, acked by the script (b"": the caller acks).
         ``claimant`` and ``here``: the caller runs the attempt itself, in a worker of pool
         number ``here`` (1-based in ``live``), when the target can go there: the lease is then
         claimed for ``claimant`` in the take (``Taken.claimed``)."""
-        k = self._k
-        partition = k.partition(session)
-        index, _member = self._leases(session, token)
-        streams = [] if message is None else [k.task_queue(k.partition(session), pool)
-                                              for pool in live.pools]
-        return self._call(
-            "take",
-            [k.directive(session), k.stack(session), k.standing(session), k.actions(session),
-             k.state(session), k.inflight(session), k.history(session),
-             k.request_marker(session, req), k.reply(session, req), index,
-             k.expiries(partition), k.expired(session), k.requests(partition), *streams],
-            [req, action, token, self._s.dispatch_timeout_ms, marker_ttl_s,
-             self._s.history_maxlen, reason, extra, none_reply, self._s.reply_ttl_s, session,
-             live.routes_json, len(live.pools), message or b"", expect_id, by, conflict_reply,
-             expired_reply, self._s.expired_memory_s * 1000, entry, RESOLVER_GROUP,
-             claimant, self._s.lease_ms, here if claimant else 0],
-            partial(Taken.decode, session=session),
-        )
+        k, s = self._k, self._s
+        p = k.partition(session)
+        keys = arg.TakeKeys.__new__(
+            arg.TakeKeys, directive=k.directive(session), stack=k.stack(session),
+            standing=k.standing(session), actions=k.actions(session), state=k.state(session),
+            inflight=k.inflight(session), hist=k.history(session),
+            marker=k.request_marker(session, req), replies=k.reply(session, req),
+            leases=k.leases(p), expiries=k.expiries(p), expired=k.expired(session),
+            requests=k.requests(p))
+        args = arg.TakeArgs.__new__(
+            arg.TakeArgs, req=req, action=action, token=token, dispatch_ms=s.dispatch_timeout_ms,
+            marker_ttl_s=marker_ttl_s, maxlen=s.history_maxlen, reason=reason, extra=extra,
+            none_reply=none_reply, reply_ttl_s=s.reply_ttl_s, session=session,
+            routes_json=live.routes_json, pool_count=len(live.pools), message=message or b"",
+            expect_id=expect_id, by=by, conflict_reply=conflict_reply,
+            expired_reply=expired_reply, memory_ms=s.expired_memory_s * 1000, entry=entry,
+            group=RESOLVER_GROUP, claimant=claimant, lease_ms=s.lease_ms,
+            own_pool=here if claimant else 0)
+        return self._call("take", keys if message is None else keys + self._task_queues(p, live),
+                          args, partial(Taken.decode, session=session))
 
-    def expire(self, session: str, action_id: str) -> Call[Expiry]:
+    def _task_queues(self, partition: int, live: Live) -> tuple[str, ...]:
+        """The partition's task stream of each live pool, kept: every take sends them."""
+        found = self._streams.get((partition, live.pools))
+        if found is None:
+            if len(self._streams) >= 10_000:  # pools that came and went
+                self._streams.clear()
+            found = tuple(self._k.task_queue(partition, pool) for pool in live.pools)
+            self._streams[partition, live.pools] = found
+        return found
+
+    def expire(self, session: str, *, action_id: str) -> Call[Expiry]:
         k = self._k
         return self._call(
             "expire",
-            [k.stack(session), k.actions(session), k.state(session),
-             k.expiries(k.partition(session)), k.expired(session), k.history(session)],
-            [action_id, self._s.history_maxlen, self._s.expired_memory_s * 1000, session],
+            arg.ExpireKeys(stack=k.stack(session), actions=k.actions(session),
+                           state=k.state(session), expiries=k.expiries(k.partition(session)),
+                           expired=k.expired(session), hist=k.history(session)),
+            arg.ExpireArgs(action_id=action_id, maxlen=self._s.history_maxlen,
+                           memory_ms=self._s.expired_memory_s * 1000, session=session),
             Expiry.decode,
         )
 
-    def mark_expiries(self, partition: int, look_again_ms: int,
+    def mark_expiries(self, partition: int, *, look_again_ms: int,
                       waiting: list[bytes]) -> Call[int]:
         k = self._k
-        return self._call("mark_expiries", [k.expiries(partition), k.expiries_due(partition)],
-                          [look_again_ms, *waiting], int)
+        return self._call(
+            "mark_expiries",
+            arg.MarkExpiriesKeys(expiries=k.expiries(partition),
+                                 expiries_due=k.expiries_due(partition)),
+            [*arg.MarkExpiriesArgs(look_again_ms=look_again_ms), *waiting], int)
 
-    def recover(self, session: str, token: str, req: str, replies: tuple[bytes, bytes, bytes],
-                errors: tuple[str, str]) -> Call[Recovered]:
-        """``replies``: to the resolver when returned, dead-lettered, never started;
-        ``errors``: the last_error when returned, never started."""
-        k = self._k
-        index, member = self._leases(session, token)
+    def recover(self, session: str, *, token: str, req: str, returned_reply: bytes,
+                dead_reply: bytes, unstarted_reply: bytes, returned_error: str,
+                unstarted_error: str) -> Call[Recovered]:
+        """The replies to the resolver when the action is returned (after a stall),
+        dead-lettered, never started; the last_error when returned, never started."""
+        k, s = self._k, self._s
+        leases, member = self._leases(session, token)
         return self._call(
             "recover",
-            [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
-             k.state(session), k.history(session), k.dead(session), k.reply(session, req),
-             index],
-            [token, self._s.max_stalls, self._s.reply_ttl_s, self._s.history_maxlen,
-             *replies, *errors, member],
+            arg.RecoverKeys(inflight=k.inflight(session), stack=k.stack(session),
+                            directive=k.directive(session), actions=k.actions(session),
+                            state=k.state(session), hist=k.history(session), dead=k.dead(session),
+                            replies=k.reply(session, req), leases=leases),
+            arg.RecoverArgs(token=token, max_stalls=s.max_stalls, reply_ttl_s=s.reply_ttl_s,
+                            maxlen=s.history_maxlen, returned_reply=returned_reply,
+                            dead_reply=dead_reply, unstarted_reply=unstarted_reply,
+                            returned_error=returned_error, unstarted_error=unstarted_error,
+                            member=member),
             Recovered.decode,
         )
 
     # --- handler tasks ---------------------------------------------------------------------
-    def begin(self, session: str, token: str, claimant: str) -> Call[Begun]:
+    def begin(self, session: str, *, token: str, claimant: str) -> Call[Begun]:
         k = self._k
-        index, member = self._leases(session, token)
+        leases, member = self._leases(session, token)
         return self._call(
-            "begin", [k.inflight(session), k.actions(session), k.state(session), index],
-            [token, self._s.lease_ms, member, claimant],
+            "begin",
+            arg.BeginKeys.__new__(arg.BeginKeys, inflight=k.inflight(session),
+                                  actions=k.actions(session), state=k.state(session),
+                                  leases=leases),
+            arg.BeginArgs.__new__(arg.BeginArgs, token=token, lease_ms=self._s.lease_ms,
+                                  member=member, claimant=claimant),
             partial(Begun.decode, session=session),
         )
 
-    def unclaim(self, session: str, token: str, claimant: str) -> Call[bool]:
-        index, member = self._leases(session, token)
-        return self._call("unclaim", [self._k.inflight(session), index],
-                          [token, claimant, self._s.dispatch_timeout_ms, member], bool)
+    def unclaim(self, session: str, *, token: str, claimant: str) -> Call[bool]:
+        leases, member = self._leases(session, token)
+        return self._call(
+            "unclaim", arg.LeaseKeys(inflight=self._k.inflight(session), leases=leases),
+            arg.UnclaimArgs(token=token, claimant=claimant,
+                            dispatch_ms=self._s.dispatch_timeout_ms, member=member), bool)
 
-    def renew(self, session: str, token: str) -> Call[Renewed]:
-        index, member = self._leases(session, token)
-        return self._call("renew", [self._k.inflight(session), index],
-                          [token, self._s.lease_ms, member], Renewed.decode)
+    def renew(self, session: str, *, token: str) -> Call[Renewed]:
+        leases, member = self._leases(session, token)
+        return self._call(
+            "renew", arg.LeaseKeys(inflight=self._k.inflight(session), leases=leases),
+            arg.RenewArgs(token=token, lease_ms=self._s.lease_ms, member=member), Renewed.decode)
 
-    def finalize(self, session: str, token: str, req: str, reply: bytes, event: Event,
+    def finalize(self, session: str, *, token: str, req: str, reply: bytes, event: Event,
                  action_id: str, attempt: int,
                  noted: tuple[str, ...] = ()) -> Call[Concluded]:
         """``noted``: more field, value pairs for the outcome's history entry."""
-        k = self._k
-        index, member = self._leases(session, token)
+        k, s = self._k, self._s
+        leases, member = self._leases(session, token)
         return self._call(
             "finalize",
-            [k.inflight(session), k.actions(session), k.state(session), k.history(session),
-             k.reply(session, req), index],
-            [token, reply, self._s.reply_ttl_s, self._s.history_maxlen, event, action_id,
-             attempt, member, *noted],
+            arg.FinalizeKeys.__new__(
+                arg.FinalizeKeys, inflight=k.inflight(session), actions=k.actions(session),
+                state=k.state(session), hist=k.history(session), replies=k.reply(session, req),
+                leases=leases),
+            [*arg.FinalizeArgs.__new__(
+                arg.FinalizeArgs, token=token, reply=reply, reply_ttl_s=s.reply_ttl_s,
+                maxlen=s.history_maxlen, event=event, action_id=action_id, attempt=attempt,
+                member=member), *noted],
+            Concluded.decode,
+        )
+
+    def readd(self, session: str, *, token: str, req: str, last_error: str, reply: bytes,
+              action_id: str, attempt: int) -> Call[Concluded]:
+        k, s = self._k, self._s
+        leases, member = self._leases(session, token)
+        return self._call(
+            "readd",
+            arg.ReaddKeys.__new__(
+                arg.ReaddKeys, inflight=k.inflight(session), stack=k.stack(session),
+                directive=k.directive(session), actions=k.actions(session),
+                state=k.state(session), hist=k.history(session), replies=k.reply(session, req),
+                leases=leases),
+            arg.ReaddArgs.__new__(
+                arg.ReaddArgs, token=token, last_error=last_error, reply=reply,
+                reply_ttl_s=s.reply_ttl_s, maxlen=s.history_maxlen, action_id=action_id,
+                attempt=attempt, member=member),
             Concluded.decode,
         )
 
     # --- poison, retention, liveness ---------------------------------------------------------
-    def park(self, session: str, what: Literal["spec", "state", "lease"], field: str,
-             raw: bytes, reason: str, *, req: str = "", reply: bytes = b"",
+    def park(self, session: str, *, what: Literal["spec", "state", "lease"], field: str,
+             raw: bytes, reason: str, req: str = "", reply: bytes = b"",
              token: str = "") -> Call[bool]:
         """Move an unreadable record aside (see park.lua); ``req``/``reply``: the resolver
         waiting on it, ``token``: the lease to end with a parked spec."""
         k = self._k
         return self._call(
             "park",
-            [k.actions(session), k.state(session), k.inflight(session), k.stack(session),
-             k.directive(session), k.standing(session), k.dead(session), k.history(session),
-             k.reply(session, req) if req else k.dead(session), k.leases(k.partition(session))],
-            [what, field, raw, raw.decode("utf-8", "backslashreplace"), reason[:500],
-             self._s.history_maxlen, reply, self._s.reply_ttl_s, token, session],
+            arg.ParkKeys(actions=k.actions(session), state=k.state(session),
+                         inflight=k.inflight(session), stack=k.stack(session),
+                         directive=k.directive(session), standing=k.standing(session),
+                         dead=k.dead(session), hist=k.history(session),
+                         replies=k.reply(session, req) if req else k.dead(session),
+                         leases=k.leases(k.partition(session))),
+            arg.ParkArgs(what=what, field=field, raw=raw,
+                         raw_text=raw.decode("utf-8", "backslashreplace"), reason=reason[:500],
+                         maxlen=self._s.history_maxlen, reply=reply,
+                         reply_ttl_s=self._s.reply_ttl_s, token=token, session=session),
             lambda raw_reply: bool(int(raw_reply)),
         )
 
-    def retire(self, partition: int, sessions: list[str], retention_ms: int) -> Call[list[int]]:
+    def retire(self, partition: int, *, sessions: list[str],
+               retention_ms: int) -> Call[list[int]]:
         """A page of the partition's sessions, each 2 (gone), 1 (set to expire) or 0 (live)."""
         k = self._k
         return self._call(
             "retire",
-            [k.sessions(partition),
+            [*arg.SessionsKeys(sessions=k.sessions(partition)),
              *(key for s in sessions for key in (k.actions(s), k.dead(s), k.history(s),
                                                   k.stack(s), k.legacy_expiry(s)))],
-            [retention_ms, *sessions], lambda codes: [int(c) for c in codes],
+            [*arg.RetireArgs(retention_ms=retention_ms), *sessions],
+            lambda codes: [int(c) for c in codes],
         )
 
     def upgrade(self, partition: int, sessions: list[str]) -> Call[int]:
         """The partition's older sessions set (these members) into the sessions hash."""
         k = self._k
-        return self._call("upgrade", [k.sessions(partition), *map(k.legacy_tenant, sessions)],
-                          list(sessions), int)
+        return self._call(
+            "upgrade",
+            [*arg.SessionsKeys(sessions=k.sessions(partition)), *map(k.legacy_tenant, sessions)],
+            [*arg.NoArgs(), *sessions], int)
 
     def upgrade_stack(self, session: str) -> Call[int]:
         """The session's stack, if still the older list, into the zset (head first)."""
-        return self._call("upgrade_stack", [self._k.stack(session)], [], int)
+        return self._call("upgrade_stack", arg.UpgradeStackKeys(stack=self._k.stack(session)),
+                          arg.NoArgs(), int)
 
-    def beat(self, proc: str, loop: str, every_ms: int, ttl_ms: int,
+    def beat(self, proc: str, *, loop: str, every_ms: int, ttl_ms: int,
              info: bytes) -> Call[int]:
         k = self._k
-        return self._call("beat", [k.beat_procs, k.beats(proc)],
-                          [proc, loop, every_ms, ttl_ms, info], int)
-
-    def readd(self, session: str, token: str, req: str, error: str, reply: bytes,
-              action_id: str, attempt: int) -> Call[Concluded]:
-        k = self._k
-        index, member = self._leases(session, token)
         return self._call(
-            "readd",
-            [k.inflight(session), k.stack(session), k.directive(session), k.actions(session),
-             k.state(session), k.history(session), k.reply(session, req), index],
-            [token, error, reply, self._s.reply_ttl_s, self._s.history_maxlen, action_id,
-             attempt, member],
-            Concluded.decode,
-        )
+            "beat", arg.BeatKeys(procs=k.beat_procs, beats=k.beats(proc)),
+            arg.BeatArgs(proc=proc, loop=loop, every_ms=every_ms, ttl_ms=ttl_ms, info=info), int)

@@ -84,6 +84,16 @@ class Settings(BaseSettings):
                                         description="first retry delay; doubles each retry")
     webhook_timeout_s: float = Field(default=5.0, gt=0, description="one delivery's timeout")
 
+    mcp_upstreams: dict[str, str] = Field(
+        default={},
+        description="the MCP servers an operator allows behind `mcp-proxy` and in workers: a "
+                    "JSON object, name -> 'COMMAND ARGS' (`--mcp-upstream NAME=...` adds to it)")
+    mcp_call_timeout_s: float = Field(
+        default=60.0, gt=0, description="longest wait for one tool call of an upstream MCP server")
+    mcp_start_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="longest wait for an upstream MCP server to start and answer `initialize`")
+
     @field_validator("key_prefix")
     @classmethod
     def _not_an_auth_prefix(cls, value: str) -> str:

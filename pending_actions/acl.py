@@ -112,10 +112,11 @@ def acl_rules(role: str, prefix: str = "pa", password: str = "<password>",
 @click.pass_obj
 def acl(obj: Any, role: str, user: str | None, password: str) -> None:
     """Print the Redis ACL SETUSER command for a least-privilege user of ROLE: a producer
-    (an agent runtime staging and resolving; the operators' views), a worker (`pending-actions
-    worker`), serve (the HTTP API), or auth (whoever runs `pending-actions token`: the token
-    store only). Only producer and worker reach no token. SELECT is granted only when
-    --redis-url names a database other than 0."""
+    (an agent runtime staging and resolving, `mcp` over stdio; the operators' views), a worker
+    (`pending-actions worker`), serve (the HTTP API, and `mcp --transport http`: they check
+    tokens), or auth (whoever runs `pending-actions token`: the token store only). Producer
+    and worker reach no token. SELECT is granted only when --redis-url names a database other
+    than 0."""
     from pending_actions.broker.urls import url_options
 
     name = user or f"pa-{role}"

@@ -249,7 +249,7 @@ class Staging:
         """One stage.lua call for a session's actions. Depth 0 needs no look: an id staged
         already was staged by a retry of this; stage.lua also indexes the session and each
         ttl in its partition."""
-        return self.scripts.stage(group[0]["session"], group[0]["tenant"], [
+        return self.scripts.stage(group[0]["session"], tenant=group[0]["tenant"], actions=[
             (s["id"], spec_json(s), None if s["ttl"] is None else int(s["ttl"] * 1000))
             for s in group])
 
@@ -261,8 +261,8 @@ class Staging:
         values: list[Any] = []
         for s in specs:
             values += [s["session"], s["tenant"], s["id"], s["tool"], f"{s['created_at']:.3f}"]
-        return self.scripts.feed(FEED_FIELDS, [STAGED, f"{time.time():.3f}", "", "", "", "",
-                                               specs[0]["kind"], ""], values)
+        return self.scripts.feed(names=FEED_FIELDS, common=[
+            STAGED, f"{time.time():.3f}", "", "", "", "", specs[0]["kind"], ""], values=values)
 
     def _tenant_sets(self, pipe: Any, specs: list[dict[str, Any]]) -> None:
         # the default tenant has no set: its sessions are those the partitions' sessions
@@ -328,7 +328,8 @@ class Staging:
         k = self.keys
 
         def queue(pipe: Any) -> None:
-            self.scripts.set_slot(session, slot, spec["id"], spec_json(spec)).on(pipe)
+            self.scripts.set_slot(session, slot, action_id=spec["id"],
+                                  spec=spec_json(spec)).on(pipe)
             # indexed for stats, views and retirement; claimed by no tenant ("") until a stage
             pipe.hsetnx(k.sessions(k.partition(session)), session, "")
 

@@ -14,8 +14,8 @@ import redis
 
 from pending_actions.broker.connection import producer_client
 from pending_actions.embedded import EmbeddedRedis
-from pending_actions.embedded_cluster import Cluster
 from pending_actions.producers import PendingActions
+from pending_actions_harness.embedded_cluster import Cluster
 from tests.support.procs import Worker
 
 

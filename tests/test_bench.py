@@ -10,8 +10,8 @@ from pathlib import Path
 
 import orjson
 
-from pending_actions.bench import throughput
 from pending_actions.procs import ROOT
+from pending_actions_harness.bench import throughput
 
 # Every row of a quick run (depth and session points are 1 and 1,000 there).
 QUICK_ROWS = [
@@ -41,7 +41,7 @@ QUICK_ROWS = [
 def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "pending_actions.bench", "--quick", "--no-progress",
+        [sys.executable, "-m", "pending_actions_harness.bench", "--quick", "--no-progress",
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=360, check=False,
     )

@@ -23,7 +23,7 @@ from pending_actions.broker.errors import PendingActionsError
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.texts import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
-from pending_actions.soak import Histories
+from pending_actions_harness.soak import Histories
 from tests.compose_support import Compose, Dockerd, free_port, unavailable
 
 pytestmark = pytest.mark.slow

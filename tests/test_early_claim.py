@@ -71,8 +71,10 @@ def test_a_claim_of_a_task_that_will_not_run_here_is_handed_back(tmp_path: Path)
         heartbeat(rc, K, "p", ["t.ok"], "by-hand", 60_000)
         pa.stage(session="s", tool="edit", label="L", apply="t.ok")
         token = uuid.uuid4().hex
-        got = pa.ctx.scripts.take("s", uuid.uuid4().hex, "apply", token, "r", b"null", 60,
-                                  b"{}", Live(("p",), {"t.ok": [1]}), None).run()
+        got = pa.ctx.scripts.take(
+            "s", req=uuid.uuid4().hex, action="apply", token=token, reason="r", extra=b"null",
+            marker_ttl_s=60, none_reply=b"{}", live=Live(("p",), {"t.ok": [1]}),
+            message=None).run()
         assert got.status == "ok"
         ctx = Context.create(Settings(redis_url=server.url), role="worker")
         ctx.scripts.load_all()  # as a worker does at start (the claim is sent by digest)
@@ -88,10 +90,10 @@ def test_a_claim_of_a_task_that_will_not_run_here_is_handed_back(tmp_path: Path)
         assert early.take(message.message_id) is None
         lease = pa.ctx.client.hget(K.inflight("s"), token)
         assert b'"dispatched"' in lease and b"claimant" not in lease
-        again = ctx.scripts.begin("s", token, "next-delivery").run()
+        again = ctx.scripts.begin("s", token=token, claimant="next-delivery").run()
         assert again.status is BeginStatus.OK
         # a claim handed back is the claimant's own only: another's is left alone
-        assert not ctx.scripts.unclaim("s", token, "someone-else").run()
+        assert not ctx.scripts.unclaim("s", token=token, claimant="someone-else").run()
         assert b'"running"' in pa.ctx.client.hget(K.inflight("s"), token)  # type: ignore[operator]
         ctx.client.close()
 
@@ -107,13 +109,16 @@ def test_a_claim_whose_reply_was_lost_is_sent_again_by_its_claimant(
         heartbeat(rc, K, "p", ["t.ok"], "by-hand", 60_000)
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
         token = uuid.uuid4().hex
-        assert pa.ctx.scripts.take("s", uuid.uuid4().hex, "apply", token, "r", b"null", 60,
-                                   b"{}", Live(("p",), {"t.ok": [1]}), None).run().status == "ok"
+        assert pa.ctx.scripts.take(
+            "s", req=uuid.uuid4().hex, action="apply", token=token, reason="r", extra=b"null",
+            marker_ttl_s=60, none_reply=b"{}", live=Live(("p",), {"t.ok": [1]}),
+            message=None).run().status == "ok"
         ctx = Context.create(Settings(redis_url=server.url), role="worker")
-        assert ctx.scripts.begin("s", token, "early").run().status is BeginStatus.OK
+        assert ctx.scripts.begin("s", token=token, claimant="early").run().status is BeginStatus.OK
         # a claimant of its own would find the attempt claimed, and run nothing
-        assert ctx.scripts.begin("s", token, "other").run().status is BeginStatus.RUNNING
-        lost = Claimed("s", token, "early", ctx.scripts.begin("s", token, "early"))
+        other = ctx.scripts.begin("s", token=token, claimant="other").run()
+        assert other.status is BeginStatus.RUNNING
+        lost = Claimed("s", token, "early", ctx.scripts.begin("s", token=token, claimant="early"))
         task = TaskMessage(session="s", token=token, req="q", action="apply", reason="r")
         renewer = Renewer(ctx)
         assert run_attempt(ctx, renewer, task, early=lost) == "applied"

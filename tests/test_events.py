@@ -11,8 +11,9 @@ from pending_actions.broker.events import ENDINGS, OUTCOMES, Event, Fate
 from pending_actions.broker.keys import Keys
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
+from pending_actions.serve.http import Outage
 from pending_actions.serve.metrics import Metrics
-from pending_actions.soak import Histories
+from pending_actions_harness.soak import Histories
 
 
 def test_each_event_says_what_it_means_for_its_action() -> None:
@@ -29,12 +30,12 @@ def test_each_event_says_what_it_means_for_its_action() -> None:
 
 def test_metrics_count_every_outcome_and_time_every_end(redis_server: EmbeddedRedis) -> None:
     pa = PendingActions.from_url(redis_server.url)
-    metrics = Metrics(pa)
+    metrics = Metrics(pa, Outage("metrics"))
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     for event in Event:
         metrics.observe_event({"event": event.value, "tenant": tenant, "session": "s",
                                "created_at": "100.0", "at": "101.5"})
-    text = metrics.render().decode()
+    text = metrics.render(None).decode()
     counted = {e.value for e in Event
                if f'pending_actions_outcomes_total{{kind="{e.value}",tenant="{tenant}"}} 1.0'
                in text}

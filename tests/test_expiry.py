@@ -177,8 +177,9 @@ def test_take_passes_over_an_expired_head_whatever_its_spec_layout(
             rc.hset(keys.actions(session), short, orjson.dumps({**stored, "expires_at": at}))
         time.sleep(0.3)  # the passing of time is what is tested here
         live = LiveView(rc, keys).get()
-        taken = pa.ctx.scripts.take(session, "req-1", "apply", uuid.uuid4().hex, "r", b"null",
-                                    60, b"{}", live, None).run()
+        taken = pa.ctx.scripts.take(
+            session, req="req-1", action="apply", token=uuid.uuid4().hex, reason="r",
+            extra=b"null", marker_ttl_s=60, none_reply=b"{}", live=live, message=None).run()
         assert taken.id == keep
     finally:
         pa.close()
@@ -213,16 +214,17 @@ def test_one_record_of_a_ttl_which_holds_while_the_action_is_in_flight(
         assert not rc.exists(keys.legacy_expiry(session))
 
         live = LiveView(rc, keys).get()
-        taken = ctx.scripts.take(session, "req-1", "apply", uuid.uuid4().hex, "r", b"null", 60,
-                                 b"{}", live, None).run()
+        taken = ctx.scripts.take(
+            session, req="req-1", action="apply", token=uuid.uuid4().hex, reason="r",
+            extra=b"null", marker_ttl_s=60, none_reply=b"{}", live=live, message=None).run()
         assert taken.id == short
         time.sleep(0.35)  # the passing of time is what is tested here: the ttl passes
         assert sweep.expire_due() == 0  # in flight: left to its attempt
         assert rc.zscore(index, member) == float(staged["expires_at"])
         assert member.encode() in sweep.in_flight
 
-        assert ctx.scripts.readd(session, taken.token, "req-1", "boom", b"{}", short,
-                                 taken.attempt).run()
+        assert ctx.scripts.readd(session, token=taken.token, req="req-1", last_error="boom",
+                                 reply=b"{}", action_id=short, attempt=taken.attempt).run()
         assert rc.zscore(keys.stack(session), short) is not None  # back on the stack, yet:
         assert [a.id for a in pa.pending(session)] == [keep]
         choice = pa.next_tool_choice(session)
@@ -236,9 +238,10 @@ def test_one_record_of_a_ttl_which_holds_while_the_action_is_in_flight(
         assert rc.zscore(index, member) is None
         assert not rc.hexists(keys.actions(session), short)
 
-        late = ctx.scripts.take(session, "req-2", "apply", uuid.uuid4().hex, "r", b"null", 60,
-                                b"{}", live, None, expect_id=short, conflict_reply=b"conflict",
-                                expired_reply=b"expired").run()
+        late = ctx.scripts.take(
+            session, req="req-2", action="apply", token=uuid.uuid4().hex, reason="r",
+            extra=b"null", marker_ttl_s=60, none_reply=b"{}", live=live, message=None,
+            expect_id=short, conflict_reply=b"conflict", expired_reply=b"expired").run()
         assert late.status is TakeStatus.CONFLICT
         assert rc.lrange(keys.reply(session, "req-2"), 0, -1) == [b"expired"]
     finally:

@@ -34,9 +34,9 @@ from pending_actions import AsyncPendingActions
 from pending_actions.broker.errors import PendingActionsError
 from pending_actions.broker.results import NOTHING_TO_APPLY
 from pending_actions.embedded import EmbeddedRedis
-from pending_actions.embedded_cluster import Cluster
 from pending_actions.producers import PendingActions
-from pending_actions.supervise import WorkerProcess
+from pending_actions_harness.embedded_cluster import Cluster
+from pending_actions_harness.supervise import WorkerProcess
 from tests.support.failover_handlers import RUNS
 from tests.support.procs import TEST_ENV
 from tests.support.replies import byte_list

@@ -89,8 +89,10 @@ def test_a_lease_is_indexed_by_its_own_script_and_recovered_after_redis_restarts
         action_id = pa.stage(session="s", tool="edit", label="L", apply="t.ok")
         short = PendingActions.from_url(server.url, dispatch_timeout_ms=300)
         token = uuid.uuid4().hex
-        got = short.ctx.scripts.take("s", uuid.uuid4().hex, "apply", token, "r", b"null", 60,
-                                     b"{}", Live(("p",), {"t.ok": [1]}), None).run()
+        got = short.ctx.scripts.take(
+            "s", req=uuid.uuid4().hex, action="apply", token=token, reason="r", extra=b"null",
+            marker_ttl_s=60, none_reply=b"{}", live=Live(("p",), {"t.ok": [1]}),
+            message=None).run()
         short.close()
         index = K.leases(K.partition("s"))
         assert got.status == "ok"

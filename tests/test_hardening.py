@@ -26,7 +26,7 @@ from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.pools import heartbeat
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
-from pending_actions.supervise import WorkerProcess
+from pending_actions_harness.supervise import WorkerProcess
 from tests.support.faults import FAST, K, cluster, started_pid
 from tests.support.procs import TEST_ENV, worker_env
 from tests.support.replies import byte_list, entries

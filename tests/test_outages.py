@@ -18,9 +18,9 @@ from redis.exceptions import RedisClusterException
 from pending_actions.broker.connection import producer_client
 from pending_actions.broker.errors import RedisUnavailable
 from pending_actions.broker.loops import is_outage
-from pending_actions.embedded_cluster import Cluster
 from pending_actions.procs import ROOT
 from pending_actions.producers import AsyncPendingActions, PendingActions
+from pending_actions_harness.embedded_cluster import Cluster
 from tests.support.faults import K, cluster
 from tests.support.outages import check_exactly_once, run_drains
 from tests.support.procs import Worker, worker_env

@@ -30,7 +30,7 @@ from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
-from pending_actions.supervise import WorkerProcess
+from pending_actions_harness.supervise import WorkerProcess
 from tests.serve.conftest import Server
 from tests.serve.test_webhooks import SECRET, Receiver
 from tests.support.faults import FAST, K, cluster
@@ -38,6 +38,7 @@ from tests.support.procs import TEST_ENV, worker_env
 from tests.support.replies import byte_list
 from tests.support.roles import (
     VERSIONS,
+    mcp_work,
     producer_work,
     redis_of,
     refusals,
@@ -241,7 +242,8 @@ def test_each_role_does_its_work_as_its_user(any_redis: EmbeddedRedis) -> None:
     (ACL LOG, which also sees what a retrying loop would swallow): a producer stages, lists
     and resolves every way (clients and CLI); a worker runs handlers, recovers a crashed
     attempt, expires, retires, delivers a webhook; serve serves every route with a token the
-    auth user made, and one an older version made (serve moves it)."""
+    auth user made, and one an older version made (serve moves it); `mcp --transport http`,
+    which checks the same tokens, runs as serve's user."""
     rc = redis.Redis.from_url(any_redis.url)
     url = users(rc, any_redis.url)
     older = legacy_token(rc, "old-admin", "t1", "admin")
@@ -268,6 +270,9 @@ def test_each_role_does_its_work_as_its_user(any_redis: EmbeddedRedis) -> None:
                    "--name", "t1-admin")
         assert made.returncode == 0, made.stderr
         serve_work(server, orjson.loads(made.stdout)["token"])
+        agent = cli(url["auth"], "--json", "token", "create", "--tenant", "t1", "--role",
+                    "producer", "--name", "t1-agent")
+        mcp_work(url["serve"], orjson.loads(agent.stdout)["token"], "web")
         listed = cli(url["auth"], "token", "ls")
         assert "old-admin" in listed.stdout and "t1-admin" in listed.stdout, listed
         assert cli(url["auth"], "token", "revoke", "t1-admin").returncode == 0

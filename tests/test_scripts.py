@@ -1,16 +1,19 @@
 """The Lua side of the protocol: every script names events and reply codes through the tables
 the prelude generates from the Python enums, its header lists exactly the KEYS and ARGV it
-uses, and each one, prelude included, loads in a real Redis."""
+uses, it names each of them at its top as ``broker/arguments.py`` does (name and position),
+and each one, prelude included, loads in a real Redis."""
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 
 import pytest
 import redis
 
 from pending_actions.broker import Keys
+from pending_actions.broker.arguments import SIGNATURES, TakeArgs
 from pending_actions.broker.events import Event
 from pending_actions.broker.lua import (
     CODE_NAME,
@@ -27,6 +30,9 @@ from pending_actions.producers import PendingActions
 TABLE_USE = CODE_NAME  # a script's TABLE.NAME, as broker/lua.py finds it
 EVENT_FIELD = re.compile(r"'event',\s*('[^']*'|\"[^\"]*\")")
 SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)\]")
+# a line naming slots: local a, b = KEYS[1], ARGV[2]
+NAMING = re.compile(r"^local ([\w, ]+) = ((?:KEYS|ARGV)\[\d+\](?:, (?:KEYS|ARGV)\[\d+\])*)\n",
+                    re.M)
 
 
 def header_and_body(name: str) -> tuple[str, str]:
@@ -58,8 +64,73 @@ def test_every_event_is_written_somewhere() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_header_lists_what_the_script_uses(name: str) -> None:
     header, body = header_and_body(name)
-    assert set(SLOT.findall(body)) <= set(SLOT.findall(header)), f"{name}.lua header"
+    # every slot is named in the body (checked below), so the header lists them all
+    assert set(SLOT.findall(body)) == set(SLOT.findall(header)), f"{name}.lua header"
     assert "Returns:" in header
+
+
+def disagreements(code: str, keys: Sequence[str], args: Sequence[str], keys_tail: str = "",
+                  args_tail: str = "") -> list[str]:
+    """Where script ``code`` (without comments) and the fields of its KEYS and ARGV objects
+    disagree: each slot is named by a local of its field's name, in the field's order, only
+    there is a slot read by number, and a tail (slots past the fixed ones) starts at a local
+    of the given name set to the first slot after them; a script without one reads nothing
+    past its named slots."""
+    named: dict[str, dict[int, str]] = {"KEYS": {}, "ARGV": {}}
+    for names, slots in NAMING.findall(code):
+        pairs = list(zip(names.split(", "), SLOT.findall(slots), strict=True))
+        for local, (table, at) in pairs:
+            named[table][int(at)] = local
+    out = []
+    rest = NAMING.sub("", code)
+    if SLOT.search(rest):
+        out.append(f"a slot read by number below the named ones: {SLOT.search(rest)}")
+    for table, fields, tail in (("KEYS", keys, keys_tail), ("ARGV", args, args_tail)):
+        by_slot = [named[table].get(at) for at in range(1, len(named[table]) + 1)]
+        if by_slot != list(fields):
+            out.append(f"{table}: the script names {by_slot}, its object {list(fields)}")
+        for local in by_slot:
+            if local and len(re.findall(rf"\b{local}\b", code)) < 2:
+                out.append(f"{table}: {local} named, never used")
+        if tail:
+            start = re.search(rf"^local {tail} = (\d+)$", code, re.M)
+            if not start or int(start.group(1)) != len(fields) + 1:
+                out.append(f"{table}: no local {tail} = {len(fields) + 1} (its tail)")
+        elif re.search(rf"#{table}\b|\b{table}\[(?!\d+\])", rest):
+            out.append(f"{table}: read past its named slots, with no tail named")
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_slot_is_named_as_its_object_names_it(name: str) -> None:
+    sig = SIGNATURES[name]
+    code = strip_comments(lua_file(name))
+    assert disagreements(code, sig.keys._fields, sig.args._fields, sig.keys_tail,
+                         sig.args_tail) == [], f"{name}.lua against broker/arguments.py"
+
+
+def test_the_slot_check_finds_a_swap() -> None:
+    """The check above can fail: take's object with two fields swapped disagrees with take.lua,
+    and so does a tail start one off, or a slot read by number."""
+    sig = SIGNATURES["take"]
+    code = strip_comments(lua_file("take"))
+    swapped = list(TakeArgs._fields)
+    swapped[0], swapped[2] = swapped[2], swapped[0]
+    assert disagreements(code, sig.keys._fields, swapped, sig.keys_tail) == [
+        f"ARGV: the script names {list(TakeArgs._fields)}, its object {swapped}"]
+    assert disagreements(code.replace("local streams_at = 14", "local streams_at = 13"),
+                         sig.keys._fields, sig.args._fields, sig.keys_tail) == [
+        "KEYS: no local streams_at = 14 (its tail)"]
+    assert disagreements(code + "return ARGV[3]\n", sig.keys._fields, sig.args._fields,
+                         sig.keys_tail)
+    assert disagreements(code, sig.keys._fields, sig.args._fields) == [
+        "KEYS: read past its named slots, with no tail named"]
+    assert set(SIGNATURES) == set(NAMES)
+
+
+def test_the_prelude_reads_no_slot() -> None:
+    # its definitions are given what they work on: a script names its slots itself
+    assert not re.search(r"\b(KEYS|ARGV)\b", strip_comments(lua_file("prelude")))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -101,12 +172,13 @@ def test_begin_reads_counters_only_where_take_says_there_are_some(
 
         def take_and_begin(req: str, plant: bool = False) -> tuple[str, Begun]:
             token = uuid.uuid4().hex
-            taken = scripts.take(session, req, "apply", token, "r", b"null", 60, b"{}", live,
-                                 None).run()
+            taken = scripts.take(session, req=req, action="apply", token=token, reason="r",
+                                 extra=b"null", marker_ttl_s=60, none_reply=b"{}", live=live,
+                                 message=None).run()
             assert (taken.status, taken.id) == (TakeStatus.OK, action_id)
             if plant:  # after the take, which reads the hash (and would find it POISON)
                 rc.hset(keys.state(session), action_id, b"\x00planted")
-            return token, scripts.begin(session, token, "claimant").run()
+            return token, scripts.begin(session, token=token, claimant="claimant").run()
 
         token, first = take_and_begin("req-1", plant=True)  # never read: no POISON
         assert first.status is BeginStatus.OK and first.counters is not None
@@ -114,8 +186,8 @@ def test_begin_reads_counters_only_where_take_says_there_are_some(
         rc.hdel(keys.state(session), action_id)  # readd reads the hash: it would be POISON
         # the attempt fails and puts the action back with its counters, so the next
         # attempt's begin reads them
-        scripts.readd(session, token, "req-1", "refused: try again", b'"no"', action_id,
-                      1).run()
+        scripts.readd(session, token=token, req="req-1", last_error="refused: try again",
+                      reply=b'"no"', action_id=action_id, attempt=1).run()
         _token, second = take_and_begin("req-2")
         assert second.status is BeginStatus.OK and second.counters is not None
         assert (second.counters.attempts, second.counters.last_error) == (

@@ -18,7 +18,7 @@ from pending_actions import AsyncPendingActions, ConfigError, PendingActions, Re
 from pending_actions.broker.errors import Forbidden
 from pending_actions.broker.urls import url_options
 from pending_actions.embedded import EmbeddedRedis
-from pending_actions.embedded_cluster import Cluster
+from pending_actions_harness.embedded_cluster import Cluster
 from tests.support.proxy import ChaosProxy
 
 TLS_RECORD = b"\x16\x03"  # a TLS handshake record: what a ClientHello starts with

@@ -1,5 +1,6 @@
 """One handler run: claim the attempt, run apply or reject, then finalize or re-add, every step
-fenced by the lease token. Called by the dramatiq actor in ``pending_actions.workers.actors``."""
+fenced by the lease token (``Attempt``). What a handler's failure comes to is decided in one
+place, ``conclusion``. Called by the dramatiq actor in ``pending_actions.workers.actors``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
 import orjson
@@ -25,7 +27,7 @@ from pending_actions.broker.events import Event
 from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
 from pending_actions.broker.loops import Beats, Loop
-from pending_actions.broker.models import Lease, PendingAction, Result, Spec
+from pending_actions.broker.models import Lease, PendingAction, ResolveAction, Result, Spec
 from pending_actions.broker.payloads import check_payload
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
@@ -84,7 +86,7 @@ class Renewer:
         ctx = self.ctx
         pipe = ctx.client.pipeline(transaction=False)
         # renew.lua moves the lease's index entry too
-        renewals = [ctx.scripts.renew(session, token).on(pipe) for token, session in items]
+        renewals = [ctx.scripts.renew(session, token=token).on(pipe) for token, session in items]
         replies = pipe.execute(raise_on_error=False)
         failed = [r for r in replies if isinstance(r, Exception)]
         for (token, session), queued in zip(items, renewals, strict=True):
@@ -126,135 +128,177 @@ Settle = Callable[[Any], None]  # queues the task message's own ack on the outco
 
 def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
                 settle: Settle | None = None, early: Claimed | None = None) -> str:
-    """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate.
-    ``settle``, when given, rides on the outcome's round trip (the task's ack). ``early``: the
-    claim the consumer thread sent for this task (``workers/early.py``)."""
-    budget = ctx.settings.lease_ms / 1000
-    if ctx.settings.replica_wait:  # a step sent again through a failover, which takes seconds
-        budget = max(budget, FAILOVER_WAIT_S)
-    session, token, req, action = task.session, task.token, task.req, task.action
-    # with REPLICA_WAIT, the claim is on a replica before the handler runs (so a failover
-    # cannot forget the take and run the action again), and so is the outcome before this
-    # attempt is over (a lost outcome is sent again, to the new master, while the lease holds)
-    where, replicas = ctx.keys.inflight(session), ctx.settings.replica_wait
-    wait_ms = ctx.settings.replica_wait_timeout_ms
+    """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate,
+    parked. ``settle``, when given, rides on the outcome's round trip (the task's ack).
+    ``early``: the claim the consumer thread sent for this task (``workers/early.py``)."""
+    attempt = Attempt(ctx, renewer, task, settle, early)
+    begun = attempt.claim()
+    if not isinstance(begun, Begun):  # nothing to run
+        return begun
+    try:
+        ran = attempt.run(begun)
+        outcome, done = attempt.conclude(begun, ran)
+    finally:
+        renewer.discard(task.token)
+    return outcome.value if done else attempt.refused_late(begun, outcome)
 
-    claimant = early.claimant if early is not None else uuid.uuid4().hex
-    # scripts by digest (their bodies are KBs Redis would hash at every call), but where a
-    # replica must confirm: WAIT covers a pipeline's own writes, not a body sent again after
-    digest = not replicas
 
-    def loaded(send: Callable[[], R]) -> Callable[[], R]:
-        """``send``, again once Redis has our scripts back if it lost them (NOSCRIPT: that
-        script did not run; the rest of its pipeline is safe to send twice)."""
-        def again() -> R:
-            try:
-                return send()
-            except NoScriptError:
-                ctx.scripts.load_all()
-                return send()
-        return again
+class Attempt:
+    """One attempt of one resolve, in three steps, each fenced by the lease token: ``claim``
+    it (begin.lua), ``run`` its handler, ``conclude`` it (finalize.lua or readd.lua, as
+    ``conclusion`` decides)."""
 
-    def claim() -> Begun:
+    def __init__(self, ctx: Context, renewer: Renewer, task: TaskMessage,
+                 settle: Settle | None = None, early: Claimed | None = None) -> None:
+        self.ctx, self.renewer, self.task = ctx, renewer, task
+        self.settle, self.early = settle, early
+        settings = ctx.settings
+        self.budget = settings.lease_ms / 1000
+        if settings.replica_wait:  # a step sent again through a failover, which takes seconds
+            self.budget = max(self.budget, FAILOVER_WAIT_S)
+        # with REPLICA_WAIT, the claim is on a replica before the handler runs (so a failover
+        # cannot forget the take and run the action again), and so is the outcome before the
+        # attempt is over (a lost outcome is sent again, to the new master, while leased)
+        self.where = ctx.keys.inflight(task.session)
+        self.replicas, self.wait_ms = settings.replica_wait, settings.replica_wait_timeout_ms
+        self.claimant = early.claimant if early is not None else uuid.uuid4().hex
+        # scripts by digest (their bodies are KBs Redis would hash at every call), but where a
+        # replica must confirm: WAIT covers a pipeline's own writes, not a body sent again after
+        self.digest = not self.replicas
+        # the feed is on another slot: on a cluster, where the outcome's pipeline goes straight
+        # to the session's master, it follows in a round trip of its own
+        self.direct = is_cluster(ctx.client)
+        self.recorded = False  # an outcome sent was recorded, whatever its replication
+
+    # --- claim -----------------------------------------------------------------------------
+    def claim(self) -> Begun | str:
+        """The claim, answered OK (then run it), or what happened instead: the lease is gone
+        (stale), another delivery runs it (duplicate), a record of it does not parse (parked),
+        or its spec was replaced meanwhile (failed: re-added)."""
+        ctx, task, early = self.ctx, self.task, self.early
+        if early is None:  # else hit on the consumer thread, before its claim
+            failpoints.hit("before-begin", ctx.client, ctx.keys)
+        try:
+            # an early claim that waited a third of its lease is sent again, which extends it
+            answer = early.begun() if early is not None else None
+            if answer is not None and early is not None and (
+                    time.monotonic() - early.at < ctx.settings.lease_ms / 3000):
+                begun = answer
+            else:
+                begun = retry(partial(self._loaded, self._send_claim), self.budget)
+        except (redis.ResponseError, ValidationError) as exc:
+            return _unreadable(ctx, task, exc)
+        if begun.status is BeginStatus.STALE:
+            # routine: the task of a resolve that found nothing to target ends here too
+            log.debug("attempt %s of %s is no longer leased; nothing run", task.token,
+                      task.session)
+            return "stale"
+        if begun.status is BeginStatus.RUNNING:
+            log.info("duplicate delivery of attempt %s; nothing run", task.token)
+            return "duplicate"
+        assert begun.lease is not None
+        if begun.status is BeginStatus.GONE:
+            reply = text_result(texts.REPLACED, base_details(task.action, task.reason,
+                                                             task.extra), is_error=True)
+            self._record(ctx.scripts.readd(
+                task.session, token=task.token, req=task.req, last_error="replaced",
+                reply=reply.to_json(), action_id=begun.lease.id, attempt=begun.lease.attempt))
+            return "failed"
+        return begun
+
+    def _send_claim(self) -> Begun:
         # a claim not yet on a replica (NotReplicated) is sent again by retry(): the same
         # claimant is told OK again where its claim holds, and a master that took over without
         # it says whether another delivery claimed the attempt meanwhile (RUNNING)
-        def build(pipe: Any) -> Callable[[list[Any]], Begun]:
-            return _own(ctx.scripts.begin(session, token, claimant).on(pipe, by_digest=digest))
+        return acked(self.ctx.client, self.where, self._queue_claim, self.replicas,
+                     self.wait_ms, raise_on_error=False, own=True)
 
-        return acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False,
-                     own=True)
+    def _queue_claim(self, pipe: Any) -> Callable[[list[Any]], Begun]:
+        task = self.task
+        begin = self.ctx.scripts.begin(task.session, token=task.token, claimant=self.claimant)
+        return _own(begin.on(pipe, by_digest=self.digest))
 
-    # the feed is on another slot: on a cluster, where the outcome's pipeline goes straight to
-    # the session's master, it follows in a round trip of its own
-    direct = is_cluster(ctx.client)
+    def _loaded(self, send: Callable[[], R]) -> R:
+        """``send()``, again once Redis has our scripts back if it lost them (NOSCRIPT: that
+        script did not run; the rest of its pipeline is safe to send twice)."""
+        try:
+            return send()
+        except NoScriptError:
+            self.ctx.scripts.load_all()
+            return send()
 
-    def conclude(step: Call[Concluded], event: Event | None = None,
-                 spec: Spec | None = None, by: str = "") -> bool:
-        # the outcome (which also ends the lease's index entry), the task's ack and the feed
-        # entry: one round trip
-        recorded = False
+    # --- run -------------------------------------------------------------------------------
+    def run(self, begun: Begun) -> Ran:
+        """The handler, on the action as claimed (``begun``: status OK). Its lease is renewed
+        from here until the outcome is recorded (the caller stops that), not only while the
+        handler runs: an outcome sent again through a failover must find its lease held."""
+        assert begun.spec is not None and begun.counters is not None
+        spec, task = begun.spec, self.task
+        view = PendingAction.build(spec, begun.counters, "in_flight", task.edit)
+        self.renewer.add(task.session, task.token)
+        return _call(view, spec, task, idempotency_key(spec, task.req))
 
-        def build(pipe: Any) -> Callable[[list[Any]], bool]:
-            done = step.on(pipe, by_digest=digest)
-            if event is not None and not direct:
-                publish(pipe, ctx.keys, event, spec, by=by)
-            if settle is not None:
-                settle(pipe)
-            # the outcome is what matters; a feed entry refused (Redis full) is logged, not
-            # retried (the ack is too, see taskbroker: a redelivery is fenced by the token)
-            return lambda replies: _outcome(replies, done, session)
+    # --- conclude --------------------------------------------------------------------------
+    def conclude(self, begun: Begun, ran: Ran) -> tuple[Event, bool]:
+        """Record what the run came to (``conclusion``) with its feed entry; the event, and
+        whether it was recorded (False: the lease had expired, the outcome refused)."""
+        assert begun.spec is not None and begun.counters is not None and begun.lease is not None
+        spec, task, scripts = begun.spec, self.task, self.ctx.scripts
+        attempts, by = begun.counters.attempts, begun.lease.by
+        end = conclusion(ran, spec, task.action, task.edit)
+        if end.readd:
+            step = scripts.readd(task.session, token=task.token, req=task.req,
+                                 last_error=ran.result.text, reply=ran.result.to_json(),
+                                 action_id=spec.id, attempt=attempts)
+        else:
+            step = scripts.finalize(task.session, token=task.token, req=task.req,
+                                    reply=ran.result.to_json(), event=end.event,
+                                    action_id=spec.id, attempt=attempts, noted=end.noted)
+        return end.event, self._record(step, end.event, spec, by)
 
-        def send() -> bool:
-            # an outcome recorded on a master that then failed to replicate it is sent again
-            # (to the new master, where the lease still holds); on the same master the second
-            # one finds the lease gone, which is no refusal of ours
-            nonlocal recorded
-            try:
-                return (acked(ctx.client, where, build, replicas, wait_ms, raise_on_error=False,
-                              own=True) or recorded)
-            except NotReplicated as exc:
-                recorded = recorded or bool(exc.result)
-                raise
+    def refused_late(self, begun: Begun, outcome: Event) -> str:
+        """The outcome came after its lease had gone (expired, and recovered by recover.lua):
+        it changed nothing but the history's late-refused entry."""
+        assert begun.spec is not None and begun.counters is not None
+        ctx, spec = self.ctx, begun.spec
+        retry(lambda: publish(ctx.client, ctx.keys, Event.LATE_REFUSED, spec,
+                              outcome=outcome.value), self.budget)
+        log.warning("late outcome of %s (attempt %s) refused: its lease had expired",
+                    spec.id, begun.counters.attempts)
+        return "stale"
 
-        done = retry(loaded(send), budget)
-        if event is not None and direct:
-            retry(lambda: publish(ctx.client, ctx.keys, event, spec, by=by), budget)
+    def _record(self, step: Call[Concluded], event: Event | None = None,
+                spec: Spec | None = None, by: str = "") -> bool:
+        """The outcome (which also ends the lease's index entry), the task's ack and the feed
+        entry: one round trip."""
+        build = partial(self._queue_outcome, step, event, spec, by)
+        done = retry(partial(self._loaded, partial(self._send_outcome, build)), self.budget)
+        if event is not None and self.direct:
+            retry(lambda: publish(self.ctx.client, self.ctx.keys, event, spec, by=by),
+                  self.budget)
         return done
 
-    if early is None:  # else hit on the consumer thread, before its claim
-        failpoints.hit("before-begin", ctx.client, ctx.keys)
-    try:
-        # an early claim that waited a third of its lease is sent again, which extends it
-        answer = early.begun() if early is not None else None
-        if answer is not None and early is not None and (
-                time.monotonic() - early.at < ctx.settings.lease_ms / 3000):
-            begun = answer
-        else:
-            begun = retry(loaded(claim), budget)
-    except (redis.ResponseError, ValidationError) as exc:
-        return _unreadable(ctx, task, exc)
-    if begun.status is BeginStatus.STALE:
-        # routine: the task of a resolve that found nothing to target ends here too
-        log.debug("attempt %s of %s is no longer leased; nothing run", token, session)
-        return "stale"
-    if begun.status is BeginStatus.RUNNING:
-        log.info("duplicate delivery of attempt %s; nothing run", token)
-        return "duplicate"
-    assert begun.lease is not None
-    if begun.status is BeginStatus.GONE:
-        reply = text_result(texts.REPLACED, base_details(action, task.reason, task.extra),
-                            is_error=True)
-        conclude(ctx.scripts.readd(session, token, req, "replaced", reply.to_json(),
-                                   begun.lease.id, begun.lease.attempt))
-        return "failed"
-    assert begun.spec is not None and begun.counters is not None
-    spec = begun.spec
-    view = PendingAction.build(spec, begun.counters, "in_flight", task.edit)
-    # renewed until the outcome is recorded, not only while the handler runs: an outcome sent
-    # again through a failover must find its lease still held
-    renewer.add(session, token)
-    try:
-        ran = _call(view, spec, task, idempotency_key(spec, req))
-        result, outcome, noted = ran.result, _event(ran, action, spec), _noted(ran, spec, task)
-        by = begun.lease.by
-        if outcome is Event.FAILED and spec.kind != "directive":
-            done = conclude(ctx.scripts.readd(session, token, req, result.text,
-                                              result.to_json(), spec.id, view.attempts),
-                            outcome, spec, by)
-        else:  # an outcome that consumes: returned (error results too), stale, a failed directive
-            done = conclude(ctx.scripts.finalize(session, token, req, result.to_json(),
-                                                 outcome, spec.id, view.attempts, noted),
-                            outcome, spec, by)
-    finally:
-        renewer.discard(token)
-    if not done:
-        retry(lambda: publish(ctx.client, ctx.keys, Event.LATE_REFUSED, spec,
-                              outcome=outcome.value), budget)
-        log.warning("late outcome of %s (attempt %s) refused: its lease had expired",
-                    spec.id, view.attempts)
-        return "stale"
-    return outcome.value
+    def _queue_outcome(self, step: Call[Concluded], event: Event | None, spec: Spec | None,
+                       by: str, pipe: Any) -> Callable[[list[Any]], bool]:
+        done = step.on(pipe, by_digest=self.digest)
+        if event is not None and not self.direct:
+            publish(pipe, self.ctx.keys, event, spec, by=by)
+        if self.settle is not None:
+            self.settle(pipe)
+        # the outcome is what matters; a feed entry refused (Redis full) is logged, not
+        # retried (the ack is too, see taskbroker: a redelivery is fenced by the token)
+        return lambda replies: _outcome(replies, done, self.task.session)
+
+    def _send_outcome(self, build: Callable[[Any], Callable[[list[Any]], bool]]) -> bool:
+        # an outcome recorded on a master that then failed to replicate it is sent again (to
+        # the new master, where the lease still holds); on the same master the second one
+        # finds the lease gone, which is no refusal of ours
+        try:
+            return (acked(self.ctx.client, self.where, build, self.replicas, self.wait_ms,
+                          raise_on_error=False, own=True) or self.recorded)
+        except NotReplicated as exc:
+            self.recorded = self.recorded or bool(exc.result)
+            raise
 
 
 def _unreadable(ctx: Context, task: TaskMessage, exc: Exception) -> str:
@@ -289,22 +333,34 @@ class Ran(NamedTuple):
     how: Literal["returned", "raised", "stale"]
 
 
-def _event(ran: Ran, action: str, spec: Spec) -> Event:
+class Conclusion(NamedTuple):
+    event: Event
+    readd: bool  # back where it was (readd.lua), else used up (finalize.lua)
+    noted: tuple[str, ...]  # what the history entry of a finalize adds
+
+
+def conclusion(ran: Ran, spec: Spec, action: ResolveAction,
+               edit: dict[str, Any] | None = None) -> Conclusion:
+    """What a handler's run comes to: the one place that decides what happens when a handler
+    fails. It raised (a ToolError, any other exception, a time limit): FAILED, and the action
+    goes back on its stack's head, or the standing handler stays, with last_error, for the next
+    resolve; a directive is used up instead (one shot, whatever the outcome: docs/semantics.md).
+    It raised Stale: STALE, used up. It returned, an error result too: APPLIED or DISCARDED,
+    used up. (Before any handler runs, a record that does not parse is parked in the dead
+    letters, ``_unreadable``; an attempt whose worker is lost is put back, or dead-lettered
+    after max_stalls, by recover.lua.)"""
     if ran.how == "stale":
-        return Event.STALE
-    if ran.how == "raised":
-        return Event.FAILED
-    return Event.APPLIED if action == "apply" else Event.DISCARDED
-
-
-def _noted(ran: Ran, spec: Spec, task: TaskMessage) -> tuple[str, ...]:
-    """What the outcome's history entry adds: the error text of an error result, and an
-    edit's patch beside the payload it was applied to."""
+        event = Event.STALE
+    elif ran.how == "raised":
+        event = Event.FAILED
+    else:
+        event = Event.APPLIED if action == "apply" else Event.DISCARDED
+    # the error text of an error result, and an edit's patch beside the payload it was applied to
     noted: tuple[str, ...] = ("error", ran.result.text) if ran.result.is_error else ()
-    if task.edit is not None:
-        noted += ("edit", orjson.dumps(task.edit).decode(),
+    if edit is not None:
+        noted += ("edit", orjson.dumps(edit).decode(),
                   "payload", orjson.dumps(spec.payload).decode())
-    return noted
+    return Conclusion(event, event is Event.FAILED and spec.kind != "directive", noted)
 
 
 def _call(view: PendingAction, spec: Spec, task: TaskMessage, key: str) -> Ran:

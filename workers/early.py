@@ -154,7 +154,8 @@ class EarlyClaims:
         for message_id, session, token in tasks:
             claimant = uuid.uuid4().hex
             claims.append(Claimed(session, token, claimant,
-                                  ctx.scripts.begin(session, token, claimant)))
+                                  ctx.scripts.begin(session, token=token,
+                                                    claimant=claimant)))
             with self.lock:  # before it is sent: a claim that lands unanswered is still ours
                 self.claimed[message_id] = claims[-1]
         self._send(claims)
@@ -202,7 +203,7 @@ class EarlyClaims:
             pipe: Any = ctx.client.pipeline(transaction=False)
             for _, c in gone:
                 c.begun()  # its answer read: the connection is then free
-                ctx.scripts.unclaim(c.session, c.token, c.claimant).on(pipe)
+                ctx.scripts.unclaim(c.session, token=c.token, claimant=c.claimant).on(pipe)
             answers = pipe.execute(raise_on_error=False)
         except Exception as exc:  # their leases run out and are recovered (a stall each)
             log.warning("could not hand back %d early claims: %s", len(gone), exc)

@@ -89,7 +89,8 @@ class LocalDispatch:
         verdict = Verdict()
         # told within a round trip and its retries, which stop well within a third of a lease
         self.claims.add(message_id, Claimed(
-            session, token, claimant, self.ctx.scripts.begin(session, token, claimant),
+            session, token, claimant,
+            self.ctx.scripts.begin(session, token=token, claimant=claimant),
             verdict=verdict, wait_s=self.ctx.settings.lease_ms / 3000))
         consumer.adopt(1)
         thread.handle_message(MessageProxy(message))  # dramatiq's own hand-over

@@ -33,8 +33,9 @@ def park_poison(ctx: Context, session: str, found: Poison, req: str = "",
     if raw is None:
         return False
     assert isinstance(raw, bytes)
-    parked = ctx.scripts.park(session, found.what, found.field, raw,  # type: ignore[arg-type]
-                              str(found), req=req, reply=reply, token=token).run()
+    parked = ctx.scripts.park(session, what=found.what, field=found.field,  # type: ignore[arg-type]
+                              raw=raw, reason=str(found), req=req, reply=reply,
+                              token=token).run()
     if parked:
         log.warning("session %s: %s parked in its dead letters", session, found)
     return parked
@@ -43,5 +44,5 @@ def park_poison(ctx: Context, session: str, found: Poison, req: str = "",
 def park_spec(ctx: Context, session: str, action_id: str, raw: bytes, reason: str,
               req: str = "", reply: bytes = b"", token: str = "") -> bool:
     """Park a spec that Python could not read (valid JSON, not a valid spec, say)."""
-    return ctx.scripts.park(session, "spec", action_id, raw, reason, req=req, reply=reply,
-                            token=token).run()
+    return ctx.scripts.park(session, what="spec", field=action_id, raw=raw, reason=reason,
+                            req=req, reply=reply, token=token).run()

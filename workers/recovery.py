@@ -110,14 +110,17 @@ class Recovery:
         for (session, token), raw in zip(due, pipe.execute(), strict=True):
             lease = self._lease(session, token, raw)
             if lease is not None and lease.deadline <= now:
-                replies = self._recovery_replies(session, lease)
-                errors = (texts.worker_lost_error(lease.attempt),
-                          texts.never_started_error(lease.attempt))
+                returned, dead, unstarted = self._recovery_replies(session, lease)
+                lost = texts.worker_lost_error(lease.attempt)
+                never = texts.never_started_error(lease.attempt)
             else:  # live or gone: recover.lua only puts the entry right
-                replies, errors = (b"", b"", b""), ("", "")
+                returned = dead = unstarted = b""
+                lost = never = ""
             req = lease.req if lease is not None else "-"
-            queued.append((lease, ctx.scripts.recover(session, token, req, replies,
-                                                      errors).on(fix)))
+            queued.append((lease, ctx.scripts.recover(
+                session, token=token, req=req, returned_reply=returned, dead_reply=dead,
+                unstarted_reply=unstarted, returned_error=lost,
+                unstarted_error=never).on(fix)))
         replies_all = fix.execute(raise_on_error=False)
         recovered = 0
         feed = ctx.client.pipeline(transaction=False)
@@ -198,7 +201,7 @@ class Recovery:
             again[p] = min(again[p], max(look_at, now))
         pipe = ctx.client.pipeline(transaction=False)
         for p in parts:
-            ctx.scripts.mark_expiries(p, again[p], waits[p]).on(pipe)
+            ctx.scripts.mark_expiries(p, look_again_ms=again[p], waiting=waits[p]).on(pipe)
         pipe.execute()
 
     def _end(self, due: list[bytes], now: int) -> int:
@@ -207,7 +210,8 @@ class Recovery:
         ctx = self.ctx
         pairs = [Keys.parse_lease_member(m) for m in due]
         pipe = ctx.client.pipeline(transaction=False)
-        calls = [ctx.scripts.expire(session, action_id).on(pipe) for session, action_id in pairs]
+        calls = [ctx.scripts.expire(session, action_id=action_id).on(pipe)
+                 for session, action_id in pairs]
         replies = pipe.execute()
         feed = ctx.client.pipeline(transaction=False)
         ended = 0
@@ -233,7 +237,7 @@ class Recovery:
             return Lease.model_validate_json(raw)
         except ValidationError as exc:
             reason = f"lease does not parse: {exc.errors()[0]['msg']}"
-            self.ctx.scripts.park(session, "lease", token, raw, reason).run()
+            self.ctx.scripts.park(session, what="lease", field=token, raw=raw, reason=reason).run()
             log.warning("session %s: unreadable lease %s parked (%s)", session, token, reason)
             return None
 

@@ -268,11 +268,13 @@ class ResolveWorker:
                 args = (request.action, request.reason, request.extra, request.expect_id)
                 conflict, gone = not_the_target(*args).to_json(), expired(*args).to_json()
             calls.append(ctx.scripts.take(
-                request.session, request.req, request.action, token, request.reason,
-                orjson.dumps(request.extra), marker_ttl, none, view, message,
-                request.expect_id or "", request.by or "", conflict, gone,
-                entry_id if self._acked_by_take(stream, request) else b"",
-                claims.claimant(i, request, token), claims.here))
+                request.session, req=request.req, action=request.action, token=token,
+                reason=request.reason, extra=orjson.dumps(request.extra),
+                marker_ttl_s=marker_ttl, none_reply=none, live=view, message=message,
+                expect_id=request.expect_id or "", by=request.by or "",
+                conflict_reply=conflict, expired_reply=gone,
+                entry=entry_id if self._acked_by_take(stream, request) else b"",
+                claimant=claims.claimant(i, request, token), here=claims.here))
         if not calls:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call

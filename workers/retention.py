@@ -236,6 +236,7 @@ class Retirement:
         retention = ctx.settings.retention_s * 1000
         gone: list[str] = []
         for partition, group in by_partition.items():
-            codes = ctx.scripts.retire(partition, group, retention).run()
+            codes = ctx.scripts.retire(partition, sessions=group,
+                                        retention_ms=retention).run()
             gone += [x for x, code in zip(group, codes, strict=True) if code == 2]
         return gone

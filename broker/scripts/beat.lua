@@ -6,13 +6,15 @@
 -- ARGV[3] the loop's interval ms (a beat older than this is late)  ARGV[4] process ttl ms
 -- ARGV[5] JSON about the process (host, pid, role)
 -- Returns: the server time of the beat in ms.
+local procs, beats = KEYS[1], KEYS[2]
+local proc, loop, every_ms, ttl_ms, info = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = now_ms()
-if ARGV[2] ~= '' then
-  redis.call('HSET', KEYS[2], ARGV[2], '{"at":' .. now .. ',"every":' .. ARGV[3] .. '}')
+if loop ~= '' then
+  redis.call('HSET', beats, loop, '{"at":' .. now .. ',"every":' .. every_ms .. '}')
 end
-redis.call('HSET', KEYS[2], '', ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('HSET', beats, '', info)
+redis.call('PEXPIRE', beats, ttl_ms)
+redis.call('ZADD', procs, now, proc)
 -- processes gone for a day leave the index
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 86400000)
+redis.call('ZREMRANGEBYSCORE', procs, '-inf', now - 86400000)
 return now

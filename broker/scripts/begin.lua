@@ -10,23 +10,25 @@
 --          | {BEGIN.STALE} (no such lease) | {BEGIN.RUNNING} (already claimed)
 --          | {BEGIN.GONE, lease JSON} (spec replaced)
 -- Every key is read before the first write (the index, written with call_on): no TYPE checks.
+local inflight, actions, state, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, lease_ms, member, claimant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 redis.replicate_commands()
-local lease, raw = json_field('lease', KEYS[1], ARGV[1])
+local lease, raw = json_field('lease', inflight, token)
 if not lease then
   return {BEGIN.STALE}
 end
-if lease.state ~= 'dispatched' and lease.claimant ~= ARGV[4] then
+if lease.state ~= 'dispatched' and lease.claimant ~= claimant then
   return {BEGIN.RUNNING}
 end
-local spec = call_on('HGET', KEYS[2], lease.id)
+local spec = call_on('HGET', actions, lease.id)
 if not spec then
   return {BEGIN.GONE, raw}
 end
-local st = lease_counters(KEYS[3], lease)
+local st = lease_counters(state, lease)
 lease.state = 'running'
-lease.claimant = ARGV[4]
-lease.deadline = now_ms() + tonumber(ARGV[2])
+lease.claimant = claimant
+lease.deadline = now_ms() + tonumber(lease_ms)
 raw = cjson.encode(lease)
-call_on('ZADD', KEYS[4], lease.deadline, ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[1], raw)
+call_on('ZADD', leases, lease.deadline, member)
+redis.call('HSET', inflight, token, raw)
 return {BEGIN.OK, spec, cjson.encode(st), raw}

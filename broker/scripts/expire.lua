@@ -10,22 +10,25 @@
 -- Returns: {outcome, ms}, outcome one of EXPIRE: ENDED, GONE (resolved or ended already: its
 -- entry is gone too), IN_FLIGHT (taken; look again later), LATER (not due yet: ms is its
 -- expiry time)
+local stack, actions, state, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local expired, hist = KEYS[5], KEYS[6]
+local action_id, maxlen, memory_ms, session = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 redis.replicate_commands()
 local now = now_ms()
-local member = ARGV[4] .. '/' .. ARGV[1]
-local at = redis.call('ZSCORE', KEYS[4], member)
+local member = session .. '/' .. action_id
+local at = redis.call('ZSCORE', expiries, member)
 if not at then
   return {EXPIRE.GONE, 0}
 end
 if tonumber(at) > now then
   return {EXPIRE.LATER, tonumber(at)}
 end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
-  redis.call('ZREM', KEYS[4], member)
+if redis.call('HEXISTS', actions, action_id) == 0 then
+  redis.call('ZREM', expiries, member)
   return {EXPIRE.GONE, 0}
 end
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+if redis.call('ZREM', stack, action_id) == 0 then
   return {EXPIRE.IN_FLIGHT, 0}
 end
-end_expired(KEYS[2], KEYS[3], KEYS[4], member, KEYS[5], KEYS[6], ARGV[2], ARGV[3], ARGV[1], now)
+end_expired(actions, state, expiries, member, expired, hist, maxlen, memory_ms, action_id, now)
 return {EXPIRE.ENDED, 0}

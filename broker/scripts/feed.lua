@@ -7,26 +7,31 @@
 -- entry, or "" where each entry gives its own (sent once, not once per entry)
 -- ARGV[3+2n..] the entries' own values, in the fields' order, as many for each
 -- Returns: the number of entries added (none when no field is an entry's own).
-local n = tonumber(ARGV[2])
+local feed = KEYS[1]
+local maxlen, field_count = ARGV[1], ARGV[2]
+local names_at = 3
+local n = tonumber(field_count)
+-- where each field's value in every entry starts, and the entries' own values
+local common_at, values_at = names_at + n, names_at + 2 * n
 -- the fields after the event, names and values, the same for every entry but for the slots in
 -- own (the event's own slot is 0)
 local fields, own = {}, {}
-if ARGV[3 + n] == '' then own[1] = 0 end
-for i = 2, n do
-  fields[#fields + 1] = ARGV[2 + i]
-  fields[#fields + 1] = ARGV[2 + n + i]
-  if ARGV[2 + n + i] == '' then own[#own + 1] = #fields end
+if ARGV[common_at] == '' then own[1] = 0 end
+for i = 1, n - 1 do
+  fields[#fields + 1] = ARGV[names_at + i]
+  fields[#fields + 1] = ARGV[common_at + i]
+  if ARGV[common_at + i] == '' then own[#own + 1] = #fields end
 end
 local m = #own
 if m == 0 then return 0 end  -- (a loop by 0 steps would never end)
-local event = ARGV[3 + n]
+local event = ARGV[common_at]
 local added = 0
-for first = 3 + 2 * n, #ARGV, m do
+for first = values_at, #ARGV, m do
   for j = 1, m do
     if own[j] == 0 then event = ARGV[first + j - 1] else fields[own[j]] = ARGV[first + j - 1] end
   end
-  append(KEYS[1], event, unpack(fields))
+  append(feed, event, unpack(fields))
   added = added + 1
 end
-trim(KEYS[1], ARGV[1])
+trim(feed, maxlen)
 return added

@@ -8,36 +8,41 @@
 -- ARGV[6] action id  ARGV[7] attempt  ARGV[8] index member "<session>/<token>"
 -- ARGV[9...] more field, value pairs for the history entry
 -- Returns: 1 when recorded, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
-local lease = json_field('lease', KEYS[1], ARGV[1])
+local inflight, actions, state, hist = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local replies, leases = KEYS[5], KEYS[6]
+local token, reply, reply_ttl_s, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local event, action_id, attempt, member = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local noted_at = 9
+local lease = json_field('lease', inflight, token)
 if not lease then
-  history(KEYS[4], ARGV[4], EVENT.LATE_REFUSED, 'id', ARGV[6], 'attempt', ARGV[7],
-    'outcome', ARGV[5])
+  history(hist, maxlen, EVENT.LATE_REFUSED, 'id', action_id, 'attempt', attempt,
+    'outcome', event)
   return 0
 end
 local consumed = lease.kind ~= 'standing'
 -- the history entry is the first write; every other key written is checked before it. An
 -- action's counters are in the state hash only if it had gone back before (take: counted)
-local expected = {[5] = 'list', [6] = 'zset'}
+local expected = {[replies] = 'list', [leases] = 'zset'}
 if consumed then
-  expected[2] = 'hash'
-  if lease.counted ~= false then expected[3] = 'hash' end
+  expected[actions] = 'hash'
+  if lease.counted ~= false then expected[state] = 'hash' end
 end
 check_types(expected)
 local fields = {'id', lease.id, 'attempt', lease.attempt, 'request', lease.req}
-for i = 9, #ARGV do
+for i = noted_at, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 if lease.by and lease.by ~= '' then
   fields[#fields + 1] = 'by'
   fields[#fields + 1] = lease.by
 end
-history(KEYS[4], ARGV[4], ARGV[5], unpack(fields))
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[6], ARGV[8])
+history(hist, maxlen, event, unpack(fields))
+redis.call('HDEL', inflight, token)
+redis.call('ZREM', leases, member)
 if consumed then
-  redis.call('HDEL', KEYS[2], lease.id)
-  if lease.counted ~= false then redis.call('HDEL', KEYS[3], lease.id) end
+  redis.call('HDEL', actions, lease.id)
+  if lease.counted ~= false then redis.call('HDEL', state, lease.id) end
 end
-redis.call('RPUSH', KEYS[5], ARGV[2])
-redis.call('EXPIRE', KEYS[5], ARGV[3])
+redis.call('RPUSH', replies, reply)
+redis.call('EXPIRE', replies, reply_ttl_s)
 return 1

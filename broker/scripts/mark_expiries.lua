@@ -8,16 +8,19 @@
 -- ARGV[1] when the sweep looks again at the members it waits on (ms), or NOTHING_DUE
 -- ARGV[2...] those members
 -- Returns: the mark set, in ms.
-local waiting = {}
-for i = 2, #ARGV do waiting[ARGV[i]] = true end
+local expiries, expiries_due = KEYS[1], KEYS[2]
+local look_again_ms = ARGV[1]
+local waiting_at = 2
+local waiting, waited = {}, #ARGV - waiting_at + 1
+for i = waiting_at, #ARGV do waiting[ARGV[i]] = true end
 -- one entry more than are waited on: the first that is not waited on is among them
-local first = call_on('ZRANGE', KEYS[1], 0, #ARGV - 1, 'WITHSCORES')
-local mark = ARGV[1]
+local first = call_on('ZRANGE', expiries, 0, waited, 'WITHSCORES')
+local mark = look_again_ms
 for j = 1, #first, 2 do
   if not waiting[first[j]] then
     if tonumber(first[j + 1]) < tonumber(mark) then mark = first[j + 1] end
     break
   end
 end
-redis.call('SET', KEYS[2], mark)
+redis.call('SET', expiries_due, mark)
 return tonumber(mark)

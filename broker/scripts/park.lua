@@ -15,52 +15,57 @@
 -- ARGV[9] lease token to end with a parked spec ("" for none)
 -- ARGV[10] session (a lease's index member is "<session>/<token>")
 -- Returns: 1 when parked, 0 when the record had changed or gone meanwhile.
-local hash = ({spec = KEYS[1], state = KEYS[2], lease = KEYS[3]})[ARGV[1]]
-if redis.call('HGET', hash, ARGV[2]) ~= ARGV[3] then
+local actions, state, inflight, stack = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local directive, standing, dead, hist = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local replies, leases = KEYS[9], KEYS[10]
+local what, field, raw, raw_text, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local maxlen, reply, reply_ttl_s, token, session = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+local hash = ({spec = actions, state = state, lease = inflight})[what]
+if redis.call('HGET', hash, field) ~= raw then
   return 0
 end
 local now = now_ms()
-local id = ARGV[1] == 'lease' and '' or ARGV[2]
-redis.call('HDEL', hash, ARGV[2])
-if ARGV[1] == 'spec' then
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('ZREM', KEYS[4], id)
-  for _, slot in ipairs({KEYS[5], KEYS[6]}) do
+local id = what == 'lease' and '' or field
+redis.call('HDEL', hash, field)
+if what == 'spec' then
+  redis.call('HDEL', state, id)
+  redis.call('ZREM', stack, id)
+  for _, slot in ipairs({directive, standing}) do
     if redis.call('GET', slot) == id then redis.call('DEL', slot) end
   end
-  if ARGV[9] ~= '' then
-    redis.call('HDEL', KEYS[3], ARGV[9])
-    redis.call('ZREM', KEYS[10], ARGV[10] .. '/' .. ARGV[9])
+  if token ~= '' then
+    redis.call('HDEL', inflight, token)
+    redis.call('ZREM', leases, session .. '/' .. token)
   end
-elseif ARGV[1] == 'lease' then
-  redis.call('ZREM', KEYS[10], ARGV[10] .. '/' .. ARGV[2])
+elseif what == 'lease' then
+  redis.call('ZREM', leases, session .. '/' .. field)
   -- the ids accounted for: stacked, in a slot, or held by a lease that still parses
   local known = {}
-  for _, x in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do known[x] = true end
-  for _, slot in ipairs({KEYS[5], KEYS[6]}) do
+  for _, x in ipairs(redis.call('ZRANGE', stack, 0, -1)) do known[x] = true end
+  for _, slot in ipairs({directive, standing}) do
     local x = redis.call('GET', slot)
     if x then known[x] = true end
   end
-  for _, raw in ipairs(redis.call('HVALS', KEYS[3])) do
-    local ok, lease = pcall(cjson.decode, raw)
+  for _, held in ipairs(redis.call('HVALS', inflight)) do
+    local ok, lease = pcall(cjson.decode, held)
     if ok and type(lease) == 'table' and lease.id then known[lease.id] = true end
   end
-  for _, x in ipairs(redis.call('HKEYS', KEYS[1])) do
+  for _, x in ipairs(redis.call('HKEYS', actions)) do
     if not known[x] then
       if string.sub(x, 1, 10) == 'directive:' then
-        redis.call('SET', KEYS[5], x, 'NX')
+        redis.call('SET', directive, x, 'NX')
       else
-        push_head(KEYS[4], {x})
+        push_head(stack, {x})
       end
       id = x
     end
   end
 end
-redis.call('LPUSH', KEYS[7], cjson.encode({id = id, reason = 'unreadable ' .. ARGV[1] ..
-  ': ' .. ARGV[5], poison = ARGV[1], field = ARGV[2], raw = ARGV[4], at = now}))
-if ARGV[7] ~= '' then
-  redis.call('RPUSH', KEYS[9], ARGV[7])
-  redis.call('EXPIRE', KEYS[9], ARGV[8])
+redis.call('LPUSH', dead, cjson.encode({id = id, reason = 'unreadable ' .. what ..
+  ': ' .. reason, poison = what, field = field, raw = raw_text, at = now}))
+if reply ~= '' then
+  redis.call('RPUSH', replies, reply)
+  redis.call('EXPIRE', replies, reply_ttl_s)
 end
-history(KEYS[8], ARGV[6], EVENT.PARKED, 'id', id, 'what', ARGV[1], 'reason', ARGV[5])
+history(hist, maxlen, EVENT.PARKED, 'id', id, 'what', what, 'reason', reason)
 return 1

@@ -5,20 +5,22 @@
 -- KEYS[3] actions (hash)  KEYS[4] the partition's expiries (zset "<session>/<id>" -> expiry ms)
 -- ARGV[1] session
 -- Returns: {"directive", id, spec JSON} | {"head", id} | {}
+local directive, stack, actions, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local session = ARGV[1]
 redis.replicate_commands()
-local id = redis.call('GET', KEYS[1])
+local id = redis.call('GET', directive)
 if id then
-  local spec = redis.call('HGET', KEYS[3], id)
+  local spec = redis.call('HGET', actions, id)
   if spec then return {'directive', id, spec} end
 end
 local now = now_ms()
 local start = 0
 while true do
-  local ids = redis.call('ZRANGE', KEYS[2], start, start + 15)
+  local ids = redis.call('ZRANGE', stack, start, start + 15)
   if #ids == 0 then return {} end
   for _, one in ipairs(ids) do
-    if redis.call('HEXISTS', KEYS[3], one) == 1
-        and not past_ttl(KEYS[4], ARGV[1] .. '/' .. one, now) then
+    if redis.call('HEXISTS', actions, one) == 1
+        and not past_ttl(expiries, session .. '/' .. one, now) then
       return {'head', one}
     end
   end

@@ -7,34 +7,36 @@
 -- its id: it is the field it is under); where is "in_flight" for leased
 -- actions (listed first) or "pending" for stacked ones (head first). A stacked action past its
 -- ttl is not shown: it is gone from that moment, whether or not the sweep has ended it yet.
+local stack, inflight, actions, state, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local limit, session = ARGV[1], ARGV[2]
 redis.replicate_commands()
 local now = now_ms()
 local out = {}
-local leases = redis.call('HVALS', KEYS[2])
+local leases = redis.call('HVALS', inflight)
 for _, raw in ipairs(leases) do
   local ok, lease = pcall(cjson.decode, raw)  -- an unreadable lease is parked by its worker
   if ok and type(lease) == 'table' and lease.kind == 'action' then
-    local spec = redis.call('HGET', KEYS[3], lease.id)
+    local spec = redis.call('HGET', actions, lease.id)
     if spec then
       out[#out + 1] = 'in_flight'
       out[#out + 1] = lease.id
       out[#out + 1] = spec
       -- in flight, an action's counters are its lease's (take.lua)
-      local ok2, st = pcall(cjson.decode, redis.call('HGET', KEYS[4], lease.id) or '{}')
+      local ok2, st = pcall(cjson.decode, redis.call('HGET', state, lease.id) or '{}')
       if not ok2 or type(st) ~= 'table' then st = {} end
       st.attempts = lease.attempt
       out[#out + 1] = cjson.encode(st)
     end
   end
 end
-local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+local ids = redis.call('ZRANGE', stack, 0, tonumber(limit) - 1)
 for _, id in ipairs(ids) do
-  local spec = redis.call('HGET', KEYS[3], id)
-  if spec and not past_ttl(KEYS[5], ARGV[2] .. '/' .. id, now) then
+  local spec = redis.call('HGET', actions, id)
+  if spec and not past_ttl(expiries, session .. '/' .. id, now) then
     out[#out + 1] = 'pending'
     out[#out + 1] = id
     out[#out + 1] = spec
-    out[#out + 1] = redis.call('HGET', KEYS[4], id) or '{}'
+    out[#out + 1] = redis.call('HGET', state, id) or '{}'
   end
 end
 return out

@@ -91,11 +91,11 @@ local function json_field(what, key, field)
   return value, raw
 end
 
--- every key given (KEYS index -> type) is of that type or absent; else POISON, before any write
+-- every key given (key name -> type) is of that type or absent; else POISON, before any write
 local function check_types(expected)
-  for i, want in pairs(expected) do
-    local found = redis.call('TYPE', KEYS[i]).ok
-    if found ~= 'none' and found ~= want then poison('type', KEYS[i], found) end
+  for key, want in pairs(expected) do
+    local found = redis.call('TYPE', key).ok
+    if found ~= 'none' and found ~= want then poison('type', key, found) end
   end
 end
 

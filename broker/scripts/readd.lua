@@ -10,36 +10,40 @@
 -- ARGV[8] index member "<session>/<token>"
 -- KEYS[3] is only ever SET NX, which no type refuses.
 -- Returns: 1 when re-added, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
-local lease = json_field('lease', KEYS[1], ARGV[1])
+local inflight, stack, directive, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local state, hist, replies, leases = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local token, last_error, reply, reply_ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local maxlen, action_id, attempt, member = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local lease = json_field('lease', inflight, token)
 if not lease then
-  history(KEYS[6], ARGV[5], EVENT.LATE_REFUSED, 'id', ARGV[6], 'attempt', ARGV[7],
+  history(hist, maxlen, EVENT.LATE_REFUSED, 'id', action_id, 'attempt', attempt,
     'outcome', EVENT.FAILED)
   return 0
 end
-local kept = call_on('HEXISTS', KEYS[4], lease.id) == 1
-local st = kept and counters(KEYS[5], lease.id)  -- POISON before the first write
+local kept = call_on('HEXISTS', actions, lease.id) == 1
+local st = kept and counters(state, lease.id)  -- POISON before the first write
 -- the history entry is the first write; every other key written is checked before it
-check_types({[2] = 'zset', [7] = 'list', [8] = 'zset'})
-history(KEYS[6], ARGV[5], EVENT.FAILED, 'id', lease.id, 'attempt', lease.attempt,
-  'request', lease.req, 'error', ARGV[2], by_of(lease))
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[8], ARGV[8])
+check_types({[stack] = 'zset', [replies] = 'list', [leases] = 'zset'})
+history(hist, maxlen, EVENT.FAILED, 'id', lease.id, 'attempt', lease.attempt,
+  'request', lease.req, 'error', last_error, by_of(lease))
+redis.call('HDEL', inflight, token)
+redis.call('ZREM', leases, member)
 if kept and lease.kind == 'action' then
-  push_head(KEYS[2], {lease.id})
+  push_head(stack, {lease.id})
 elseif kept and lease.kind == 'directive' then
   -- a newer directive set meanwhile wins; the failed one is dropped
-  if not redis.call('SET', KEYS[3], lease.id, 'NX') then
-    redis.call('HDEL', KEYS[4], lease.id)
-    redis.call('HDEL', KEYS[5], lease.id)
+  if not redis.call('SET', directive, lease.id, 'NX') then
+    redis.call('HDEL', actions, lease.id)
+    redis.call('HDEL', state, lease.id)
     kept = false
   end
 end
 if kept then
   -- the counters come back from the lease (take keeps them there while in flight)
   st.attempts = lease.attempt
-  st.last_error = ARGV[2]
-  redis.call('HSET', KEYS[5], lease.id, cjson.encode(st))
+  st.last_error = last_error
+  redis.call('HSET', state, lease.id, cjson.encode(st))
 end
-redis.call('RPUSH', KEYS[7], ARGV[3])
-redis.call('EXPIRE', KEYS[7], ARGV[4])
+redis.call('RPUSH', replies, reply)
+redis.call('EXPIRE', replies, reply_ttl_s)
 return 1

@@ -14,22 +14,28 @@
 -- Returns: {outcome, deadline ms}, outcome one of RECOVER: GONE (no such lease: finished or
 -- recovered already), RETURNED, DEAD_LETTERED, UNSTARTED, or LIVE (nothing done; the deadline
 -- says when to look again).
+local inflight, stack, directive, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local state, hist, dead, replies, leases = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local token, max_stalls, reply_ttl_s, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local returned_reply, dead_reply, unstarted_reply = ARGV[5], ARGV[6], ARGV[7]
+local returned_error, unstarted_error, member = ARGV[8], ARGV[9], ARGV[10]
 redis.replicate_commands()
-check_types({'hash', 'zset', 'string', 'hash', 'hash', 'stream', 'list', 'list', 'zset'})
-local lease = json_field('lease', KEYS[1], ARGV[1])
+check_types({[inflight] = 'hash', [stack] = 'zset', [directive] = 'string', [actions] = 'hash',
+  [state] = 'hash', [hist] = 'stream', [dead] = 'list', [replies] = 'list', [leases] = 'zset'})
+local lease = json_field('lease', inflight, token)
 if not lease then
-  redis.call('ZREM', KEYS[9], ARGV[10])
+  redis.call('ZREM', leases, member)
   return {RECOVER.GONE, 0}
 end
 local now = now_ms()
 if lease.deadline > now then
-  redis.call('ZADD', KEYS[9], lease.deadline, ARGV[10])
+  redis.call('ZADD', leases, lease.deadline, member)
   return {RECOVER.LIVE, lease.deadline}
 end
-local spec = redis.call('HGET', KEYS[4], lease.id)
-local st = spec and counters(KEYS[5], lease.id)  -- POISON before the first write
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[9], ARGV[10])
+local spec = redis.call('HGET', actions, lease.id)
+local st = spec and counters(state, lease.id)  -- POISON before the first write
+redis.call('HDEL', inflight, token)
+redis.call('ZREM', leases, member)
 local outcome = RECOVER.RETURNED
 if lease.state == 'dispatched' then
   outcome = RECOVER.UNSTARTED
@@ -38,34 +44,34 @@ if spec then
   st.attempts = lease.attempt  -- take keeps the counters in the lease while in flight
   if outcome == RECOVER.RETURNED then
     st.stalls = (st.stalls or 0) + 1
-    st.last_error = ARGV[8]
+    st.last_error = returned_error
   else
-    st.last_error = ARGV[9]
+    st.last_error = unstarted_error
   end
   if outcome == RECOVER.RETURNED and lease.kind ~= 'standing'
-      and st.stalls >= tonumber(ARGV[2]) then
+      and st.stalls >= tonumber(max_stalls) then
     outcome = RECOVER.DEAD_LETTERED
-    redis.call('LPUSH', KEYS[7], '{"id":' .. cjson.encode(lease.id) ..
+    redis.call('LPUSH', dead, '{"id":' .. cjson.encode(lease.id) ..
       ',"reason":' .. cjson.encode('lease lost ' .. st.stalls .. ' times; last attempt ' ..
       lease.attempt) .. ',"stalls":' .. st.stalls .. ',"attempts":' .. st.attempts ..
       ',"at":' .. now .. ',"spec":' .. spec .. '}')
-    redis.call('HDEL', KEYS[4], lease.id)
-    redis.call('HDEL', KEYS[5], lease.id)
+    redis.call('HDEL', actions, lease.id)
+    redis.call('HDEL', state, lease.id)
   else
-    redis.call('HSET', KEYS[5], lease.id, cjson.encode(st))
+    redis.call('HSET', state, lease.id, cjson.encode(st))
     if lease.kind == 'action' then
-      push_head(KEYS[2], {lease.id})
-    elseif lease.kind == 'directive' and not redis.call('SET', KEYS[3], lease.id, 'NX') then
-      redis.call('HDEL', KEYS[4], lease.id)
-      redis.call('HDEL', KEYS[5], lease.id)
+      push_head(stack, {lease.id})
+    elseif lease.kind == 'directive' and not redis.call('SET', directive, lease.id, 'NX') then
+      redis.call('HDEL', actions, lease.id)
+      redis.call('HDEL', state, lease.id)
     end
   end
 end
-local replies = {[RECOVER.RETURNED] = ARGV[5], [RECOVER.DEAD_LETTERED] = ARGV[6],
-                 [RECOVER.UNSTARTED] = ARGV[7]}
-redis.call('RPUSH', KEYS[8], replies[outcome])
-redis.call('EXPIRE', KEYS[8], ARGV[3])
-history(KEYS[6], ARGV[4],
+local reply_of = {[RECOVER.RETURNED] = returned_reply, [RECOVER.DEAD_LETTERED] = dead_reply,
+                  [RECOVER.UNSTARTED] = unstarted_reply}
+redis.call('RPUSH', replies, reply_of[outcome])
+redis.call('EXPIRE', replies, reply_ttl_s)
+history(hist, maxlen,
   outcome == RECOVER.DEAD_LETTERED and EVENT.DEAD_LETTERED or EVENT.RECOVERED,
   'id', lease.id, 'attempt', lease.attempt, 'started', outcome == RECOVER.UNSTARTED and 'no' or 'yes',
   'request', lease.req)

@@ -15,9 +15,13 @@
 -- ARGV[1] retention ms   ARGV[2..] the sessions (all of KEYS[1]'s partition)
 -- Returns: per session, 2 when it had no keys left (and left the sessions hash), 1 when its
 -- history is set to expire (or was already), 0 when it is live.
+local sessions = KEYS[1]
+local session_keys_at = 2
+local retention_ms = ARGV[1]
+local sessions_at = 2
 local out = {}
-for i = 2, #ARGV do
-  local k = 2 + 5 * (i - 2)
+for i = sessions_at, #ARGV do
+  local k = session_keys_at + 5 * (i - sessions_at)
   local actions, dead, hist, stack, legacy = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3],
     KEYS[k + 4]
   if redis.call('EXISTS', actions, dead) > 0 then
@@ -25,10 +29,10 @@ for i = 2, #ARGV do
   else
     redis.call('DEL', stack, legacy)
     if redis.call('EXISTS', hist) == 0 then
-      redis.call('HDEL', KEYS[1], ARGV[i])
+      redis.call('HDEL', sessions, ARGV[i])
       out[#out + 1] = 2
     else
-      if redis.call('PTTL', hist) == -1 then redis.call('PEXPIRE', hist, ARGV[1]) end
+      if redis.call('PTTL', hist) == -1 then redis.call('PEXPIRE', hist, retention_ms) end
       out[#out + 1] = 1
     end
   end

@@ -4,15 +4,17 @@
 -- ARGV[1] new id   ARGV[2] spec JSON   ARGV[3] event (EVENT.DIRECTIVE_SET | EVENT.STANDING_SET)
 -- ARGV[4] history maxlen
 -- Returns: the replaced id, or false when the slot was empty.
-check_types({'string', 'hash', 'hash', 'stream'})
-local old = redis.call('GET', KEYS[1])
+local slot, actions, state, hist = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local action_id, spec, event, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+check_types({[slot] = 'string', [actions] = 'hash', [state] = 'hash', [hist] = 'stream'})
+local old = redis.call('GET', slot)
 if old then
-  redis.call('HDEL', KEYS[2], old)
-  redis.call('HDEL', KEYS[3], old)
+  redis.call('HDEL', actions, old)
+  redis.call('HDEL', state, old)
 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('PERSIST', KEYS[4])  -- live again (what retire.lua set to expire stays)
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[1], NEW_STATE)
-history(KEYS[4], ARGV[4], ARGV[3], 'id', ARGV[1])
+redis.call('SET', slot, action_id)
+redis.call('PERSIST', hist)  -- live again (what retire.lua set to expire stays)
+redis.call('HSET', actions, action_id, spec)
+redis.call('HSET', state, action_id, NEW_STATE)
+history(hist, maxlen, event, 'id', action_id)
 return old

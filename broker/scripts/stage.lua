@@ -18,15 +18,19 @@
 -- staged already (a retried call whose first try went through: ids come from a counter, so it
 -- is ours; nothing changed for it), -1 when the session belongs to another tenant (nothing
 -- changed at all).
+local stack, actions, hist, sessions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local expiries, expiries_due = KEYS[5], KEYS[6]
+local maxlen, tenant, session = ARGV[1], ARGV[2], ARGV[3]
+local triples_at = 4
 redis.replicate_commands()
 
--- a pcall's reply; POISON, as check_types says it, when KEYS[i] holds another type. The read
+-- a pcall's reply; POISON, as check_types says it, when key holds another type. The read
 -- of the sessions hash and the first write (the actions hash) check their own key's type, so
 -- TYPE is asked only of the keys written later
-local function typed(reply, i)
+local function typed(reply, key)
   if type(reply) == 'table' and reply.err then
     if string.find(reply.err, 'WRONGTYPE', 1, true) then
-      poison('type', KEYS[i], redis.call('TYPE', KEYS[i]).ok)
+      poison('type', key, redis.call('TYPE', key).ok)
     end
     error(reply)
   end
@@ -34,27 +38,28 @@ local function typed(reply, i)
 end
 
 local ttl = false
-for i = 6, #ARGV, 3 do
+for i = triples_at + 2, #ARGV, 3 do
   ttl = ttl or ARGV[i] ~= ''
 end
-check_types(ttl and {'zset', nil, 'stream', nil, 'zset'} or {'zset', nil, 'stream'})
+check_types(ttl and {[stack] = 'zset', [hist] = 'stream', [expiries] = 'zset'}
+  or {[stack] = 'zset', [hist] = 'stream'})
 local out = {}
-local owner = typed(redis.pcall('HGET', KEYS[4], ARGV[3]), 4)
-if owner and owner ~= '' and owner ~= ARGV[2] then
-  for i = 4, #ARGV, 3 do out[#out + 1] = -1 end
+local owner = typed(redis.pcall('HGET', sessions, session), sessions)
+if owner and owner ~= '' and owner ~= tenant then
+  for i = triples_at, #ARGV, 3 do out[#out + 1] = -1 end
   return out
 end
 -- one HMGET and one HSET for the lot, not an HSETNX each: a command costs Redis far more to
 -- call from a script, and to write to the AOF, than its arguments do
 local ids = {}
-for i = 4, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
-local there = typed(redis.pcall('HMGET', KEYS[2], unpack(ids)), 2)
+for i = triples_at, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
+local there = typed(redis.pcall('HMGET', actions, unpack(ids)), actions)
 local new, fields, fresh = {}, {}, {}
 for k, id in ipairs(ids) do
   if there[k] or fresh[id] then
     out[k] = 0
   else
-    local at = 3 * k + 1  -- the id's index in ARGV
+    local at = triples_at + 3 * (k - 1)  -- the id's index in ARGV
     fresh[id] = true
     new[#new + 1] = at
     fields[#fields + 1] = id
@@ -65,35 +70,35 @@ end
 if #new == 0 then
   return out
 end
-redis.call('HSET', KEYS[2], unpack(fields))
-if owner ~= ARGV[2] then
-  redis.call('HSET', KEYS[4], ARGV[3], ARGV[2])
+redis.call('HSET', actions, unpack(fields))
+if owner ~= tenant then
+  redis.call('HSET', sessions, session, tenant)
 end
 -- live again: what retire.lua set to expire stays (PERSIST is a no-op on a key without a ttl)
-redis.call('PERSIST', KEYS[3])
+redis.call('PERSIST', hist)
 local pushed = {}
 for k, i in ipairs(new) do pushed[k] = ARGV[i] end
-local depth = push_head(KEYS[1], pushed)
+local depth = push_head(stack, pushed)
 local now = ttl and now_ms()
 local soonest
 for k, i in ipairs(new) do
-  out[(i - 1) / 3] = depth + k
+  out[(i - triples_at) / 3 + 1] = depth + k
   if ARGV[i + 2] ~= '' then
     local at = now + tonumber(ARGV[i + 2])
-    redis.call('ZADD', KEYS[5], at, ARGV[3] .. '/' .. ARGV[i])
-    append(KEYS[3], EVENT.STAGED, 'id', ARGV[i], 'expires_at', at)
+    redis.call('ZADD', expiries, at, session .. '/' .. ARGV[i])
+    append(hist, EVENT.STAGED, 'id', ARGV[i], 'expires_at', at)
     soonest = math.min(soonest or at, at)
   else
-    append(KEYS[3], EVENT.STAGED, 'id', ARGV[i])
+    append(hist, EVENT.STAGED, 'id', ARGV[i])
   end
 end
-trim(KEYS[3], ARGV[1])
+trim(hist, maxlen)
 if soonest then
   -- the mark is a hint that only lowers: one absent, unreadable or of another type is left
   -- as it is, and the sweep, which then reads the index, sets it again
-  local mark = redis.pcall('GET', KEYS[6])
+  local mark = redis.pcall('GET', expiries_due)
   if type(mark) == 'string' and tonumber(mark) and tonumber(mark) > soonest then
-    redis.call('SET', KEYS[6], string.format('%d', soonest))  -- digits, never 1.7e+12
+    redis.call('SET', expiries_due, string.format('%d', soonest))  -- digits, never 1.7e+12
   end
 end
 return out

@@ -50,17 +50,27 @@
 -- NONE again), else DUP.
 -- A stacked action past its ttl is gone for take as for every reader: passed over, and ended
 -- here (history "expired") when it lay above the target.
+local directive, stack, standing, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local state, inflight, hist, marker = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local replies, leases, expiries, expired, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local streams_at = 14
+local req, action, token, dispatch_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local marker_ttl_s, maxlen, reason, extra = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local none_reply, reply_ttl_s, session, routes_json = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local pool_count, message, expect_id, by = ARGV[13], ARGV[14], ARGV[15], ARGV[16]
+local conflict_reply, expired_reply, memory_ms, entry = ARGV[17], ARGV[18], ARGV[19], ARGV[20]
+local group, claimant, lease_ms, own_pool = ARGV[21], ARGV[22], ARGV[23], ARGV[24]
 redis.replicate_commands()
 local now = now_ms()
-local routes = cjson.decode(ARGV[12])
-local npools = tonumber(ARGV[13])
-local here = tonumber(ARGV[24])
+local routes = cjson.decode(routes_json)
+local npools = tonumber(pool_count)
+local here = tonumber(own_pool)
 
 -- the handler the target needs for this action, read from the spec's JSON text without
 -- decoding its payload: "apply" and "reject" come before any free-form field in a spec
 -- (broker/models.py Spec), and a quote inside a string value is always escaped
 local function needs(spec)
-  local field = ARGV[2] == 'apply' and 'apply' or 'reject'
+  local field = action == 'apply' and 'apply' or 'reject'
   return string.match(spec, '"' .. field .. '":"([^"]*)"')
 end
 
@@ -73,54 +83,59 @@ local function route(spec)
     pools = routes[name]
   elseif npools > 0 then
     if here > 0 then return here, nil end
-    return 1 + tonumber(string.sub(ARGV[3], 1, 6), 16) % npools, nil
+    return 1 + tonumber(string.sub(token, 1, 6), 16) % npools, nil
   end
   if not pools or #pools == 0 then return nil, name or '' end
   for _, p in ipairs(pools) do
     if p == here then return here, name end
   end
-  return pools[1 + tonumber(string.sub(ARGV[3], 1, 6), 16) % #pools], name
+  return pools[1 + tonumber(string.sub(token, 1, 6), 16) % #pools], name
 end
 
-local function enqueue(pool, token)
-  if ARGV[14] ~= '' then
-    local message = ARGV[14]
-    if token ~= ARGV[3] then message = string.gsub(message, ARGV[3], token) end
-    add_task(KEYS[13 + pool], message)
+-- the task stream of pool number ``pool``
+local function stream(pool)
+  return KEYS[streams_at + pool - 1]
+end
+
+local function enqueue(pool, lease_token)
+  if message ~= '' then
+    local task = message
+    if lease_token ~= token then task = string.gsub(task, token, lease_token) end
+    add_task(stream(pool), task)
   end
 end
 
 -- every key the chosen path writes, but its first, is checked before that first write (the
 -- keys it reads are checked by reading them); the request stream when this script acks
 local function check(expected)
-  if ARGV[20] ~= '' then expected[13] = 'stream' end
+  if entry ~= '' then expected[requests] = 'stream' end
   check_types(expected)
 end
 
 local function ack()
-  if ARGV[20] ~= '' then
-    redis.call('XACK', KEYS[13], ARGV[21], ARGV[20])
-    redis.call('XDEL', KEYS[13], ARGV[20])
+  if entry ~= '' then
+    redis.call('XACK', requests, group, entry)
+    redis.call('XDEL', requests, entry)
   end
 end
 
-local function reply(text)
-  call_on('RPUSH', KEYS[9], text)
-  redis.call('EXPIRE', KEYS[9], ARGV[10])
+local function answer(text)
+  call_on('RPUSH', replies, text)
+  redis.call('EXPIRE', replies, reply_ttl_s)
 end
 
-local prev = call_on('GET', KEYS[8])
+local prev = call_on('GET', marker)
 if prev == 'none' or prev == 'conflict' then
   check({})
   ack()
   return {prev == 'none' and TAKE.NONE or TAKE.CONFLICT}
 elseif prev then
-  local lease, raw = json_field('lease', KEYS[6], prev)
+  local lease, raw = json_field('lease', inflight, prev)
   -- taken before any ttl passed: its spec is all it needs to be dispatched again
-  local spec = lease and call_on('HGET', KEYS[4], lease.id)
-  if lease and spec and ARGV[22] ~= '' and lease.claimant == ARGV[22] then
+  local spec = lease and call_on('HGET', actions, lease.id)
+  if lease and spec and claimant ~= '' and lease.claimant == claimant then
     -- this very take sent again (its answer was lost): what it answered, as begin.lua does
-    local st = lease_counters(KEYS[5], lease)
+    local st = lease_counters(state, lease)
     check({})
     ack()
     return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt), tostring(lease.deadline),
@@ -129,7 +144,7 @@ elseif prev then
   if lease and lease.state == 'dispatched' and spec then
     local pool = route(spec)
     if pool then
-      check(ARGV[14] ~= '' and {[13 + pool] = 'stream'} or {})
+      check(message ~= '' and {[stream(pool)] = 'stream'} or {})
       enqueue(pool, prev)
       ack()
       return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt),
@@ -155,8 +170,8 @@ end
 -- the spec of an id that is still there to take: not gone, not past a ttl
 local function live_spec(id)
   if not id then return nil end
-  local spec = call_on('HGET', KEYS[4], id)
-  if spec and not (may_expire(spec) and past_ttl(KEYS[11], ARGV[11] .. '/' .. id, now)) then
+  local spec = call_on('HGET', actions, id)
+  if spec and not (may_expire(spec) and past_ttl(expiries, session .. '/' .. id, now)) then
     return spec
   end
   return nil
@@ -166,37 +181,37 @@ end
 -- kind, its spec, whether a stale directive is in the slot, and how many stale stack entries
 -- lie above it
 local function target()
-  local id = call_on('GET', KEYS[1])
+  local id = call_on('GET', directive)
   local stale_directive = id ~= false
   local spec = live_spec(id)
   if spec then return id, 'directive', spec, false, 0 end
   local i = 0
   while true do
-    id = call_on('ZRANGE', KEYS[2], i, i)[1]
+    id = call_on('ZRANGE', stack, i, i)[1]
     if not id then break end
     spec = live_spec(id)
     if spec then return id, 'action', spec, stale_directive, i end
     i = i + 1
   end
-  id = call_on('GET', KEYS[3])
+  id = call_on('GET', standing)
   spec = live_spec(id)
   if spec then return id, 'standing', spec, stale_directive, i end
   return nil, nil, nil, stale_directive, i
 end
 
 local id, kind, spec, stale_directive, skipped = target()
-if ARGV[15] ~= '' and id ~= ARGV[15] then
-  local gone = call_on('ZSCORE', KEYS[12], ARGV[15])
-    or past_ttl(KEYS[11], ARGV[11] .. '/' .. ARGV[15], now)
+if expect_id ~= '' and id ~= expect_id then
+  local gone = call_on('ZSCORE', expired, expect_id)
+    or past_ttl(expiries, session .. '/' .. expect_id, now)
   check({})
-  reply(gone and ARGV[18] or ARGV[17])
-  redis.call('SET', KEYS[8], 'conflict', 'EX', ARGV[5])
+  answer(gone and expired_reply or conflict_reply)
+  redis.call('SET', marker, 'conflict', 'EX', marker_ttl_s)
   ack()
   return {TAKE.CONFLICT}
 end
 local st, counted
 if id then
-  st, counted = json_field('state', KEYS[5], id)  -- POISON here changes nothing
+  st, counted = json_field('state', state, id)  -- POISON here changes nothing
   st = st or cjson.decode(NEW_STATE)
 end
 local pool, name
@@ -206,67 +221,67 @@ if id then
     return {TAKE.NO_WORKER, id, name, spec}  -- nothing changed
   end
 end
-local claimed = id ~= nil and ARGV[22] ~= '' and pool == here
+local claimed = id ~= nil and claimant ~= '' and pool == here
 
 -- what this path writes after its first write (each path below starts with a call_on write)
 local expected = {}
 if skipped > 0 then  -- expired entries above the target end here: their history, the memory
-  expected[5], expected[7], expected[12] = 'hash', 'stream', 'zset'
+  expected[state], expected[hist], expected[expired] = 'hash', 'stream', 'zset'
 end
 if not id then
   check(expected)
-  reply(ARGV[9])
+  answer(none_reply)
 else
-  expected[6], expected[10] = 'hash', 'zset'
-  if ARGV[14] ~= '' and not claimed then expected[13 + pool] = 'stream' end
+  expected[inflight], expected[leases] = 'hash', 'zset'
+  if message ~= '' and not claimed then expected[stream(pool)] = 'stream' end
   check(expected)
   st.attempts = (st.attempts or 0) + 1
   if skipped == 0 then  -- else after the expired entries, in the order things happened
-    history(KEYS[7], ARGV[6], EVENT.TAKEN, 'id', id, 'kind', kind, 'action', ARGV[2],
-      'attempt', st.attempts, 'request', ARGV[1], by_of({by = ARGV[16]}))
+    history(hist, maxlen, EVENT.TAKEN, 'id', id, 'kind', kind, 'action', action,
+      'attempt', st.attempts, 'request', req, by_of({by = by}))
   end
 end
 if stale_directive or kind == 'directive' then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', directive)
 end
 if skipped > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[2], skipped)  -- id, score, id, score, ...
+  local popped = redis.call('ZPOPMIN', stack, skipped)  -- id, score, id, score, ...
   for j = 1, #popped, 2 do
     local x = popped[j]
-    if redis.call('HEXISTS', KEYS[4], x) == 1 then
-      end_expired(KEYS[4], KEYS[5], KEYS[11], ARGV[11] .. '/' .. x, KEYS[12], KEYS[7], ARGV[6],
-        ARGV[19], x, now)
+    if redis.call('HEXISTS', actions, x) == 1 then
+      end_expired(actions, state, expiries, session .. '/' .. x, expired, hist, maxlen,
+        memory_ms, x, now)
     end
   end
 end
 if kind == 'action' then
-  redis.call('ZPOPMIN', KEYS[2])
+  redis.call('ZPOPMIN', stack)
 end
 if not id then
-  redis.call('SET', KEYS[8], 'none', 'EX', ARGV[5])
+  redis.call('SET', marker, 'none', 'EX', marker_ttl_s)
   ack()
   return {TAKE.NONE}
 end
 if skipped > 0 then
-  history(KEYS[7], ARGV[6], EVENT.TAKEN, 'id', id, 'kind', kind, 'action', ARGV[2],
-    'attempt', st.attempts, 'request', ARGV[1], by_of({by = ARGV[16]}))
+  history(hist, maxlen, EVENT.TAKEN, 'id', id, 'kind', kind, 'action', action,
+    'attempt', st.attempts, 'request', req, by_of({by = by}))
 end
-redis.call('SET', KEYS[8], ARGV[3], 'EX', ARGV[5])
+redis.call('SET', marker, token, 'EX', marker_ttl_s)
 if kind ~= 'action' then
-  redis.call('HSET', KEYS[5], id, cjson.encode(st))
+  redis.call('HSET', state, id, cjson.encode(st))
 end
-local deadline = now + tonumber(claimed and ARGV[23] or ARGV[4])
+local deadline = now + tonumber(claimed and lease_ms or dispatch_ms)
 local lease = cjson.encode({
-  id = id, kind = kind, token = ARGV[3], attempt = st.attempts, req = ARGV[1],
-  action = ARGV[2], deadline = deadline, state = claimed and 'running' or 'dispatched',
-  claimant = claimed and ARGV[22] or nil, reason = ARGV[7], extra = ARGV[8], by = ARGV[16],
+  id = id, kind = kind, token = token, attempt = st.attempts, req = req,
+  action = action, deadline = deadline, state = claimed and 'running' or 'dispatched',
+  claimant = claimed and claimant or nil, reason = reason, extra = extra, by = by,
   counted = counted ~= nil or kind ~= 'action'})
-redis.call('HSET', KEYS[6], ARGV[3], lease)
-redis.call('ZADD', KEYS[10], deadline, ARGV[11] .. '/' .. ARGV[3])
+redis.call('HSET', inflight, token, lease)
+redis.call('ZADD', leases, deadline, session .. '/' .. token)
 ack()
 if claimed then
-  return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3], pool, spec,
+  return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), token, pool, spec,
           cjson.encode(st), lease}
 end
-enqueue(pool, ARGV[3])
-return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), ARGV[3], pool}
+enqueue(pool, token)
+return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), token, pool}

@@ -8,14 +8,16 @@
 -- ARGV[4] index member "<session>/<token>"
 -- Returns: 1 when handed back, 0 when the lease is gone or not this claimant's
 -- Every key is read before the first write (the index, written with call_on): no TYPE checks.
+local inflight, leases = KEYS[1], KEYS[2]
+local token, claimant, dispatch_ms, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 redis.replicate_commands()
-local lease = json_field('lease', KEYS[1], ARGV[1])
-if not lease or lease.state ~= 'running' or lease.claimant ~= ARGV[2] then
+local lease = json_field('lease', inflight, token)
+if not lease or lease.state ~= 'running' or lease.claimant ~= claimant then
   return 0
 end
 lease.state = 'dispatched'
 lease.claimant = nil
-lease.deadline = now_ms() + tonumber(ARGV[3])
-call_on('ZADD', KEYS[2], lease.deadline, ARGV[4])
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(lease))
+lease.deadline = now_ms() + tonumber(dispatch_ms)
+call_on('ZADD', leases, lease.deadline, member)
+redis.call('HSET', inflight, token, cjson.encode(lease))
 return 1

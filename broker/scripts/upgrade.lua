@@ -6,27 +6,32 @@
 -- ARGV[1...] the session names, all the set's members as read just before
 -- Returns: the number of sessions moved; 0 when KEYS[1] is no set (nothing to upgrade);
 -- -1 when the set's members changed since they were read (read them again)
-if redis.call('TYPE', KEYS[1]).ok ~= 'set' then
+local sessions = KEYS[1]
+local tenant_keys_at = 2
+local sessions_at = 1
+local named = #ARGV - sessions_at + 1
+if redis.call('TYPE', sessions).ok ~= 'set' then
   return 0
 end
-if redis.call('SCARD', KEYS[1]) ~= #ARGV then
+if redis.call('SCARD', sessions) ~= named then
   return -1
 end
 local pairs_ = {}
-for i, session in ipairs(ARGV) do
-  if redis.call('SISMEMBER', KEYS[1], session) == 0 then
+for i = sessions_at, #ARGV do
+  local session = ARGV[i]
+  if redis.call('SISMEMBER', sessions, session) == 0 then
     return -1
   end
-  local tenant = call_on('GET', KEYS[i + 1])
+  local tenant = call_on('GET', KEYS[tenant_keys_at + i - sessions_at])
   pairs_[#pairs_ + 1] = session
   pairs_[#pairs_ + 1] = tenant or ''
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', sessions)
 -- in slices: unpack has a limit far below a partition's sessions
 for i = 1, #pairs_, 1000 do
-  redis.call('HSET', KEYS[1], unpack(pairs_, i, math.min(i + 999, #pairs_)))
+  redis.call('HSET', sessions, unpack(pairs_, i, math.min(i + 999, #pairs_)))
 end
-for i = 2, #KEYS do
+for i = tenant_keys_at, #KEYS do
   redis.call('DEL', KEYS[i])
 end
-return #ARGV
+return named

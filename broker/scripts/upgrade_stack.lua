@@ -6,10 +6,11 @@
 -- which is the one a take would have reached first.
 -- KEYS[1] the session's stack (list, becomes a zset)
 -- Returns: the number of ids moved; 0 when KEYS[1] is no list (nothing to upgrade)
-if redis.call('TYPE', KEYS[1]).ok ~= 'list' then
+local stack = KEYS[1]
+if redis.call('TYPE', stack).ok ~= 'list' then
   return 0
 end
-local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+local ids = redis.call('LRANGE', stack, 0, -1)
 local args, seen = {}, {}
 for _, id in ipairs(ids) do
   if not seen[id] then
@@ -18,9 +19,9 @@ for _, id in ipairs(ids) do
     args[#args + 1] = id
   end
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', stack)
 -- in slices: unpack has a limit far below a deep stack
 for i = 1, #args, 1000 do
-  redis.call('ZADD', KEYS[1], unpack(args, i, math.min(i + 999, #args)))
+  redis.call('ZADD', stack, unpack(args, i, math.min(i + 999, #args)))
 end
 return #args / 2

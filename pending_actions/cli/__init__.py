@@ -9,14 +9,54 @@ from __future__ import annotations
 
 import logging
 import sys
+from importlib.metadata import entry_points
 
 import click
 
 from pending_actions.broker.errors import ConfigError, InvalidInput, PendingActionsError
 from pending_actions.cli.base import Obj
 
+# Commands another distribution adds (the harness's `bench` and `soak`): entry points of this
+# group, name -> a click command, loaded when named.
+COMMANDS_GROUP = "pending_actions.commands"
+# the ones this repo's harness adds, so that without it they say what to install
+HARNESS = {"bench": "Run the benchmark", "soak": "Run the fault soak"}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _Commands(click.Group):
+    """The built-in commands, then those of ``COMMANDS_GROUP``, read only when a command is not
+    built in (a CLI run reads no other distribution's metadata)."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, cmd_name) or _added(cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        added = {ep.name for ep in entry_points(group=COMMANDS_GROUP)}
+        return sorted({*super().list_commands(ctx), *added, *HARNESS})
+
+
+def _added(name: str) -> click.Command | None:
+    found = entry_points(group=COMMANDS_GROUP, name=name)
+    if found:
+        command: click.Command = next(iter(found)).load()
+        _late_options(command)
+        return command
+    return _not_installed(name) if name in HARNESS else None
+
+
+def _not_installed(name: str) -> click.Command:
+    def fail() -> None:
+        raise ConfigError(f"`pending-actions {name}` comes with the pending-actions-harness "
+                          "distribution: from a checkout of the repo, pip install ./harness")
+
+    # takes any arguments, so `bench --quick` says what is missing, not that --quick is unknown
+    return click.Command(name, callback=fail, help=f"{HARNESS[name]} (needs "
+                         "pending-actions-harness).",
+                         context_settings={"ignore_unknown_options": True,
+                                           "allow_extra_args": True})
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="pending-actions", prog_name="pending-actions")
 @click.option("--redis-url", envvar="PENDING_ACTIONS_REDIS_URL",
               help="Redis holding the state [env PENDING_ACTIONS_REDIS_URL].")
@@ -36,16 +76,15 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
 
 def _register() -> None:
     from pending_actions.acl import acl
-    from pending_actions.bench.__main__ import bench
     from pending_actions.cli import actions, service
     from pending_actions.health import health
+    from pending_actions.mcp.cli import mcp_, mcp_proxy
     from pending_actions.ops import top
     from pending_actions.serve.cli import serve, token
-    from pending_actions.soak import soak
 
     for command in (service.up, service.worker, actions.stage, actions.resolve, actions.ls_,
                     actions.show, actions.history, actions.dead, actions.stats,
-                    soak, bench, serve, token, top, health, acl):
+                    serve, token, top, health, acl, mcp_, mcp_proxy):
         cli.add_command(command)
 
 

@@ -12,8 +12,8 @@ import redis
 
 from pending_actions.broker.keys import Keys
 from pending_actions.embedded import EmbeddedRedis
-from pending_actions.embedded_cluster import Cluster
 from pending_actions.producers import PendingActions
+from pending_actions_harness.embedded_cluster import Cluster
 from tests.support.procs import Worker
 from tests.support.replies import entries, read
 from tests.support.runs import runs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pending_actions.supervise import WorkerProcess
+from pending_actions_harness.supervise import WorkerProcess
 
 TEST_ENV = {"PENDING_ACTIONS_WORKER_THREADS": "8", "PENDING_ACTIONS_BLOCK_MS": "1000",
             # short dramatiq idle/restart delays so that stops and reconnects are quick

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from pending_actions.acl import ROLES
-from pending_actions.embedded import EmbeddedRedis
+from pending_actions.embedded import EmbeddedRedis, free_port
 from pending_actions.procs import ROOT
 from pending_actions.producers import AsyncPendingActions, PendingActions
 from tests.serve.conftest import Server
@@ -124,6 +124,40 @@ def producer_work(url: str, rc: redis.Redis) -> None:
         assert got.returncode == 0, (args, got.stderr)
     got = cli(url, "health")  # 1 when a loop is late: either way it read what it needs
     assert got.returncode in (0, 1) and "permission" not in got.stderr, got.stderr
+
+
+def mcp_work(url: str, token: str, session: str) -> None:
+    """``pending-actions mcp --transport http`` (which checks serve's tokens, so it runs as the
+    serve user): the ``pending`` tool with a producer's token."""
+    import anyio
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pending_actions", "mcp", "--transport", "http", "--port",
+         str(port)], cwd=ROOT, env=worker_env(url), stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("MCP (streamable HTTP) on")
+
+        async def pending() -> tuple[str, bool]:
+            headers = {"Authorization": f"Bearer {token}", "Pending-Actions-Session": session}
+            async with httpx2.AsyncClient(headers=headers, timeout=30) as http, \
+                    streamable_http_client(f"http://127.0.0.1:{port}/mcp",
+                                           http_client=http) as (read, write), \
+                    ClientSession(read, write) as mcp:
+                await mcp.initialize()
+                got = await mcp.call_tool("pending", {})
+                return str(getattr(got.content[0], "text", "")), bool(got.is_error)
+
+        said, failed = anyio.run(pending)
+        assert not failed, said
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def serve_work(server: Server, token: str) -> None:

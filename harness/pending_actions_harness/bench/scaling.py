@@ -9,12 +9,12 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pending_actions.bench.fill import cycle, drop_sessions, payload_of, stage_bulk
-from pending_actions.bench.handlers import NOOP
-from pending_actions.bench.measure import idle, resolver
-from pending_actions.bench.progress import Progress, Tick
-from pending_actions.bench.stats import Dist
 from pending_actions.producers import PendingActions
+from pending_actions_harness.bench.fill import cycle, drop_sessions, payload_of, stage_bulk
+from pending_actions_harness.bench.handlers import NOOP
+from pending_actions_harness.bench.measure import idle, resolver
+from pending_actions_harness.bench.progress import Progress, Tick
+from pending_actions_harness.bench.stats import Dist
 
 
 def _names(start: int, stop: int) -> Iterator[str]:

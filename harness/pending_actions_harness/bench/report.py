@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
-from pending_actions.bench import throughput
-from pending_actions.bench.runner import MEMORY_SHAPES, Run
-from pending_actions.bench.stats import Dist, Row, fmt, fmt_ratio
+from pending_actions_harness.bench import throughput
+from pending_actions_harness.bench.runner import MEMORY_SHAPES, Run
+from pending_actions_harness.bench.stats import Dist, Row, fmt, fmt_ratio
 
 KIB = 1024
 

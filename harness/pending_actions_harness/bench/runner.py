@@ -17,12 +17,15 @@ from typing import Any
 
 import redis
 
-from pending_actions.bench import cluster, fill, measure, scaling, throughput, trace
-from pending_actions.bench.handlers import NOOP
-from pending_actions.bench.procs import start_ours, start_stock
-from pending_actions.bench.progress import Progress
-from pending_actions.bench.stats import Dist
-from pending_actions.bench.stock import (
+from pending_actions.embedded import EmbeddedRedis
+from pending_actions.procs import ROOT
+from pending_actions.producers import PendingActions
+from pending_actions_harness.bench import cluster, fill, measure, scaling, throughput, trace
+from pending_actions_harness.bench.handlers import NOOP
+from pending_actions_harness.bench.procs import start_ours, start_stock
+from pending_actions_harness.bench.progress import Progress
+from pending_actions_harness.bench.stats import Dist
+from pending_actions_harness.bench.stock import (
     ACTOR,
     RABBITMQ_URL,
     StockClient,
@@ -31,9 +34,6 @@ from pending_actions.bench.stock import (
     rabbitmq_unavailable,
     stock_broker,
 )
-from pending_actions.embedded import EmbeddedRedis
-from pending_actions.procs import ROOT
-from pending_actions.producers import PendingActions
 
 
 @dataclass(frozen=True)

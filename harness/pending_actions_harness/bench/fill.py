@@ -10,10 +10,10 @@ from typing import Any
 
 import orjson
 
-from pending_actions.bench.handlers import NOOP
-from pending_actions.bench.progress import Tick
 from pending_actions.broker.context import Context
 from pending_actions.producers import PendingActions
+from pending_actions_harness.bench.handlers import NOOP
+from pending_actions_harness.bench.progress import Tick
 
 TOOL = "bench"
 

@@ -9,10 +9,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from pending_actions.bench.stock import ENV_BROKER, ENV_QUEUE, ENV_READY, ENV_RESULTS
 from pending_actions.broker.keys import Keys
 from pending_actions.procs import ROOT, Child, StreamWatch, await_ready, child_env
-from pending_actions.supervise import WorkerProcess
+from pending_actions_harness.bench.stock import ENV_BROKER, ENV_QUEUE, ENV_READY, ENV_RESULTS
+from pending_actions_harness.supervise import WorkerProcess
 
 
 @dataclass
@@ -45,16 +45,17 @@ class Ours:
 
 def start_ours(url: str, processes: int, threads: int, log_dir: Path, resolvers: int = 1,
                timeout: float = 60.0, settings: dict[str, str] | None = None) -> Ours:
-    """``pending-actions worker --handlers pending_actions.bench.handlers``, ``resolvers`` of
-    them, with ``processes`` dramatiq worker processes shared out between them (the one way
-    to run a second resolve worker: the CLI has no resolve-only or dramatiq-only mode)."""
+    """``pending-actions worker --handlers pending_actions_harness.bench.handlers``,
+    ``resolvers`` of them, with ``processes`` dramatiq worker processes shared out between them
+    (the one way to run a second resolve worker: the CLI has no resolve-only or dramatiq-only
+    mode)."""
     if processes % resolvers:
         raise ValueError(f"{processes} dramatiq processes cannot be shared by {resolvers}")
     each = {"worker_processes": str(processes // resolvers), "worker_threads": str(threads),
             **(settings or {})}
     names = ["ours-worker"] if resolvers == 1 else [
         f"ours-worker-{i + 1}-of-{resolvers}" for i in range(resolvers)]
-    workers = [WorkerProcess(url, "pending_actions.bench.handlers", each,
+    workers = [WorkerProcess(url, "pending_actions_harness.bench.handlers", each,
                              log_path=log_dir / f"{name}.log") for name in names]
     # every watch opened before any launch: no ready event can be missed
     watches = [StreamWatch(url, Keys().workers) for _ in workers]
@@ -75,12 +76,12 @@ def start_ours(url: str, processes: int, threads: int, log_dir: Path, resolvers:
 
 def start_stock(broker_url: str, results_url: str, queue: str, processes: int, threads: int,
                 log_dir: Path, name: str, timeout: float = 60.0) -> tuple[Child, list[int]]:
-    """``python -m dramatiq pending_actions.bench.stock_actors`` with the given broker; returns
-    the child and the pids of its worker processes once each has booted."""
+    """``python -m dramatiq pending_actions_harness.bench.stock_actors`` with the given broker;
+    returns the child and the pids of its worker processes once each has booted."""
     ready_stream = f"bench:ready:{uuid.uuid4().hex}"
     watch = StreamWatch(results_url, ready_stream, b"0-0")
     child = Child(name, [
-        sys.executable, "-m", "dramatiq", "pending_actions.bench.stock_actors",
+        sys.executable, "-m", "dramatiq", "pending_actions_harness.bench.stock_actors",
         "--processes", str(processes), "--threads", str(threads), "--path", str(ROOT),
     ], env=child_env({ENV_BROKER: broker_url, ENV_QUEUE: queue, ENV_RESULTS: results_url,
                       ENV_READY: ready_stream}),

@@ -21,13 +21,13 @@ from typing import Any
 
 import redis
 
-from pending_actions.bench import fill, measure
-from pending_actions.bench.handlers import NOOP
-from pending_actions.bench.procs import start_ours, start_stock
-from pending_actions.bench.progress import Progress
-from pending_actions.bench.stats import Dist
-from pending_actions.bench.stock import StockClient, new_queue_name
 from pending_actions.producers import PendingActions
+from pending_actions_harness.bench import fill, measure
+from pending_actions_harness.bench.handlers import NOOP
+from pending_actions_harness.bench.procs import start_ours, start_stock
+from pending_actions_harness.bench.progress import Progress
+from pending_actions_harness.bench.stats import Dist
+from pending_actions_harness.bench.stock import StockClient, new_queue_name
 
 OURS_DB, STOCK_DB = 3, 4  # of the run's private redis-server; flushed before each layout
 

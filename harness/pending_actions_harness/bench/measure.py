@@ -12,9 +12,9 @@ from typing import Any, ClassVar
 
 import redis
 
-from pending_actions.bench.progress import Progress, Tick
-from pending_actions.bench.stats import Dist
 from pending_actions.producers import PendingActions
+from pending_actions_harness.bench.progress import Progress, Tick
+from pending_actions_harness.bench.stats import Dist
 
 Call = Callable[[], float]  # one timed round trip; returns seconds, raises on failure
 

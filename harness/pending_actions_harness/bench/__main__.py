@@ -1,6 +1,6 @@
 """``pending-actions bench``: run the benchmark harness (``bench/``) and print one table, with
 ``results.json`` and ``latency.png`` written to ``--out``. Also runnable on its own as
-``python -m pending_actions.bench``.
+``python -m pending_actions_harness.bench``.
 
 Benchmarks are not tests: the exit status says whether the harness ran, never whether a target
 was met (the table and the JSON say that)."""
@@ -38,7 +38,7 @@ def bench(quick: bool, out: Path, skip_rabbitmq: bool, rabbitmq_url: str, proces
     worker processes) and idle cost, each beside baselines measured in the same run (raw Redis,
     stock dramatiq on RedisBroker and, when reachable, RabbitMQ), then where an idle resolve's
     time goes step by step. Starts its own redis-server and worker processes."""
-    from pending_actions.bench import report, runner
+    from pending_actions_harness.bench import report, runner
 
     out.mkdir(parents=True, exist_ok=True)
     options = runner.Options(out=out, quick=quick, skip_rabbitmq=skip_rabbitmq,

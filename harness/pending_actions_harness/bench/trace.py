@@ -25,12 +25,12 @@ from typing import Any
 
 import redis
 
-from pending_actions.bench.fill import drop_sessions
-from pending_actions.bench.handlers import NOOP
-from pending_actions.bench.measure import resolver
-from pending_actions.bench.progress import Tick
 from pending_actions.broker.scripts import NAMES, source
 from pending_actions.producers import PendingActions
+from pending_actions_harness.bench.fill import drop_sessions
+from pending_actions_harness.bench.handlers import NOOP
+from pending_actions_harness.bench.measure import resolver
+from pending_actions_harness.bench.progress import Tick
 
 # (label, from, to): each a milestone; "call" and "return" are the caller's own stamps.
 # A write's fsync (appendfsync always) happens before Redis answers it: in the step after it.

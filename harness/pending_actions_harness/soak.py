@@ -28,7 +28,7 @@ from pending_actions.broker.events import ENDINGS
 from pending_actions.broker.keys import Keys
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers.client import PendingActions
-from pending_actions.supervise import WorkerProcess
+from pending_actions_harness.supervise import WorkerProcess
 
 K = Keys()
 
@@ -82,7 +82,7 @@ class Soak:
     HISTORY = 10_000_000
 
     def _worker(self) -> WorkerProcess:
-        return WorkerProcess(self.server.url, "pending_actions.soak_handlers", {
+        return WorkerProcess(self.server.url, "pending_actions_harness.soak_handlers", {
             "lease_ms": "2000", "dispatch_timeout_ms": "20000", "recovery_interval_ms": "200",
             "max_stalls": "5", "claim_idle_ms": "5000", "history_maxlen": str(self.HISTORY),
             "restart_backoff_max_s": "0.5",

@@ -1,9 +1,9 @@
 """Stock dramatiq, the baseline: one no-op actor on dramatiq's own brokers with default settings
 and results through dramatiq's Results middleware (Redis backend).
 
-Run by the harness as ``python -m dramatiq pending_actions.bench.stock_actors``; the broker URL,
-the queue, the
-results URL and a readiness stream come from the environment (see ``bench.stock``).
+Run by the harness as ``python -m dramatiq pending_actions_harness.bench.stock_actors``; the
+broker URL, the queue, the results URL and a readiness stream come from the environment (see
+``bench.stock``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import redis
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
-from pending_actions.bench.stock import (
+from pending_actions_harness.bench.stock import (
     ACTOR,
     ENV_BROKER,
     ENV_QUEUE,

@@ -10,12 +10,12 @@ from typing import Any
 
 import redis
 
-from pending_actions.bench import fill, measure
-from pending_actions.bench.handlers import NOOP
-from pending_actions.bench.procs import start_ours
-from pending_actions.bench.progress import Progress
-from pending_actions.embedded_cluster import Cluster
 from pending_actions.producers import PendingActions
+from pending_actions_harness.bench import fill, measure
+from pending_actions_harness.bench.handlers import NOOP
+from pending_actions_harness.bench.procs import start_ours
+from pending_actions_harness.bench.progress import Progress
+from pending_actions_harness.embedded_cluster import Cluster
 
 SESSIONS = 1000
 

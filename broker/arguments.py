@@ -1,0 +1,344 @@
+"""What each script in ``scripts/`` is called with: its KEYS and its ARGV, one NamedTuple each,
+whose field order is the slot order and whose field names are the locals the script names
+those slots with at its top (``tests/test_scripts.py`` reads the scripts and checks both).
+``broker/scripts.py`` builds every call from these by keyword, so no caller can get an order
+wrong. A NamedTuple, not a dataclass: it is what Redis is sent (no copy into a list), and it is
+built in a third of the time a frozen dataclass takes. The steps of every resolve (take, begin,
+finalize, readd) build theirs as ``X.__new__(X, ...)``: ``X(...)`` by keyword first packs the
+keywords into a dict (type.__call__), which takes twice as long again.
+
+A script whose KEYS or ARGV go on past its fixed slots (one key per pool, three values per
+action, ...) names where that tail starts, as ``keys_tail``/``args_tail`` say: a local set to
+the first slot after the fixed ones."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class NoArgs(NamedTuple):
+    """No fixed slots."""
+
+
+class StageKeys(NamedTuple):
+    stack: str
+    actions: str
+    hist: str
+    sessions: str
+    expiries: str
+    expiries_due: str
+
+
+class StageArgs(NamedTuple):
+    maxlen: int
+    tenant: str
+    session: str
+
+
+class SlotKeys(NamedTuple):
+    """set_slot's and clear_slot's: ``slot`` is the directive's key or the standing one's."""
+
+    slot: str
+    actions: str
+    state: str
+    hist: str
+
+
+class SetSlotArgs(NamedTuple):
+    action_id: str
+    spec: bytes
+    event: str
+    maxlen: int
+
+
+class ClearSlotArgs(NamedTuple):
+    event: str
+    maxlen: int
+
+
+class FeedKeys(NamedTuple):
+    feed: str
+
+
+class FeedArgs(NamedTuple):
+    maxlen: int
+    field_count: int
+
+
+class PendingKeys(NamedTuple):
+    stack: str
+    inflight: str
+    actions: str
+    state: str
+    expiries: str
+
+
+class PendingArgs(NamedTuple):
+    limit: int
+    session: str
+
+
+class PeekKeys(NamedTuple):
+    directive: str
+    stack: str
+    actions: str
+    expiries: str
+
+
+class PeekArgs(NamedTuple):
+    session: str
+
+
+class TakeKeys(NamedTuple):
+    directive: str
+    stack: str
+    standing: str
+    actions: str
+    state: str
+    inflight: str
+    hist: str
+    marker: str
+    replies: str
+    leases: str
+    expiries: str
+    expired: str
+    requests: str
+
+
+class TakeArgs(NamedTuple):
+    req: str
+    action: str
+    token: str
+    dispatch_ms: int
+    marker_ttl_s: int
+    maxlen: int
+    reason: str
+    extra: bytes
+    none_reply: bytes
+    reply_ttl_s: int
+    session: str
+    routes_json: bytes
+    pool_count: int
+    message: bytes
+    expect_id: str
+    by: str
+    conflict_reply: bytes
+    expired_reply: bytes
+    memory_ms: int
+    entry: bytes | str
+    group: str
+    claimant: str
+    lease_ms: int
+    own_pool: int
+
+
+class ExpireKeys(NamedTuple):
+    stack: str
+    actions: str
+    state: str
+    expiries: str
+    expired: str
+    hist: str
+
+
+class ExpireArgs(NamedTuple):
+    action_id: str
+    maxlen: int
+    memory_ms: int
+    session: str
+
+
+class MarkExpiriesKeys(NamedTuple):
+    expiries: str
+    expiries_due: str
+
+
+class MarkExpiriesArgs(NamedTuple):
+    look_again_ms: int
+
+
+class RecoverKeys(NamedTuple):
+    inflight: str
+    stack: str
+    directive: str
+    actions: str
+    state: str
+    hist: str
+    dead: str
+    replies: str
+    leases: str
+
+
+class RecoverArgs(NamedTuple):
+    token: str
+    max_stalls: int
+    reply_ttl_s: int
+    maxlen: int
+    returned_reply: bytes
+    dead_reply: bytes
+    unstarted_reply: bytes
+    returned_error: str
+    unstarted_error: str
+    member: str
+
+
+class BeginKeys(NamedTuple):
+    inflight: str
+    actions: str
+    state: str
+    leases: str
+
+
+class BeginArgs(NamedTuple):
+    token: str
+    lease_ms: int
+    member: str
+    claimant: str
+
+
+class LeaseKeys(NamedTuple):
+    """renew's and unclaim's."""
+
+    inflight: str
+    leases: str
+
+
+class UnclaimArgs(NamedTuple):
+    token: str
+    claimant: str
+    dispatch_ms: int
+    member: str
+
+
+class RenewArgs(NamedTuple):
+    token: str
+    lease_ms: int
+    member: str
+
+
+class FinalizeKeys(NamedTuple):
+    inflight: str
+    actions: str
+    state: str
+    hist: str
+    replies: str
+    leases: str
+
+
+class FinalizeArgs(NamedTuple):
+    token: str
+    reply: bytes
+    reply_ttl_s: int
+    maxlen: int
+    event: str
+    action_id: str
+    attempt: int
+    member: str
+
+
+class ReaddKeys(NamedTuple):
+    inflight: str
+    stack: str
+    directive: str
+    actions: str
+    state: str
+    hist: str
+    replies: str
+    leases: str
+
+
+class ReaddArgs(NamedTuple):
+    token: str
+    last_error: str
+    reply: bytes
+    reply_ttl_s: int
+    maxlen: int
+    action_id: str
+    attempt: int
+    member: str
+
+
+class ParkKeys(NamedTuple):
+    actions: str
+    state: str
+    inflight: str
+    stack: str
+    directive: str
+    standing: str
+    dead: str
+    hist: str
+    replies: str
+    leases: str
+
+
+class ParkArgs(NamedTuple):
+    what: str
+    field: str
+    raw: bytes
+    raw_text: str
+    reason: str
+    maxlen: int
+    reply: bytes
+    reply_ttl_s: int
+    token: str
+    session: str
+
+
+class SessionsKeys(NamedTuple):
+    """retire's and upgrade's: the partition's sessions hash."""
+
+    sessions: str
+
+
+class RetireArgs(NamedTuple):
+    retention_ms: int
+
+
+class UpgradeStackKeys(NamedTuple):
+    stack: str
+
+
+class BeatKeys(NamedTuple):
+    procs: str
+    beats: str
+
+
+class BeatArgs(NamedTuple):
+    proc: str
+    loop: str
+    every_ms: int
+    ttl_ms: int
+    info: bytes
+
+
+class Signature(NamedTuple):
+    keys: type[NamedTuple]
+    args: type[NamedTuple]
+    keys_tail: str = ""
+    args_tail: str = ""
+
+
+SIGNATURES: dict[str, Signature] = {
+    "stage": Signature(StageKeys, StageArgs, args_tail="triples_at"),
+    "set_slot": Signature(SlotKeys, SetSlotArgs),
+    "clear_slot": Signature(SlotKeys, ClearSlotArgs),
+    "feed": Signature(FeedKeys, FeedArgs, args_tail="names_at"),
+    "pending": Signature(PendingKeys, PendingArgs),
+    "peek": Signature(PeekKeys, PeekArgs),
+    "take": Signature(TakeKeys, TakeArgs, keys_tail="streams_at"),
+    "expire": Signature(ExpireKeys, ExpireArgs),
+    "mark_expiries": Signature(MarkExpiriesKeys, MarkExpiriesArgs, args_tail="waiting_at"),
+    "recover": Signature(RecoverKeys, RecoverArgs),
+    "begin": Signature(BeginKeys, BeginArgs),
+    "unclaim": Signature(LeaseKeys, UnclaimArgs),
+    "renew": Signature(LeaseKeys, RenewArgs),
+    "finalize": Signature(FinalizeKeys, FinalizeArgs, args_tail="noted_at"),
+    "readd": Signature(ReaddKeys, ReaddArgs),
+    "park": Signature(ParkKeys, ParkArgs),
+    "retire": Signature(SessionsKeys, RetireArgs, keys_tail="session_keys_at",
+                        args_tail="sessions_at"),
+    "upgrade": Signature(SessionsKeys, NoArgs, keys_tail="tenant_keys_at",
+                         args_tail="sessions_at"),
+    "upgrade_stack": Signature(UpgradeStackKeys, NoArgs),
+    "beat": Signature(BeatKeys, BeatArgs),
+}
