@@ -5,7 +5,8 @@ Sessions are found with HSCAN / SSCAN over the session indexes (never KEYS), and
 pipelined batches, so a view costs a few round trips per few hundred sessions and never blocks
 Redis. A session is shown as a tenant's only when its owner record (its field in its
 partition's sessions hash) says so: an index entry is a hint, never a grant. A session with
-keys but no record is shown to nobody but the operator's all-tenant views, marked unowned.
+keys but no record is shown to nobody but the operator's all-tenant views that ask for it
+(``--unowned``), marked so.
 """
 
 from __future__ import annotations
@@ -92,16 +93,17 @@ def _session_of(k: Keys, key: str, suffixes: tuple[Suffix, ...]) -> str | None:
     return session if named == key else None
 
 
-def listed(pa: PendingActions, tenant: str | None,
-           suffix: Suffix) -> Iterator[tuple[str, str]]:
+def listed(pa: PendingActions, tenant: str | None, suffix: Suffix,
+           unowned: bool = False) -> Iterator[tuple[str, str]]:
     """The sessions a view lists, each with its owner: a tenant's (checked against their owner
-    records); without a tenant, every session with a record, then those with a key ``suffix``
-    but no record, as ``UNOWNED``."""
+    records); without a tenant, every session with a record, and with ``unowned`` then those
+    with a key ``suffix`` but no record, as ``UNOWNED`` (a SCAN: an operator's user's)."""
     if tenant:
         yield from ((session, tenant) for session in tenant_sessions(pa, tenant))
         return
     yield from owned_sessions(pa)
-    yield from ((session, UNOWNED) for session in unowned_sessions(pa, suffix))
+    if unowned:
+        yield from ((session, UNOWNED) for session in unowned_sessions(pa, suffix))
 
 
 def all_sessions(pa: PendingActions, tenant: str | None = None) -> Iterator[str]:
@@ -133,12 +135,13 @@ def inbox(pa: PendingActions, tenant: str) -> list[dict[str, Any]]:
     return out
 
 
-def dead_all(pa: PendingActions, tenant: str | None = None) -> list[dict[str, Any]]:
-    """Every dead letter of a tenant's sessions, or of every session (``unowned`` marks those
-    of a session with no owner record)."""
+def dead_all(pa: PendingActions, tenant: str | None = None,
+             unowned: bool = False) -> list[dict[str, Any]]:
+    """Every dead letter of a tenant's sessions, or of every session (with ``unowned``, those
+    of sessions with no owner record too, marked so)."""
     k = pa.ctx.keys
     out: list[dict[str, Any]] = []
-    for chunk in _pairs(listed(pa, tenant, "dead")):
+    for chunk in _pairs(listed(pa, tenant, "dead", unowned)):
         pipe = pa.client.pipeline(transaction=False)
         for session, _owner in chunk:
             pipe.lrange(k.dead(session), 0, -1)

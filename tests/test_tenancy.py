@@ -4,7 +4,8 @@ and after, but the id blocks it reserved, as documented), whichever client makes
 blocking one, the asyncio one, the CLI's ``stage --tenant``); a view shows a session to a
 tenant only when the session's owner record names that tenant, so a stray index entry shows
 nothing; a session whose owner record is lost is nobody's to stage into or to see, but in the
-operator's all-tenant view, until ``repair`` restores the record from the session's own keys."""
+operator's all-tenant view (``--unowned``), until ``repair`` restores the record from the
+session's own keys."""
 
 from __future__ import annotations
 
@@ -157,7 +158,8 @@ def test_a_session_whose_owner_record_is_lost_is_nobodys(
 def test_views_check_every_session_against_its_owner_record(deployment: Deployment,
                                                             victim: Victim) -> None:
     """A stray index entry (t1's index naming t2's session) shows nothing to t1 anywhere; a
-    session with no record shows only in the operator's all-tenant view, marked."""
+    session with no record shows only in the operator's all-tenant view that asks for it
+    (--unowned), marked."""
     d, k = deployment, deployment.pa.ctx.keys
     d.rc.sadd(k.tenant_index(victim.partition, victim.t1), victim.session)
     # a dead letter of the victim's, as park.lua leaves one
@@ -175,15 +177,18 @@ def test_views_check_every_session_against_its_owner_record(deployment: Deployme
 
     d.rc.hdel(k.sessions(victim.partition), victim.session)
     assert cli(d.url, "--json", "ls", "--all", "--tenant", victim.t2).stdout.strip() == "[]"
-    every = [a for a in orjson.loads(cli(d.url, "--json", "ls", "--all").stdout)
+    for view in ("ls", "dead"):  # every owner's sessions: not one with no owner
+        assert victim.session not in cli(d.url, view, "--all").stdout
+    every = [a for a in orjson.loads(cli(d.url, "--json", "ls", "--all", "--unowned").stdout)
              if a["session"] == victim.session]
     assert [(a["id"], a.get("unowned")) for a in every] == [(victim.ids[0], True)]
-    letters = [x for x in orjson.loads(cli(d.url, "--json", "dead", "--all").stdout)
+    letters = [x for x in orjson.loads(cli(d.url, "--json", "dead", "--all", "--unowned").stdout)
                if x["session"] == victim.session]
     assert [(x["reason"], x.get("unowned")) for x in letters] == [("secret reason", True)]
     assert cli(d.url, "--json", "dead", "--all", "--tenant", victim.t2).stdout.strip() == "[]"
-    text = cli(d.url, "ls", "--all").stdout
+    text = cli(d.url, "ls", "--all", "--unowned").stdout
     assert f"{victim.session} (unowned)  {victim.ids[0]}" in text
+    assert cli(d.url, "ls", "--all", "--unowned", "--tenant", victim.t2).returncode == 2
     assert cli(d.url, "repair", "--session", victim.session).returncode == 0
     assert [a["id"] for a in inbox(d.pa, victim.t2)] == victim.ids
 
