@@ -176,9 +176,17 @@ class AsyncPendingActions:
     async def resolve(self, *, session: str, action: str, reason: str,
                       extra: dict[str, Any] | None = None, timeout: float | None = None,
                       edit: dict[str, Any] | None = None,
-                      expect_id: str | None = None, by: str | None = None) -> Result:
+                      expect_id: str | None = None, by: str | None = None,
+                      approver: str | None = None, revision: int | None = None) -> Result:
         return await self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                                 expect_id, by))
+                                                 expect_id, by, approver, revision))
+
+    async def set_policy(self, document: dict[str, Any] | str, tenant: str = DEFAULT_TENANT,
+                         by: str | None = None) -> int:
+        return await self._run(self.core.set_policy(document, tenant, by))
+
+    async def get_policy(self, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
+        return await self._run(self.core.get_policy(tenant))
 
     async def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:
         return await self._run(self.core.pending(session, limit))

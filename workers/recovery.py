@@ -29,6 +29,7 @@ from pending_actions.broker.policy import check_policy
 from pending_actions.broker.replies import ExpireOutcome, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.workers.poison import park_poison
+from pending_actions.workers.policies import raise_markers
 from pending_actions.workers.retention import Retirement
 
 log = logging.getLogger("pending_actions.resolver")
@@ -53,6 +54,7 @@ class Recovery:
         every = s.policy_check_s
         self.next_check = time.monotonic() + random.uniform(0, every)  # spread out
         self.retire = Retirement(ctx)
+        self.next_markers = 0.0
         # expiries members found in flight past their ttl -> (partition, when to look again,
         # ms). Their entry keeps its score, the expiry that every reader checks, so the due
         # range goes on listing them: each is asked about again a lease later, not each round
@@ -76,6 +78,12 @@ class Recovery:
             self.next_check = time.monotonic() + self.ctx.settings.policy_check_s
             check_policy(server_info(self.ctx.client, "memory"))
         self.retire.step()
+        if time.monotonic() >= self.next_markers:
+            # a policy set that stopped before raising every partition's marker is finished
+            # here (each resolve worker, every housekeeping round: a read of the index and of
+            # the markers; mark_policy.lua never lowers one)
+            self.next_markers = time.monotonic() + self.ctx.settings.housekeeping_s
+            raise_markers(self.ctx)
 
     def _now_ms(self) -> int:
         sec, usec = self.ctx.client.time()

@@ -1,0 +1,443 @@
+"""Policies: a tenant's rules, checked once when they are set, compiled once per version, and
+evaluated by the client that stages (``producers/policies.py``), never rule by rule in Redis.
+
+The document (docs/policies.md): ``{"default": "allow"|"ask"|"deny", "rules": [rule, ...]}``,
+a rule ``{"name", "match", "decision", "reason"?, "approvals"?, "auto"?}``. Precedence: any
+matching ``deny`` wins (the first in the document), else the matching ``ask`` with the largest
+``approvals`` (the first of those), else the first matching ``allow``, else ``default``.
+
+Globs (``Glob``): whole string, case-sensitive, no path meaning: ``*`` any run, ``?`` one
+character, ``[...]``/``[!...]`` a set, ``\\`` the next character literally. Payload paths:
+keys joined by dots; an all-digit part indexes a list; an absent path does not match."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from pending_actions.broker.errors import InvalidInput
+
+Decision = Literal["allow", "ask", "deny"]
+DECISIONS: tuple[Decision, ...] = ("allow", "ask", "deny")
+RULE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MAX_RULES = 1_000
+MAX_APPROVALS = 16
+MAX_REASON_CHARS = 1_000
+GLOB_FIELDS = ("tool", "apply", "label", "session")
+MATCH_KEYS = (*GLOB_FIELDS, "payload")
+RULE_KEYS = ("name", "match", "decision", "reason", "approvals", "auto")
+DOCUMENT_KEYS = ("default", "rules")
+_MISSING = object()
+
+
+class BadGlob(ValueError):
+    """A pattern that is no glob of ours: what is wrong, in a few words."""
+
+
+def translate(pattern: str) -> str | None:
+    """The regular expression (for ``fullmatch``) a glob stands for; None when it has no special
+    character at all (a literal, compared as is). Raises BadGlob."""
+    out: list[str] = []
+    special = False
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 >= n:
+                raise BadGlob("it ends with a lone \\")
+            out.append(re.escape(pattern[i + 1]))
+            special = True
+            i += 2
+        elif c == "*":
+            if not out or out[-1] != ".*":  # a run of stars is one star
+                out.append(".*")
+            special = True
+            i += 1
+        elif c == "?":
+            out.append(".")
+            special = True
+            i += 1
+        elif c == "[":
+            text, i = _char_set(pattern, i)
+            out.append(text)
+            special = True
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return "".join(out) if special else None
+
+
+def _char_set(pattern: str, start: int) -> tuple[str, int]:
+    """The set opening at ``pattern[start]`` (a ``[``) as a regex class, and where it ends."""
+    n = len(pattern)
+    j = start + 1
+    negate = j < n and pattern[j] == "!"
+    if negate:
+        j += 1
+    ranges: list[tuple[str, str]] = []
+    first = True
+    while True:
+        if j >= n:
+            raise BadGlob(f"the [ at {start} is never closed")
+        c = pattern[j]
+        if c == "]" and not first:
+            break
+        c, j = _set_char(pattern, j)
+        if j + 1 < n and pattern[j] == "-" and pattern[j + 1] != "]":
+            high, j = _set_char(pattern, j + 1)
+            if high < c:
+                raise BadGlob(f"the range {c}-{high} runs backwards")
+            ranges.append((c, high))
+        else:
+            ranges.append((c, c))
+        first = False
+    body = "".join(re.escape(a) if a == b else f"{re.escape(a)}-{re.escape(b)}"
+                   for a, b in ranges)
+    return f"[{'^' if negate else ''}{body}]", j + 1
+
+
+def _set_char(pattern: str, j: int) -> tuple[str, int]:
+    if pattern[j] == "\\":
+        if j + 1 >= len(pattern):
+            raise BadGlob("it ends with a lone \\")
+        return pattern[j + 1], j + 2
+    return pattern[j], j + 1
+
+
+class Glob:
+    """A compiled glob: ``matches(text)``."""
+
+    __slots__ = ("literal", "regex", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        found = translate(text)
+        self.literal = found is None
+        self.regex = None if found is None else re.compile(found, re.DOTALL)
+
+    def matches(self, value: str) -> bool:
+        if self.regex is None:
+            return value == self.text
+        return self.regex.fullmatch(value) is not None
+
+    @property
+    def everything(self) -> bool:
+        return self.regex is not None and self.regex.pattern == ".*"
+
+
+def parse_path(path: str) -> tuple[str, ...]:
+    parts = tuple(path.split("."))
+    if not path or any(p == "" for p in parts):
+        raise ValueError("a path is keys joined by single dots, none empty")
+    return parts
+
+
+def lookup(value: Any, parts: tuple[str, ...]) -> Any:
+    """``value`` at the dotted path, or ``_MISSING``: into objects by key, into lists by an
+    all-digit part (0, 1, ...: no sign, no leading zero)."""
+    for part in parts:
+        if isinstance(value, dict):
+            if part not in value:
+                return _MISSING
+            value = value[part]
+        elif isinstance(value, list) and _index(part) is not None:
+            k = _index(part)
+            if k is None or k >= len(value):
+                return _MISSING
+            value = value[k]
+        else:
+            return _MISSING
+    return value
+
+
+def _index(part: str) -> int | None:
+    if part.isascii() and part.isdigit() and (part == "0" or not part.startswith("0")):
+        return int(part)
+    return None
+
+
+def same(a: Any, b: Any) -> bool:
+    """JSON equality: a boolean equals only a boolean (``True == 1`` in Python, not here)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a is b
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(
+            same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, int | float) and not isinstance(a, bool):
+        return isinstance(b, int | float) and a == b
+    return type(a) is type(b) and a == b
+
+
+@dataclass(frozen=True)
+class Rule:
+    index: int
+    name: str
+    decision: Decision
+    approvals: int
+    auto: bool
+    reason: str | None
+    globs: tuple[tuple[str, Glob], ...]  # (field, its glob), tool first when given
+    payload: tuple[tuple[tuple[str, ...], Any], ...]  # (path, a Glob or an exact value)
+
+    @property
+    def tool(self) -> Glob | None:
+        return next((g for f, g in self.globs if f == "tool"), None)
+
+    def matches(self, fields: dict[str, str], payload: dict[str, Any]) -> bool:
+        for field, glob in self.globs:
+            if not glob.matches(fields[field]):
+                return False
+        for parts, want in self.payload:
+            got = lookup(payload, parts)
+            if got is _MISSING:
+                return False
+            if isinstance(want, Glob):
+                if not isinstance(got, str) or not want.matches(got):
+                    return False
+            elif not same(got, want):
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The decision for one action: by ``rule`` (None: the document's default) of ``version``;
+    ``approvals`` for ask, ``auto`` for allow, the rule's ``reason``."""
+
+    decision: Decision
+    rule: str | None
+    approvals: int = 0
+    auto: bool = False
+    reason: str | None = None
+    version: int = 0
+
+    def stamp(self) -> dict[str, Any]:
+        """What the action's spec keeps (``policy``): flat, no nested object (take.lua reads it
+        from the spec's text)."""
+        out: dict[str, Any] = {"rule": self.rule, "decision": self.decision,
+                               "version": self.version}
+        if self.decision == "ask":
+            out["approvals"] = self.approvals
+        if self.auto:
+            out["auto"] = True
+        return out
+
+    @property
+    def code(self) -> str:
+        """What stage.lua is told: allow, ask, deny, or auto (allow + auto)."""
+        return "auto" if self.auto else self.decision
+
+
+@dataclass(frozen=True)
+class Explained:
+    verdict: Verdict
+    matched: list[tuple[Rule, str]]  # every matching rule but the deciding one, and why it lost
+
+
+class Policy:
+    """One version of a tenant's policy, compiled."""
+
+    CACHE = 4_096  # tool names whose candidate rules are kept
+
+    def __init__(self, document: dict[str, Any], version: int = 0) -> None:
+        self.document = check_document(document)
+        self.version = version
+        self.default: Decision = self.document.get("default", "allow")
+        self.rules = [_compile(i, r) for i, r in enumerate(self.document["rules"])]
+        self._for_tool: dict[str, tuple[list[Rule], list[Rule], list[Rule]]] = {}
+
+    def _candidates(self, tool: str) -> tuple[list[Rule], list[Rule], list[Rule]]:
+        """The rules whose tool glob admits ``tool``, by decision: denies and allows in document
+        order, asks by approvals (most first), then document order."""
+        found = self._for_tool.get(tool)
+        if found is None:
+            rules = [r for r in self.rules if r.tool is None or r.tool.matches(tool)]
+            found = ([r for r in rules if r.decision == "deny"],
+                     sorted((r for r in rules if r.decision == "ask"),
+                            key=lambda r: (-r.approvals, r.index)),
+                     [r for r in rules if r.decision == "allow"])
+            if len(self._for_tool) >= self.CACHE:
+                self._for_tool.clear()
+            self._for_tool[tool] = found
+        return found
+
+    def decide(self, *, tool: str, apply: str, label: str, session: str,
+               payload: dict[str, Any]) -> Verdict:
+        fields = {"tool": tool, "apply": apply, "label": label, "session": session}
+        for group in self._candidates(tool):
+            for rule in group:
+                if rule.matches(fields, payload):
+                    return self._verdict(rule)
+        return self._verdict(None)
+
+    def _verdict(self, rule: Rule | None) -> Verdict:
+        if rule is None:
+            return Verdict(self.default, None, 1 if self.default == "ask" else 0,
+                           version=self.version)
+        return Verdict(rule.decision, rule.name, rule.approvals, rule.auto, rule.reason,
+                       self.version)
+
+    def explain(self, *, tool: str, apply: str, label: str, session: str,
+                payload: dict[str, Any]) -> Explained:
+        """The decision, and every other rule that matched with why it lost."""
+        verdict = self.decide(tool=tool, apply=apply, label=label, session=session,
+                              payload=payload)
+        fields = {"tool": tool, "apply": apply, "label": label, "session": session}
+        won = next((r for r in self.rules if r.name == verdict.rule), None)
+        matched = [r for r in self.rules if r is not won and r.matches(fields, payload)]
+        return Explained(verdict, [(r, _why(r, won)) for r in matched])
+
+
+def _why(rule: Rule, won: Rule | None) -> str:
+    assert won is not None  # a rule matched, so one decided
+    if won.decision == "deny":
+        if rule.decision == "deny":
+            return f"an earlier deny ({won.name}) decided"
+        return f"any deny wins: {won.name} denies"
+    if won.decision == "ask":
+        if rule.decision == "allow":
+            return f"an ask wins over allow: {won.name} asks"
+        if rule.approvals < won.approvals:
+            return (f"asks for {rule.approvals} approval(s); {won.name} asks for "
+                    f"{won.approvals}, the most")
+        return f"an earlier ask with as many approvals ({won.name}) decided"
+    return f"an earlier allow ({won.name}) decided"
+
+
+def _compile(index: int, rule: dict[str, Any]) -> Rule:
+    match = rule["match"]
+    globs = tuple((f, Glob(match[f])) for f in GLOB_FIELDS if f in match)
+    payload = tuple((parse_path(path), Glob(want) if isinstance(want, str) else want)
+                    for path, want in match.get("payload", {}).items())
+    decision = rule["decision"]
+    approvals = rule.get("approvals", 1) if decision == "ask" else 0
+    return Rule(index, rule["name"], decision, approvals, bool(rule.get("auto", False)),
+                rule.get("reason"), globs, payload)
+
+
+# --- validation: once, when a policy is set ------------------------------------------------
+def check_document(document: object) -> dict[str, Any]:
+    """The document, checked: InvalidInput naming the rule and the field of the first fault."""
+    if not isinstance(document, dict):
+        raise InvalidInput("policy", "must be a JSON object {\"default\", \"rules\"}")
+    for key in document:
+        if key not in DOCUMENT_KEYS:
+            raise InvalidInput(str(key), f"unknown key; a policy has {', '.join(DOCUMENT_KEYS)}")
+    if "default" in document and document["default"] not in DECISIONS:
+        raise InvalidInput("default", f"must be allow, ask or deny (got {document['default']!r})")
+    rules = document.get("rules")
+    if not isinstance(rules, list):
+        raise InvalidInput("rules", "must be a list of rules")
+    if len(rules) > MAX_RULES:
+        raise InvalidInput("rules", f"{len(rules)} rules; at most {MAX_RULES}")
+    names: set[str] = set()
+    for i, rule in enumerate(rules):
+        _check_rule(i, rule, names)
+    return document
+
+
+def _check_rule(i: int, rule: object, names: set[str]) -> None:
+    where = f"rules[{i}]"
+    if not isinstance(rule, dict):
+        raise InvalidInput(where, "must be an object {\"name\", \"match\", \"decision\"}")
+    name = rule.get("name")
+    if not isinstance(name, str) or not RULE_NAME_RE.match(name):
+        raise InvalidInput(f"{where}.name", f"must be 1-64 of A-Z a-z 0-9 . _ - (got {name!r})")
+    if name in names:
+        raise InvalidInput(f"{where}.name", f"rule {name!r}: a second rule of that name")
+    names.add(name)
+
+    def bad(field: str, message: str) -> InvalidInput:
+        return InvalidInput(f"{where}.{field}", f"rule {name!r}: {message}")
+
+    for key in rule:
+        if key not in RULE_KEYS:
+            raise bad(str(key), f"unknown key; a rule has {', '.join(RULE_KEYS)}")
+    decision = rule.get("decision")
+    if decision not in DECISIONS:
+        raise bad("decision", f"must be allow, ask or deny (got {decision!r})")
+    if "approvals" in rule:
+        approvals = rule["approvals"]
+        if decision != "ask":
+            raise bad("approvals", f"only an ask rule takes approvals (this one is {decision})")
+        if isinstance(approvals, bool) or not isinstance(approvals, int) \
+                or not 1 <= approvals <= MAX_APPROVALS:
+            raise bad("approvals", f"must be a whole number 1-{MAX_APPROVALS}")
+    if "auto" in rule:
+        if decision != "allow":
+            raise bad("auto", f"only an allow rule is applied automatically (this one is "
+                              f"{decision})")
+        if not isinstance(rule["auto"], bool):
+            raise bad("auto", "must be true or false")
+    reason = rule.get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS):
+        raise bad("reason", f"must be a string of at most {MAX_REASON_CHARS} characters")
+    match = rule.get("match")
+    if not isinstance(match, dict):
+        raise bad("match", "must be an object of tool, apply, label, session, payload")
+    for key, value in match.items():
+        if key not in MATCH_KEYS:
+            raise bad(f"match.{key}", f"unknown key; match has {', '.join(MATCH_KEYS)}")
+        if key == "payload":
+            _check_payload(value, bad)
+        else:
+            _check_glob(value, f"match.{key}", bad)
+
+
+def _check_glob(value: object, field: str, bad: Callable[[str, str], InvalidInput]) -> None:
+    if not isinstance(value, str):
+        raise bad(field, "must be a glob (a string)")
+    try:
+        translate(value)
+    except BadGlob as exc:
+        raise bad(field, f"bad glob {value!r}: {exc}") from None
+
+
+def _check_payload(value: object, bad: Callable[[str, str], InvalidInput]) -> None:
+    if not isinstance(value, dict):
+        raise bad("match.payload", "must be an object: dotted path -> glob or exact value")
+    for path, want in value.items():
+        field = f"match.payload.{path}"
+        try:
+            parse_path(path)
+        except ValueError as exc:
+            raise bad(field, str(exc)) from None
+        if isinstance(want, str):
+            _check_glob(want, field, bad)
+
+
+# --- documents as files ----------------------------------------------------------------------
+def read_document(text: str | bytes, name: str = "") -> Any:
+    """A policy's text: JSON, or YAML (a ``.yaml``/``.yml`` file, or text that is not JSON)
+    when PyYAML is installed; one clear InvalidInput otherwise."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        looks_yaml = name.endswith((".yaml", ".yml")) or not name
+        if not looks_yaml:
+            raise InvalidInput("policy", f"not JSON: {exc}") from None
+        json_error = exc
+    try:
+        import yaml  # type: ignore[import-untyped]
+    except ImportError:
+        raise InvalidInput("policy", "not JSON, and reading YAML needs PyYAML (pip install "
+                                     f"pyyaml): {json_error}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidInput("policy", f"neither JSON nor YAML: {str(exc).splitlines()[0]}") \
+            from None
+
+
+def verdicts(policy: Policy | None, actions: Iterable[dict[str, Any]]) -> list[Verdict | None]:
+    """Each action's verdict (None without a policy)."""
+    if policy is None:
+        return [None for _a in actions]
+    return [policy.decide(tool=a["tool"], apply=a["apply"], label=a["label"],
+                          session=a["session"], payload=a["payload"]) for a in actions]

@@ -1,0 +1,91 @@
+"""The client's side of policies: every tenant's policy is read from Redis once per version,
+compiled (``broker/rules.py``) and kept; a stage decides its actions with the version the
+client last saw and stage.lua checks that version against the partition's marker (a stage
+decided by another is refused, and decided again: ``producers/staging.py``). Setting a policy
+writes a new version, then raises every partition's marker (docs/design.md, Policies)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, cast
+
+import orjson
+
+from pending_actions.broker.errors import Damaged, InvalidInput
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import DEFAULT_TENANT, check_tenant
+from pending_actions.broker.payloads import check_json
+from pending_actions.broker.rules import Policy, read_document
+from pending_actions.broker.scripts import Scripts
+from pending_actions.broker.settings import Settings
+from pending_actions.producers.plans import Batch, Plan, Run
+
+BY_CHARS = 128
+
+
+class PolicyPlans:
+    """Mixed into ``Staging``: the versions seen and compiled, and the policy plans."""
+
+    settings: Settings
+    keys: Keys
+    scripts: Scripts
+
+    def __init__(self) -> None:
+        self._seen: dict[str, str] = {}  # tenant -> the version last seen ("": none)
+        self._compiled: dict[tuple[str, str], Policy] = {}
+        self._policy_lock = threading.Lock()
+
+    def policy_version(self, tenant: str) -> str:
+        """The version of ``tenant``'s policy this client decides by now ("": none; a guess
+        that stage.lua corrects)."""
+        return self._seen.get(tenant, "")
+
+    def policy_of(self, tenant: str, version: str) -> Policy | None:
+        """The compiled ``version`` (read before by ``load_policy``), None for no policy."""
+        return self._compiled.get((tenant, version)) if version else None
+
+    def load_policy(self, tenant: str, version: str) -> Plan[None]:
+        """Read and compile ``version`` of ``tenant``'s policy unless it is at hand, and decide
+        by it from now on."""
+        if version and (tenant, version) not in self._compiled:
+            raw, = yield Batch(lambda p: p.hget(self.keys.policy(tenant), version))
+            if raw is None:
+                raise Damaged(f"the policy markers name version {version} of tenant {tenant!r}'s "
+                              f"policy, which {self.keys.policy(tenant)} does not hold (deleted "
+                              "by hand?): nothing was staged; set the policy again")
+            policy = Policy(orjson.loads(raw)["document"], int(version))
+            with self._policy_lock:
+                if len(self._compiled) >= 1_000:  # tenants and versions that came and went
+                    self._compiled.clear()
+                self._compiled[(tenant, version)] = policy
+        with self._policy_lock:
+            self._seen[tenant] = version
+
+    def get_policy(self, tenant: str = DEFAULT_TENANT) -> Plan[dict[str, Any] | None]:
+        check_tenant(tenant)
+        raw, = yield Batch(lambda p: p.hget(self.keys.policy(tenant), "current"))
+        return cast(dict[str, Any], orjson.loads(raw)) if raw is not None else None
+
+    def set_policy(self, document: object, tenant: str = DEFAULT_TENANT,
+                   by: str | None = None) -> Plan[int]:
+        """A new version: checked (one error naming the rule and the field, nothing written),
+        written with every earlier one kept, then in force in every partition."""
+        check_tenant(tenant)
+        if by is not None and (not isinstance(by, str) or not 0 < len(by) <= BY_CHARS):
+            raise InvalidInput("by", f"must be a string of 1-{BY_CHARS} characters")
+        if isinstance(document, str | bytes):
+            document = read_document(document)
+        check_json(document, "policy", self.settings.max_payload_bytes)
+        Policy(cast(dict[str, Any], document))  # checked there: InvalidInput
+        rest = b"," + orjson.dumps({"set_at": round(time.time(), 3), "by": by,
+                                    "document": document})[1:]
+        version: int = yield Run(self.scripts.set_policy(tenant, rest=rest))
+        yield from self.mark_policies(tenant, version)
+        return version
+
+    def mark_policies(self, tenant: str, version: int) -> Plan[None]:
+        """Raise every partition's marker of ``tenant`` to ``version`` (a no-op where it is)."""
+        calls = [self.scripts.mark_policy(p, tenant=tenant, version=version)
+                 for p in range(self.keys.partitions)]
+        yield Batch(lambda pipe: [c.on(pipe) for c in calls])
