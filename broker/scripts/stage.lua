@@ -150,7 +150,7 @@ for _, i in ipairs(new) do
   if ARGV[i + 4] == 'deny' then
     append(feed, EVENT.DENIED, 'at', at, 'session', session, 'tenant', tenant, 'id', ARGV[i],
       'tool', tool, 'kind', 'action', 'created_at', ARGV[i + 3], 'rule', ARGV[i + 5],
-      'reason', ARGV[i + 6])
+      'reason', ARGV[i + 6], 'policy', policy_version)
   else
     append(feed, EVENT.STAGED, unpack(with_decision({'at', at, 'session', session, 'tenant',
       tenant, 'id', ARGV[i], 'tool', tool, 'kind', 'action', 'created_at', ARGV[i + 3]}, i)))
