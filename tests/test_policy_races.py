@@ -46,8 +46,8 @@ def test_six_approvers_racing_on_two_approvals_apply_once(deployment: Deployment
         rc.rpush(f"test:go:{session}", *["go"] * 6)
         results = [Result.model_validate_json(p.communicate(timeout=60)[0]) for p in procs]
     finally:
-        for p in procs:
-            p.kill()
+        for proc in procs:
+            proc.kill()
     applied = [r for r in results if r.text == f"applied {action_id}"]
     approved = [r for r in results if r.text.startswith("Approved 1 of 2")]
     assert len(applied) == 1 and len(approved) == 1, [r.text for r in results]
@@ -78,8 +78,8 @@ def test_a_policy_change_under_load_decides_each_stage_by_one_version(
             assert pa.set_policy(document(v), tenant=tenant) == v
         outs = [p.communicate(timeout=60)[0].split() for p in procs]
     finally:
-        for p in procs:
-            p.kill()
+        for proc in procs:
+            proc.kill()
     staged, denied = sum(int(o[0]) for o in outs), sum(int(o[1]) for o in outs)
     assert staged > 0 and denied > 0, outs
     seen: dict[int, list[int]] = defaultdict(list)
@@ -96,8 +96,8 @@ def test_a_policy_change_under_load_decides_each_stage_by_one_version(
             seen[p].append(version)
             counted += 1
     assert counted == staged + denied
-    for p, order in seen.items():
-        assert order == sorted(order), f"partition {p} went back to an older version"
+    for part, order in seen.items():
+        assert order == sorted(order), f"partition {part} went back to an older version"
     assert {v for order in seen.values() for v in order} == {1, 2, 3}
     for session in {f"{prefix}{i}-{n}" for i in range(3) for n in range(8)}:
         for a in pa.pending(session):
