@@ -163,7 +163,7 @@ def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens:
 
     def as_(token: str) -> None:
         driver.get(server.base + "/")
-        driver.execute_script("sessionStorage.clear()")  # type: ignore[no-untyped-call]
+        driver.execute_script("sessionStorage.clear()")
         driver.get(server.base + "/")
         wait.until(ec.visibility_of_element_located((By.ID, "token"))).send_keys(token)
         driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
