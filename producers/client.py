@@ -17,6 +17,7 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.pools import LiveView
+from pending_actions.broker.rules import Verdict
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions
 from pending_actions.broker.urls import url_options
@@ -210,6 +211,13 @@ class PendingActions:
         kept as a new version beside the earlier ones, in force for every stage from then on.
         Returns the version."""
         return self._run(self.core.set_policy(document, tenant, by))
+
+    def decide(self, *, session: str, tool: str, apply: str, label: str,
+               payload: dict[str, Any], tenant: str = DEFAULT_TENANT) -> Verdict | None:
+        """What the tenant's policy in force decides for such an action (None: it has none),
+        without staging it."""
+        return self._run(self.core.decide(session=session, tool=tool, apply=apply,
+                                          label=label, payload=payload, tenant=tenant))
 
     def get_policy(self, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
         """The tenant's current policy: {version, set_at, by, document}; None without one."""

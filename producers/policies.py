@@ -16,7 +16,7 @@ from pending_actions.broker.errors import Damaged, InvalidInput
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, check_tenant
 from pending_actions.broker.payloads import check_json
-from pending_actions.broker.rules import Policy, read_document
+from pending_actions.broker.rules import Policy, Verdict, read_document
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, Run
@@ -61,6 +61,23 @@ class PolicyPlans:
                 self._compiled[(tenant, version)] = policy
         with self._policy_lock:
             self._seen[tenant] = version
+
+    def decide(self, *, session: str, tool: str, apply: str, label: str,
+               payload: dict[str, Any], tenant: str = DEFAULT_TENANT) -> Plan[Verdict | None]:
+        """What the version of ``tenant``'s policy in force in ``session``'s partition decides
+        for such an action, None without a policy: for a caller that acts on a decision
+        without staging (``mcp-proxy`` forwards what is allowed, refuses what is denied). One
+        read of the partition's marker; the version itself is read once."""
+        check_tenant(tenant)
+        markers = self.keys.policy_markers(self.keys.partition(session))
+        raw, = yield Batch(lambda p: p.hget(markers, tenant))
+        version = raw.decode() if raw else ""
+        yield from self.load_policy(tenant, version)
+        policy = self.policy_of(tenant, version)
+        if policy is None:
+            return None
+        return policy.decide(tool=tool, apply=apply, label=label, session=session,
+                             payload=payload)
 
     def get_policy(self, tenant: str = DEFAULT_TENANT) -> Plan[dict[str, Any] | None]:
         check_tenant(tenant)
