@@ -152,8 +152,12 @@ for _, i in ipairs(new) do
       'tool', tool, 'kind', 'action', 'created_at', ARGV[i + 3], 'rule', ARGV[i + 5],
       'reason', ARGV[i + 6], 'policy', policy_version)
   else
-    append(feed, EVENT.STAGED, unpack(with_decision({'at', at, 'session', session, 'tenant',
-      tenant, 'id', ARGV[i], 'tool', tool, 'kind', 'action', 'created_at', ARGV[i + 3]}, i)))
+    local fields = {'at', at, 'session', session, 'tenant', tenant, 'id', ARGV[i], 'tool',
+      tool, 'kind', 'action', 'created_at', ARGV[i + 3]}
+    -- a plain allow is the feed's default: only what waits for people or is applied at once
+    -- says so (webhooks, metrics); the history names every decision
+    if ARGV[i + 4] ~= 'allow' then fields = with_decision(fields, i) end
+    append(feed, EVENT.STAGED, unpack(fields))
   end
 end
 trim(feed, feed_maxlen)
