@@ -56,8 +56,9 @@ class PolicyPlans:
                               "by hand?): nothing was staged; set the policy again")
             policy = Policy(orjson.loads(raw)["document"], int(version))
             with self._policy_lock:
-                if len(self._compiled) >= 1_000:  # tenants and versions that came and went
-                    self._compiled.clear()
+                if len(self._compiled) >= 1_000:  # versions no stage decides by any more go
+                    self._compiled = {key: p for key, p in self._compiled.items()
+                                      if self._seen.get(key[0]) == key[1]}
                 self._compiled[(tenant, version)] = policy
         with self._policy_lock:
             self._seen[tenant] = version

@@ -316,6 +316,11 @@ class Staging(PolicyPlans):
             raise _foreign(session)
         if got.refused is StageRefusal.UNOWNED:
             raise _unowned(session, k.sessions(k.partition(session)))
+        if got.refused is StageRefusal.POLICY:
+            raise PendingActionsError(
+                f"the policy of tenant {group[0]['tenant']!r} changed {self.POLICY_TRIES} times "
+                f"while this stage was decided; nothing was staged in session {session!r}: "
+                "stage again")
         p = k.partition(session)
         value = int(got.collided.rpartition(":")[2]) // k.partitions
         with self._lock:

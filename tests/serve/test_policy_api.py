@@ -79,6 +79,11 @@ def test_approver_tokens_are_counted_as_approvals(server: Server, pa: PendingAct
     assert second.status_code == 200 and second.json()["content"][0]["text"] == \
         f"applied {action_id}", second.text
     assert [r["id"] for r in runs(pa.client, s)] == [action_id]
+    producer, _ = tokens.create(t, "producer")
+    refused = http.post(f"/v1/sessions/{s}/actions", headers=server.as_(producer),
+                        json={"tool": "shell", "label": "ls", "apply": "t.ok"})
+    assert refused.status_code == 403 and refused.json()["rule"] == "no-rm", refused.text
+    assert refused.json()["reason"] == "no shell"
     with pytest.raises(Denied):
         pa.stage(session=s, tool="shell", label="ls", apply="t.ok", tenant=t)
     deadline = time.monotonic() + 20
@@ -87,7 +92,7 @@ def test_approver_tokens_are_counted_as_approvals(server: Server, pa: PendingAct
         found = {(m.group(1), m.group(2)): float(m.group(3)) for m in re.finditer(
             r'pending_actions_policy_total\{event="(\w+)",rule="([\w-]+)",tenant="[^"]+"\} '
             r"(\S+)", text)}
-        if found.get(("denied", "no-rm")) == 1 and found.get(("approved", "two")) == 1:
+        if found.get(("denied", "no-rm")) == 2 and found.get(("approved", "two")) == 1:
             break
         assert time.monotonic() < deadline, text
         time.sleep(0.2)
