@@ -311,6 +311,18 @@ class BeatArgs(NamedTuple):
     info: bytes
 
 
+class RegisterKeys(NamedTuple):
+    pools: str
+    live: str
+
+
+class RegisterArgs(NamedTuple):
+    pool: str
+    names: bytes
+    member: str
+    ttl_ms: int
+
+
 class Signature(NamedTuple):
     keys: type[NamedTuple]
     args: type[NamedTuple]
@@ -341,4 +353,5 @@ SIGNATURES: dict[str, Signature] = {
                          args_tail="sessions_at"),
     "upgrade_stack": Signature(UpgradeStackKeys, NoArgs),
     "beat": Signature(BeatKeys, BeatArgs),
+    "register": Signature(RegisterKeys, RegisterArgs),
 }

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal, TypeVar
 
+import orjson
 import redis
 import redis.asyncio
 
@@ -349,6 +350,16 @@ class Scripts:
         """The session's stack, if still the older list, into the zset (head first)."""
         return self._call("upgrade_stack", arg.UpgradeStackKeys(stack=self._k.stack(session)),
                           arg.NoArgs(), int)
+
+    def register(self, *, pool: str, names: list[str], instance: str,
+                 ttl_ms: int) -> Call[int]:
+        """Keep ``instance``, a worker process of ``pool`` (its handler ``names``), live for
+        ``ttl_ms`` (``broker/pools.py``)."""
+        k = self._k
+        return self._call(
+            "register", arg.RegisterKeys(pools=k.pools, live=k.pool_live),
+            arg.RegisterArgs(pool=pool, names=orjson.dumps(sorted(names)),
+                             member=f"{pool}/{instance}", ttl_ms=ttl_ms), int)
 
     def beat(self, proc: str, *, loop: str, every_ms: int, ttl_ms: int,
              info: bytes) -> Call[int]:

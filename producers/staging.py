@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker.errors import Forbidden, InvalidInput, UnknownHandler
+from pending_actions.broker.errors import Forbidden, InvalidInput, RedisFull, UnknownHandler
 from pending_actions.broker.events import Event
 from pending_actions.broker.failures import translate
 from pending_actions.broker.keys import Keys
@@ -28,7 +28,7 @@ from pending_actions.broker.models import (
     spec_json,
 )
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
-from pending_actions.broker.pools import Live, parse_live, queue_live
+from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
 from pending_actions.broker.replies import Staged
 from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
 from pending_actions.broker.settings import Settings
@@ -184,9 +184,14 @@ class Staging:
             raise translate(failed[0]) from failed[0]
         if reread:
             self._live, self._live_at = parse_live(live), time.monotonic()
-        for field, name in pairs:
-            if not self._live.has(name):
-                raise UnknownHandler(field, name)
+        missing = next(((f, n) for f, n in pairs if not self._live.has(n)), None)
+        if missing is not None:
+            # workers that dropped out while Redis refused writes: say that Redis is full
+            [check] = yield Batch(functools.partial(queue_write_check, keys=k),
+                                  raise_on_error=False)
+            if isinstance(check, Exception) and isinstance(translate(check), RedisFull):
+                raise translate(check) from check
+            raise UnknownHandler(*missing)
         for (session, tenant), owner in zip(owners, tenants, strict=True):
             if isinstance(owner, bytes) and owner and owner.decode() != tenant:
                 raise _foreign(session)

@@ -98,8 +98,9 @@ class Registration(dramatiq.Middleware):
             log.warning("could not announce shutdown; Redis is unavailable")
 
     def _publish(self) -> None:
-        pools.heartbeat(ctx.client, ctx.keys, self.pool, self.names, self.instance,
-                        ctx.settings.pool_ttl_ms)
+        # register.lua runs while Redis is full (allow-oom): a pool must never look gone then
+        ctx.scripts.register(pool=self.pool, names=self.names, instance=self.instance,
+                             ttl_ms=ctx.settings.pool_ttl_ms).run()
         if self.first:
             announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.READY, pool=self.pool,
                      handlers=",".join(self.names))

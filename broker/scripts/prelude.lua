@@ -28,9 +28,10 @@ end
 
 -- Redis keeps what a script wrote before an error stopped it, so a script reads and checks
 -- everything before its first write, and stops with POISON (nothing changed) on a record that
--- does not parse: the caller parks it (park.lua) and carries on
+-- does not parse: the caller parks it (park.lua) and carries on. A string (level 0: no
+-- position), which failure() passes on as the reply's text
 local function poison(what, key, field)
-  error({err = 'POISON ' .. what .. ' ' .. key .. ' ' .. (field or '')})
+  error('POISON ' .. what .. ' ' .. key .. ' ' .. (field or ''), 0)
 end
 
 -- redis.call on one key, stopping with POISON (naming the key) when it holds another type.
@@ -43,7 +44,7 @@ local function call_on(cmd, key, ...)
     if string.find(reply.err, 'WRONGTYPE', 1, true) then
       poison('type', key, redis.call('TYPE', key).ok)
     end
-    error(reply)
+    error(reply.err, 0)
   end
   return reply
 end
@@ -132,4 +133,16 @@ local function end_expired(actions, state, expiries, member, expired, hist, maxl
   redis.call('ZADD', expired, now, id)
   redis.call('ZREMRANGEBYSCORE', expired, '-inf', now - tonumber(memory_ms))
   history(hist, maxlen, EVENT.EXPIRED, 'id', id, 'expires_at', at)
+end
+
+-- the error reply of an error raised in a script (by Lua, by a redis.call, by poison()),
+-- starting with its code (POISON, OOM, WRONGTYPE, ERR for Lua's own): broker/lua.py runs every
+-- script inside pcall and returns this, so the caller reads the same reply from Redis 6.2 and
+-- 7 (6.2's own handler fails on an error raised as a table, "attempt to concatenate", and puts
+-- where a command failed before its text: "@user_script: 3: -OOM ...\r\n")
+local function failure(raised)
+  local text = type(raised) == 'table' and raised.err or tostring(raised)
+  text = string.gsub(string.gsub(text, '^@user_script: %d+: %-', ''), '%s+$', '')
+  if not string.find(text, '^%u[%u_]* ') then text = 'ERR ' .. text end
+  return redis.error_reply(text)
 end
