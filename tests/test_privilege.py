@@ -20,9 +20,9 @@ from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions_harness.supervise import WorkerProcess
 from tests.support.faults import FAST, K, cluster
+from tests.support.load import wait_healthy
 from tests.support.procs import TEST_ENV, worker_env
 from tests.support.replies import byte_list
-from tests.test_hardening import wait_healthy
 
 
 def cli(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
