@@ -12,8 +12,10 @@ renewal, registration, the webhook feed) goes round through ``Loop.run``, which
 - beats: after each round that went through, at most every third of its interval, it writes
   its beat to Redis (beat.lua, server time), which ``pending-actions health`` checks.
 
-A ``Pulse`` per process keeps its beats alive; a killed process's beats expire with it, so
-health looks only at live processes."""
+A ``Pulse`` per process keeps its beats alive. A process that stops cleanly says so
+(``Beats.stopped``): gone at once. One killed or hung stops pulsing: ``health`` reports it as
+stopped (unhealthy) until its beats expire, ``PROC_TTL_MS`` after its last one, unless its
+supervisor has started its successor."""
 
 from __future__ import annotations
 
@@ -37,8 +39,10 @@ from pending_actions.broker.failures import translate
 log = logging.getLogger("pending_actions.loops")
 
 EXIT_LOOP_DIED = 3  # a loop met an error it cannot handle; restart the process
-PULSE_S = 1.0  # a process whose pulse is 3 s late is gone; health skips it
-PROC_TTL_MS = 10_000  # a process that stopped pulsing this long ago is gone
+PULSE_S = 1.0  # a process whose pulse is 3 s late has stopped: health says so
+# a process that stopped pulsing without saying it stops (killed, hung) is reported by health
+# as stopped, unhealthy, until its beats expire this long after its last one; then it is gone
+PROC_TTL_MS = 60_000
 # a loop that has found no free connection in its pool this long ends its process: by then the
 # process's pool has dropped out of the live ones (POOL_TTL_MS, 10 s by default)
 EXHAUSTED_GIVE_UP_S = 15.0
@@ -75,13 +79,18 @@ def is_outage(exc: BaseException) -> bool:
 class Beats:
     """This process's beats: who it is, and the client and scripts to write them with."""
 
-    def __init__(self, ctx: Any, proc: str, role: str) -> None:
+    def __init__(self, ctx: Any, proc: str, role: str, supervisor: str = "") -> None:
+        """``supervisor``: the process that restarts this one when it dies (``worker`` for
+        its dramatiq processes), whose live successor of it makes its death no longer news."""
         self.ctx = ctx
         self.proc = proc
         self.info = orjson.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                  "role": role})
+                                  "role": role, "supervisor": supervisor})
         self.last: dict[str, float] = {}
         self.lock = threading.Lock()
+        # held while a beat is written: once ``stopped`` holds it, no beat brings them back
+        self.writing = threading.Lock()
+        self.closed = False
 
     def beat(self, loop: str, every_s: float, force: bool = False) -> None:
         """Write ``loop``'s beat unless it wrote one less than a third of its interval ago.
@@ -92,12 +101,29 @@ class Beats:
                 return
             self.last[loop] = now
         try:
-            self.ctx.scripts.beat(self.proc, loop=loop, every_ms=int(every_s * 1000),
-                                  ttl_ms=PROC_TTL_MS, info=self.info).run()
+            with self.writing:
+                if not self.closed:
+                    self.ctx.scripts.beat(self.proc, loop=loop, every_ms=int(every_s * 1000),
+                                          ttl_ms=PROC_TTL_MS, info=self.info).run()
         except Exception as exc:  # a beat must never stop its loop
             log.debug("beat of %s not written: %s", loop, exc)
             with self.lock:
                 self.last.pop(loop, None)
+
+    def stopped(self) -> None:
+        """This process stops cleanly: its beats go, and no loop still winding down writes
+        them again, so that ``health`` counts it gone, not stopped. (Redis away: it shows as
+        stopped until its beats expire.)"""
+        keys = self.ctx.keys
+        with self.writing:
+            self.closed = True
+        try:
+            pipe = self.ctx.client.pipeline(transaction=False)
+            pipe.delete(keys.beats(self.proc))
+            pipe.zrem(keys.beat_procs, self.proc)
+            pipe.execute()
+        except Exception as exc:
+            log.warning("could not say that %s stops: %s", self.proc, exc)
 
 
 class Loop:

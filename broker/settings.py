@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     policy_check_s: float = Field(
         default=30.0, gt=0,
         description="how often a resolve worker checks Redis's eviction policy again")
+    supervisor: str | None = Field(
+        default=None,
+        description="set by `worker` and `up` for the dramatiq processes they start: their "
+                    "name, whose restart of one that died `health` counts as its successor")
     worker_processes: int = Field(default=1, ge=1)
     worker_threads: int = Field(default=8, ge=1)
     block_ms: int = Field(default=5_000, ge=10, le=10_000,

@@ -5,18 +5,31 @@ gone, and ``health`` reports a process whose pulse stopped as unhealthy, not as 
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import redis
 
 from pending_actions.broker.errors import RedisFull
+from pending_actions.broker.loops import PROC_TTL_MS
 from pending_actions.broker.pools import read_live
-from pending_actions.procs import StreamWatch
+from pending_actions.procs import ROOT, StreamWatch
 from tests.support.faults import FAST, K, cluster
-from tests.support.load import Load, others_resolve, redis_ms, still_healthy
-from tests.support.procs import Worker
+from tests.support.load import (
+    Load,
+    health,
+    others_resolve,
+    redis_ms,
+    still_healthy,
+    wait_healthy,
+)
+from tests.support.procs import Worker, worker_env
 
 
 def live_until(rc: redis.Redis) -> dict[str, float]:
@@ -78,6 +91,8 @@ def test_a_process_left_without_connections_ends_and_is_restarted(tmp_path: Path
             assert again != first and again in worker.tree() and first not in worker.tree()
             others_resolve(pa, rc, within=20)
             assert read_live(rc, K).has("t.starve")
+            # it never said it stops, but its supervisor restarted it: no longer news
+            wait_healthy(server.url)
         finally:
             watch.close()
             worker.kill()
@@ -112,3 +127,57 @@ def test_full_for_longer_than_a_registration_lasts(tmp_path: Path) -> None:
         done = pa.resolve(session="after", action="apply", reason="r", timeout=20)
         assert not done.is_error and done.details["label"] == "L", done.text
         assert pa.history("after")[0]["id"] == staged
+
+
+def rows_of(url: str, pid: int) -> list[dict[str, Any]]:
+    """``health``'s rows of the process ``pid`` (its name holds its pid)."""
+    got = health(url)
+    return [r for r in orjson.loads(got.stdout)["loops"] if r["process"].split(":")[1] == str(pid)]
+
+
+def test_health_reports_a_process_whose_pulse_stopped_as_stopped(tmp_path: Path) -> None:
+    """Of two workers, one hangs (SIGSTOP): ``health`` exits 1 and lists it STOPPED, not
+    gone; it comes back (SIGCONT) and health is 0 again. Then it is SIGKILLed: stopped, and
+    its beats kept for PROC_TTL_MS only, after which it is gone."""
+    with cluster(tmp_path, workers=2) as (server, workers, _pa):
+        rc = redis.Redis.from_url(server.url)
+        wait_healthy(server.url)
+        doomed = workers[1]
+        os.kill(doomed.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 20
+            while health(server.url).returncode == 0:  # a CLI: polled, no event to await
+                assert time.monotonic() < deadline, "health never saw the hung process"
+                time.sleep(0.5)
+            text = subprocess.run([sys.executable, "-m", "pending_actions", "health"],
+                                  env=worker_env(server.url), cwd=ROOT, capture_output=True,
+                                  text=True, timeout=60)
+            assert text.returncode == 1 and "STOPPED" in text.stdout, text.stdout
+            stopped = rows_of(server.url, doomed.pid)
+            assert stopped and all(r["state"] == "stopped" and not r["ok"] for r in stopped)
+            assert all(r["state"] == "live" for r in rows_of(server.url, workers[0].pid))
+        finally:
+            os.kill(doomed.pid, signal.SIGCONT)
+        wait_healthy(server.url)
+        os.kill(doomed.pid, signal.SIGKILL)
+        [name] = {r["process"] for r in rows_of(server.url, doomed.pid)}
+        deadline = time.monotonic() + 20
+        while rows_of(server.url, doomed.pid)[0]["state"] != "stopped":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert health(server.url).returncode == 1
+        assert 0 < rc.pttl(K.beats(name)) <= PROC_TTL_MS
+
+
+def test_health_counts_a_cleanly_stopped_worker_as_gone(tmp_path: Path) -> None:
+    """SIGTERM (a service manager's stop): the worker and its dramatiq processes say they
+    stop; ``health`` lists none of them and, another worker live, exits 0."""
+    with cluster(tmp_path, workers=2) as (server, workers, _pa):
+        wait_healthy(server.url)
+        stopping = workers[1]
+        tree = stopping.tree()
+        assert stopping.stop(30) == 0
+        got = health(server.url)
+        assert got.returncode == 0, got.stdout + got.stderr
+        shown = {int(r["process"].split(":")[1]) for r in orjson.loads(got.stdout)["loops"]}
+        assert shown and not shown & set(tree)

@@ -93,9 +93,9 @@ class Registration(dramatiq.Middleware):
         try:
             pools.leave(ctx.client, ctx.keys, self.pool, self.instance)
             announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.STOPPING)
-            ctx.client.delete(ctx.keys.beats(beats.proc))  # gone: not a dead loop
         except redis.RedisError:
             log.warning("could not announce shutdown; Redis is unavailable")
+        beats.stopped()  # gone, not a process that stopped beating
 
     def _publish(self) -> None:
         # register.lua runs while Redis is full (allow-oom): a pool must never look gone then
@@ -126,7 +126,8 @@ def serve_pool(broker: Any, pool: str) -> None:
         broker.declare_queue(pool_queue(base, pool))
 
 
-beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq")
+beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq",
+              ctx.settings.supervisor or "")
 early_claims = EarlyClaims(ctx)
 broker = task_broker(ctx)
 broker.add_middleware(Registration())
