@@ -103,6 +103,7 @@ class TakeKeys(NamedTuple):
     expiries: str
     expired: str
     requests: str
+    dead: str
 
 
 class TakeArgs(NamedTuple):
@@ -197,7 +198,7 @@ class BeginArgs(NamedTuple):
 
 
 class LeaseKeys(NamedTuple):
-    """renew's and unclaim's."""
+    """renew's, unclaim's and sweep's."""
 
     inflight: str
     leases: str
@@ -245,6 +246,7 @@ class ReaddKeys(NamedTuple):
     hist: str
     replies: str
     leases: str
+    dead: str
 
 
 class ReaddArgs(NamedTuple):
@@ -323,6 +325,10 @@ class RegisterArgs(NamedTuple):
     ttl_ms: int
 
 
+class SweepArgs(NamedTuple):
+    session: str
+
+
 class Signature(NamedTuple):
     keys: type[NamedTuple]
     args: type[NamedTuple]
@@ -354,4 +360,5 @@ SIGNATURES: dict[str, Signature] = {
     "upgrade_stack": Signature(UpgradeStackKeys, NoArgs),
     "beat": Signature(BeatKeys, BeatArgs),
     "register": Signature(RegisterKeys, RegisterArgs),
+    "sweep": Signature(LeaseKeys, SweepArgs),
 }

@@ -23,7 +23,7 @@ from pending_actions.broker.replies import (
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
     "recover", "pending", "peek", "expire", "beat", "park", "retire", "feed", "upgrade",
-    "upgrade_stack", "mark_expiries", "register",
+    "upgrade_stack", "mark_expiries", "register", "sweep",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -40,6 +40,7 @@ FLAGS: dict[str, str] = {
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
     "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom", "upgrade": "",
     "upgrade_stack": "", "mark_expiries": "allow-oom", "register": "allow-oom",
+    "sweep": "allow-oom",
 }
 # the enums a script may name (e.g. EVENT.TAKEN), each name written into the text Redis runs
 # as its value: a table built at every call cost ~3.5 us of a take's ~90 us in Redis

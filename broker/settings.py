@@ -53,6 +53,10 @@ class Settings(BaseSettings):
         description="how long a finished session's history and tenant claim are kept")
     housekeeping_s: float = Field(default=10.0, gt=0,
                                   description="how often a page of sessions is retired")
+    sweep_s: float = Field(
+        default=600.0, gt=0,
+        description="how long one pass of the slow sweep of in-flight state takes: a lease "
+                    "whose index entry was lost is recovered within about this (and its lease)")
     expired_memory_s: int = Field(
         default=86_400, ge=1,
         description="how long a resolve(expect_id=) of an expired action is told it expired")

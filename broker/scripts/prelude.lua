@@ -100,9 +100,19 @@ local function check_types(expected)
   end
 end
 
--- an action's counters {attempts, stalls, last_error}, decoded (POISON when they do not parse)
+-- an action's counters {attempts, stalls, last_error}, decoded, and their raw text (nil when
+-- the state hash has none: NEW_STATE); POISON when they do not parse as counters (numbers, and
+-- a string or nothing as the error), as Python reads them
 local function counters(state_key, id)
-  return json_field('state', state_key, id) or cjson.decode(NEW_STATE)
+  local st, raw = json_field('state', state_key, id)
+  if not st then return cjson.decode(NEW_STATE), nil end
+  for _, n in ipairs({'attempts', 'stalls'}) do
+    if st[n] ~= nil and type(st[n]) ~= 'number' then poison('state', state_key, id) end
+  end
+  if st.last_error ~= nil and st.last_error ~= cjson.null and type(st.last_error) ~= 'string' then
+    poison('state', state_key, id)
+  end
+  return st, raw
 end
 
 -- the counters of a leased attempt, as its claim answers them: take keeps an action's counters
@@ -112,6 +122,14 @@ local function lease_counters(state_key, lease)
   local st = lease.counted == false and cjson.decode(NEW_STATE) or counters(state_key, lease.id)
   st.attempts = lease.attempt
   return st
+end
+
+-- dead-letter an action whose spec is missing (deleted by hand, lost by a Redis that lost
+-- writes): its id, on a stack or in a lease, is all that is left of it. Nothing can run; the
+-- dead letters and the history say what became of it, so that no action vanishes unseen
+local function spec_missing(dead, hist, maxlen, id, now)
+  redis.call('LPUSH', dead, cjson.encode({id = id, reason = 'spec missing', at = now}))
+  history(hist, maxlen, EVENT.DEAD_LETTERED, 'id', id, 'reason', 'spec missing')
 end
 
 -- whether an action staged with a ttl is past it at server time ``now`` (ms): from that moment
