@@ -18,12 +18,12 @@ from redis.retry import Retry
 
 from pending_actions.broker.connection import (
     Batch,
-    PoolExhausted,
     own_connection,
     pipeline,
     slot_master,
     worker_client,
 )
+from pending_actions.broker.pooling import PoolExhausted
 from pending_actions.embedded import EmbeddedRedis
 from tests.conftest import Deployment
 
