@@ -31,6 +31,7 @@ from redis.exceptions import (
     TimeoutError,
     TryAgainError,
 )
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
 from pending_actions.broker.errors import ConfigError
@@ -59,6 +60,7 @@ TRANSIENT: tuple[type[Exception], ...] = (
 # A reply slower than this means a dead connection. Every blocking command we send blocks for
 # less (BLOCK_CHUNK_S, block_ms), so it never trips this; redis-py 8 defaults to 5 s otherwise.
 SOCKET_TIMEOUT_S = 15.0
+NO_MAINT_NOTIFICATIONS = MaintNotificationsConfig(enabled=False)
 BLOCK_CHUNK_S = 5.0
 
 
@@ -87,8 +89,13 @@ def _made_from(url: str) -> Iterator[None]:
 
 
 def _given(defaults: dict[str, Any], url: UrlOptions) -> dict[str, Any]:
-    # the URL's own options win over ours, as in redis-py's from_url
-    return {**defaults, **url.options}
+    # the URL's own options win over ours, as in redis-py's from_url. Neither CLIENT SETINFO
+    # nor CLIENT MAINT_NOTIFICATIONS on connect (redis-py 8 sends both, and goes on when they
+    # fail): a least-privilege user may not send them (Redis 7.0 knows neither subcommand for
+    # `pending-actions acl` to allow), and Redis 6.2 and 7.2+ would log each connection's
+    # refusal in ACL LOG, where real refusals must stand out
+    return {"driver_info": None, "maint_notifications_config": NO_MAINT_NOTIFICATIONS,
+            **defaults, **url.options}
 
 
 def blocking_client(url: str, **options: Any) -> redis.Redis:

@@ -248,14 +248,33 @@ class Keys:
         those are the sessions the partitions' sessions hashes give it."""
         return f"{self.prefix}:tenant:{tenant}:sessions"
 
+    # --- auth: a prefix of its own, ``<prefix>-auth``, which the ``<prefix>:*`` key pattern of
+    # the producer and worker Redis users does not match (``pending-actions acl``): only serve
+    # and the user that runs ``pending-actions token`` reach it. KEY_PREFIX never ends in
+    # "-auth", so one deployment's auth keys are never another's ordinary ones
+    @property
+    def auth_prefix(self) -> str:
+        return f"{self.prefix}-auth"
+
     @property
     def tokens(self) -> str:
         """HASH sha256(token) -> JSON {name, tenant, role, created_at}: never the token itself."""
-        return f"{self.prefix}:{{tokens}}:by-hash"
+        return f"{self.auth_prefix}:{{tokens}}:by-hash"
 
     @property
     def token_names(self) -> str:
         """HASH token name -> sha256(token), for revocation by name."""
+        return f"{self.auth_prefix}:{{tokens}}:by-name"
+
+    @property
+    def legacy_tokens(self) -> str:
+        """``tokens`` where versions before the auth prefix kept it, under the prefix every
+        role's user reaches; moved once to ``tokens`` (serve/auth.py)."""
+        return f"{self.prefix}:{{tokens}}:by-hash"
+
+    @property
+    def legacy_token_names(self) -> str:
+        """``token_names`` where versions before the auth prefix kept it; moved the same way."""
         return f"{self.prefix}:{{tokens}}:by-name"
 
     @property
@@ -289,10 +308,9 @@ class Keys:
 
     @property
     def housekeeping(self) -> str:
-        """HASH: where the pass over the sessions stands (workers/retention.py): "turn" -> the
-        index of the next sessions hash or set to page, and each one's key -> "<scan cursor>
-        <its size when its pass began>", a gone tenant's set's entry dropped. Lost or garbled: the
-        passes start again."""
+        """HASH: where the pass over each sessions hash and set stands (workers/retention.py):
+        its key -> "<began, Redis ms> <its size then> <scan cursor> <members looked at> <done:
+        0|1>", a gone tenant's set's entry dropped. Lost or garbled: that pass starts again."""
         return f"{self.prefix}:housekeeping"
 
     @property

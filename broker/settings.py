@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -17,7 +17,8 @@ class Settings(BaseSettings):
         default=None,
         description="Broker for handler tasks: redis:// (default: redis_url) or amqp://.",
     )
-    key_prefix: str = Field(default="pa", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    key_prefix: str = Field(default="pa", pattern=r"^[A-Za-z0-9_.-]{1,32}$",
+                            description="prefix of every key; never ending in -auth")
     queue: str = Field(default="pending-actions", description="dramatiq queue of handler runs")
     partitions: int = Field(
         default=16, ge=1, le=1024,
@@ -90,6 +91,26 @@ class Settings(BaseSettings):
     webhook_min_backoff_ms: int = Field(default=1_000, ge=10,
                                         description="first retry delay; doubles each retry")
     webhook_timeout_s: float = Field(default=5.0, gt=0, description="one delivery's timeout")
+
+    mcp_upstreams: dict[str, str] = Field(
+        default={},
+        description="the MCP servers an operator allows behind `mcp-proxy` and in workers: a "
+                    "JSON object, name -> 'COMMAND ARGS' (`--mcp-upstream NAME=...` adds to it)")
+    mcp_call_timeout_s: float = Field(
+        default=60.0, gt=0, description="longest wait for one tool call of an upstream MCP server")
+    mcp_start_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="longest wait for an upstream MCP server to start and answer `initialize`")
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _not_an_auth_prefix(cls, value: str) -> str:
+        # a deployment's auth keys are "<prefix>-auth:...", outside the "<prefix>:*" pattern
+        # of its producer and worker users: a prefix "x-auth" would give its users the auth
+        # keys of a deployment "x" on the same Redis
+        if value.endswith("-auth"):
+            raise ValueError("must not end in -auth (the auth keys' prefix is KEY_PREFIX-auth)")
+        return value
 
     def require_url(self) -> str:
         from pending_actions.broker.errors import ConfigError

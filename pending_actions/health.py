@@ -1,9 +1,8 @@
-"""``pending-actions health`` (is every loop of every live worker going round?) and
-``pending-actions acl`` (the Redis ACL rules of a least-privilege user per role)."""
+"""``pending-actions health``: is every loop of every live worker going round? (``pending-actions
+acl`` is in ``acl.py``.)"""
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Any
 
@@ -11,52 +10,6 @@ import click
 import orjson
 
 from pending_actions.broker.errors import PendingActionsError
-
-
-def script_commands() -> set[str]:
-    """Every command a script runs inside Redis (ACL checks each against the caller's user),
-    read from the scripts themselves so the rules cannot fall behind them."""
-    from pending_actions.broker.scripts import NAMES, source
-
-    found = {m.lower() for name in NAMES
-             for m in re.findall(r"(?:redis\.p?call|call_on)\('([A-Za-z]+)'", source(name))}
-    return found | {"eval", "evalsha", "script|load", "script|exists"}
-
-
-CONNECTION = ("ping", "hello", "client|setname", "select", "multi", "exec",
-              "discard")
-# producers, and the operator's views (ls --all, dead --all, stats, top, health)
-PRODUCER = ("incr", "incrby", "hmget", "sadd", "hsetnx", "blpop", "xrevrange", "xrange",
-            "scard", "sscan", "smembers", "hscan", "xlen", "zcard", "zcount", "zrange",
-            "zrangebyscore", "hgetall", "hvals", "hlen", "hkeys", "llen", "lrange",
-            "xinfo|consumers", "xinfo|groups", "xinfo|stream")
-WORKER = (*PRODUCER, "xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "zrem", "mget",
-          "srem", "scan", "info", "unlink", "xread")
-SERVE = (*PRODUCER, "xread", "unlink", "scan")  # tokens: the scripts' hset/hdel/hsetnx
-ROLES: dict[str, tuple[str, ...]] = {"producer": PRODUCER, "worker": WORKER, "serve": SERVE}
-
-
-def acl_rules(role: str, prefix: str = "pa", password: str = "<password>") -> list[str]:
-    """The rules, in order: no command but those named, no key outside the prefix, no pub/sub.
-    Deliberately absent: FLUSH*, KEYS, CONFIG, DEBUG, CLIENT KILL, MONITOR, SHUTDOWN and every
-    other @dangerous command but INFO (workers read the run id and the eviction policy)."""
-    commands = sorted({*script_commands(), *CONNECTION, *ROLES[role]})
-    return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "resetchannels", "-@all",
-            *(f"+{c}" for c in commands)]
-
-
-@click.command()
-@click.option("--role", type=click.Choice(sorted(ROLES)), required=True)
-@click.option("--user", help="User name [default: pa-ROLE].")
-@click.option("--password", default="<password>", show_default=True)
-@click.pass_obj
-def acl(obj: Any, role: str, user: str | None, password: str) -> None:
-    """Print the Redis ACL SETUSER command for a least-privilege user of ROLE: a producer
-    (an agent runtime staging and resolving), a worker (`pending-actions worker`), or serve
-    (the HTTP API). Only the key prefix and the commands that role sends."""
-    name = user or f"pa-{role}"
-    rules = acl_rules(role, obj.settings().key_prefix, password)
-    obj.out({"user": name, "rules": rules}, f"ACL SETUSER {name} " + " ".join(rules))
 
 
 def beats(pa: Any) -> tuple[int, list[dict[str, Any]]]:

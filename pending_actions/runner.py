@@ -36,7 +36,8 @@ log = logging.getLogger("pending_actions")
 def dramatiq_command(modules: list[str], settings: Settings, shutdown_ms: int) -> list[str]:
     return [
         sys.executable, "-m", "dramatiq", "pending_actions.workers.actors",
-        *(["pending_actions.webhooks.delivery"] if settings.webhook_urls else []), *modules,
+        *(["pending_actions.webhooks.delivery"] if settings.webhook_urls else []),
+        *(["pending_actions.mcp.worker"] if settings.mcp_upstreams else []), *modules,
         "--processes", str(settings.worker_processes),
         "--threads", str(settings.worker_threads),
         "--worker-shutdown-timeout", str(shutdown_ms),
@@ -86,11 +87,37 @@ def check_handler_modules(settings: Settings, modules: list[str]) -> None:
     raise ConfigError(f"cannot import handler module {name!r}: {first}")
 
 
+def check_mcp_upstreams(settings: Settings) -> None:
+    """Each MCP upstream starts and lists its tools, or ConfigError naming it and why: before
+    anything starts, so that a command that does not run is one line, not a failed apply."""
+    if not settings.mcp_upstreams:
+        return
+    try:
+        import anyio
+
+        from pending_actions.mcp.client import UpstreamError, probe, quiet_sdk_logs
+    except ImportError as exc:
+        raise ConfigError(f"--mcp-upstream needs the 'mcp' extra ({exc.name} is missing): "
+                          "pip install 'pending-actions[mcp]'") from None
+    from pending_actions.mcp.upstreams import configured
+
+    quiet_sdk_logs()
+    for up in configured(settings).values():
+        try:
+            tools = anyio.run(probe, up, settings.mcp_start_timeout_s,
+                              settings.mcp_call_timeout_s)
+        except UpstreamError as exc:
+            raise ConfigError(str(exc)) from None
+        log.info("MCP upstream %s: %d tools, applied by handler %s", up.name, len(tools),
+                 up.handler)
+
+
 def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | None = None,
         shutdown_s: float = 30.0) -> int:
     # what can be refused before anything starts (and before "running" is said)
     parse_urls(settings.webhook_urls)
     check_handler_modules(settings, modules)
+    check_mcp_upstreams(settings)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -120,6 +147,8 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
     env = {**os.environ, "PENDING_ACTIONS_REDIS_URL": settings.require_url()}
     if settings.dramatiq_url:
         env["PENDING_ACTIONS_DRAMATIQ_URL"] = settings.dramatiq_url
+    if settings.mcp_upstreams:  # with the --mcp-upstream options (pending_actions.mcp.worker)
+        env["PENDING_ACTIONS_MCP_UPSTREAMS"] = orjson.dumps(settings.mcp_upstreams).decode()
     command = dramatiq_command(modules, settings, int(shutdown_s * 1000))
     name = ResolveWorker.new_name()
     # the dramatiq processes name this one as the process that restarts them (health)

@@ -1,28 +1,52 @@
 """Least privilege and clear errors: the service runs as the ACL users `pending-actions acl`
-prints; a wrong password, a wrong database, a bad URL or a server that is not Redis is one
-line and a non-zero exit, never a traceback; what finished sessions leave expires."""
+prints, each role's work goes through as its user with nothing refused, on Redis 7 and 6.2,
+and what a role may not do (a producer or a worker minting a token, reading the auth keys) is
+refused with Redis unchanged; a wrong password, a wrong database, a bad URL or a server that is
+not Redis is one line and a non-zero exit, never a traceback; what finished sessions leave
+expires."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 import redis
+from pydantic import ValidationError
 
+from pending_actions.acl import PRODUCER_SCRIPTS, SCRIPTS, WORKER_SCRIPTS
 from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
+from pending_actions.broker.lua import NAMES
+from pending_actions.broker.settings import Settings
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
+from pending_actions.serve.auth import Tokens
 from pending_actions_harness.supervise import WorkerProcess
+from tests.serve.conftest import Server
+from tests.serve.test_webhooks import SECRET, Receiver
 from tests.support.faults import FAST, K, cluster
 from tests.support.load import wait_healthy
 from tests.support.procs import TEST_ENV, worker_env
 from tests.support.replies import byte_list
+from tests.support.roles import (
+    VERSIONS,
+    mcp_work,
+    producer_work,
+    redis_of,
+    refusals,
+    serve_work,
+    users,
+)
+from tests.support.unchanged import redis_unchanged
 
 
 def cli(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -180,3 +204,193 @@ def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
         feed = int(rc.memory_usage(K.events) or 0) / 100  # 2 entries per action, capped
         print(f"after retention, per finished session: {len(left) / 50:.0f} keys, {per:.0f} B "
               f"(until reply_ttl_s), 0 B after; the capped event feed {feed:.0f} B per action")
+
+
+# --- roles: what each Redis user may do, on Redis 7 and 6.2 ----------------------------------
+@pytest.fixture(params=VERSIONS, ids=lambda v: f"redis{v}")
+def any_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    yield from redis_of(request.param, tmp_path / "redis")
+
+
+def called_scripts(*paths: Path) -> set[str]:
+    """The scripts the code under ``paths`` calls (``scripts.NAME(``)."""
+    files = [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*.py")))]
+    return {m for f in files for m in re.findall(r"scripts\.(\w+)\(", f.read_text())} & set(NAMES)
+
+
+def test_each_role_runs_the_scripts_its_code_calls() -> None:
+    """The scripts of each role's rules are those its code calls: a script added to the
+    producers' code, or moved to the workers', changes what `acl` grants, or this fails."""
+    assert called_scripts(ROOT / "producers") == set(PRODUCER_SCRIPTS)
+    assert called_scripts(ROOT / "workers", ROOT / "broker" / "loops.py") == set(WORKER_SCRIPTS)
+    assert set(SCRIPTS["serve"]) == set(PRODUCER_SCRIPTS)  # serve stages with the client
+    assert set(NAMES) == set(PRODUCER_SCRIPTS) | set(WORKER_SCRIPTS)  # none without a role
+
+
+def legacy_token(rc: redis.Redis, name: str, tenant: str, role: str) -> str:
+    """A token as a version before the auth prefix stored it, under ``pa:{tokens}``."""
+    token = f"pat_{name}-of-an-older-version"
+    hashed = hashlib.sha256(token.encode()).hexdigest()
+    rc.hset(K.legacy_token_names, name, hashed)
+    rc.hset(K.legacy_tokens, hashed, orjson.dumps(
+        {"name": name, "tenant": tenant, "role": role, "created_at": 1.0}))
+    return token
+
+
+def test_each_role_does_its_work_as_its_user(any_redis: EmbeddedRedis) -> None:
+    """Every role's real work as the user `acl` prints for it, and Redis refused nothing
+    (ACL LOG, which also sees what a retrying loop would swallow): a producer stages, lists
+    and resolves every way (clients and CLI); a worker runs handlers, recovers a crashed
+    attempt, expires, retires, delivers a webhook; serve serves every route with a token the
+    auth user made, and one an older version made (serve moves it); `mcp --transport http`,
+    which checks the same tokens, runs as serve's user."""
+    rc = redis.Redis.from_url(any_redis.url)
+    url = users(rc, any_redis.url)
+    older = legacy_token(rc, "old-admin", "t1", "admin")
+    receiver = Receiver()
+    worker = WorkerProcess(url["worker"], "tests.support.handlers", {
+        **FAST, "retention_s": "2", "housekeeping_s": "0.2", "webhook_urls": f"{receiver.url}/ok",
+        "webhook_secret": SECRET, "webhook_min_backoff_ms": "50"},
+        env={**TEST_ENV, "TEST_RECORD_URL": any_redis.url}).start()
+    server: Server | None = None
+    try:
+        rc.acl_log_reset()
+        producer_work(url["producer"], rc)
+        receiver.wait_for(lambda: any(e["event"] == "applied" for _p, e in receiver.accepted))
+        deadline = time.monotonic() + 20  # p1 finished: retirement sets its history to expire
+        while rc.pttl(K.history("p1")) < 0 and rc.exists(K.history("p1")):
+            assert time.monotonic() < deadline, "p1's history was never set to expire"
+            time.sleep(0.1)
+
+        server = Server(url["serve"]).wait_ready()
+        got = server.http.get("/v1/inbox", headers=server.as_(older))  # moved by serve
+        assert got.status_code == 200, got.text
+        assert not rc.exists(K.legacy_tokens, K.legacy_token_names)
+        made = cli(url["auth"], "--json", "token", "create", "--tenant", "t1", "--role", "admin",
+                   "--name", "t1-admin")
+        assert made.returncode == 0, made.stderr
+        serve_work(server, orjson.loads(made.stdout)["token"])
+        agent = cli(url["auth"], "--json", "token", "create", "--tenant", "t1", "--role",
+                    "producer", "--name", "t1-agent")
+        mcp_work(url["serve"], orjson.loads(agent.stdout)["token"], "web")
+        listed = cli(url["auth"], "token", "ls")
+        assert "old-admin" in listed.stdout and "t1-admin" in listed.stdout, listed
+        assert cli(url["auth"], "token", "revoke", "t1-admin").returncode == 0
+        worker.check_alive()
+        assert refusals(rc) == []
+    finally:
+        if server is not None:
+            server.stop()
+        worker.kill()
+        receiver.http.shutdown()
+
+
+@pytest.mark.parametrize("role", ["producer", "worker"])
+def test_a_producer_or_a_worker_cannot_reach_auth_data(any_redis: EmbeddedRedis,
+                                                      role: str) -> None:
+    """With producer or worker credentials: `token create --role admin` fails with one line
+    and stores nothing; `token ls` and `token revoke` fail the same way; the auth keys cannot
+    be read or written, neither by a command nor by a script naming them in KEYS or in its
+    body. Redis is unchanged, the token made by the auth user still works, and ACL LOG names
+    each refused key."""
+    rc = redis.Redis.from_url(any_redis.url)
+    url = users(rc, any_redis.url)
+    made = cli(url["auth"], "--json", "token", "create", "--tenant", "t1", "--role", "approver",
+               "--name", "alice")
+    assert made.returncode == 0, made.stderr
+    token = orjson.loads(made.stdout)["token"]
+    rc.acl_log_reset()
+    client = redis.Redis.from_url(url[role])
+    with redis_unchanged(rc):
+        for args in (["token", "create", "--tenant", "t2", "--role", "admin"], ["token", "ls"],
+                     ["token", "revoke", "alice"]):
+            got = cli(url[role], *args)
+            assert got.returncode == 1, (args, got)
+            assert len(got.stderr.strip().splitlines()) == 1 and "Traceback" not in got.stderr
+            assert "permission" in got.stderr and "acl --role auth" in got.stderr, got.stderr
+        for call in (lambda: client.hget(K.tokens, "x"), lambda: client.hgetall(K.token_names),
+                     lambda: client.hset(K.tokens, "x", "{}"), lambda: client.delete(K.tokens),
+                     lambda: client.hset(K.token_names, "mallory", "x"),
+                     lambda: client.eval("return redis.call('HGETALL', KEYS[1])", 1, K.tokens)):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                call()
+        # the other ways at a key outside the pattern, or at the users themselves
+        for cmd in (("COPY", K.tokens, "pa:x"), ("RENAME", K.tokens, "pa:x"), ("DUMP", K.tokens),
+                    ("SORT", "pa:x", "BY", "nosort", "GET", "pa-auth:*"), ("KEYS", "*"),
+                    ("ACL", "LIST"), ("CONFIG", "GET", "*"), ("SCRIPT", "FLUSH"),
+                    ("CLIENT", "LIST"), ("SELECT", 1)):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.execute_command(*cmd)  # type: ignore[no-untyped-call]
+        # a script that names the key in its body only: refused inside the script; and a
+        # command the user lacks, run by a script (Redis 6.2 checks it as 7.0 does)
+        for body in (f"return redis.call('HGETALL', '{K.tokens}')",
+                     f"return redis.call('HSET', '{K.tokens}', 'x', '{{}}')",
+                     "return redis.call('FLUSHALL')", "return redis.call('KEYS', '*')"):
+            with pytest.raises(redis.exceptions.ResponseError,
+                               match=r"(?i)can't access|can't run|no perm"):
+                client.eval(body, 0)
+    keys = {obj for _u, reason, obj, _where in refusals(rc) if reason == "key"}
+    assert {K.tokens, K.token_names} <= keys, refusals(rc)
+    who = Tokens(rc, K).lookup(token)
+    assert who is not None and who.name == "alice" and len(Tokens(rc, K).all()) == 1
+
+
+def test_tokens_of_an_older_version_move_once(tmp_path: Path) -> None:
+    """The auth user's first `token` command moves the older keys' tokens in one step: each
+    keeps working; a name the auth keys already have keeps its own token, and the older one of
+    that name is dropped, as is a record no name points to; the older keys are gone, and the
+    warning says how many moved, once."""
+    for server in redis_of("7", tmp_path / "redis"):
+        rc = redis.Redis.from_url(server.url)
+        url = users(rc, server.url)
+        new = Tokens(rc, K)
+        kept, _who = new.create("t1", "approver", "bob")  # made after the upgrade
+        alice = legacy_token(rc, "alice", "t1", "admin")
+        stale_bob = legacy_token(rc, "bob", "t2", "admin")
+        rc.hset(K.legacy_tokens, "0" * 64, orjson.dumps(  # a record no name points to
+            {"name": "ghost", "tenant": "t1", "role": "admin", "created_at": 1.0}))
+        listed = cli(url["auth"], "--json", "token", "ls")
+        assert listed.returncode == 0, listed.stderr
+        assert sorted((t["name"], t["tenant"]) for t in orjson.loads(listed.stdout)) == [
+            ("alice", "t1"), ("bob", "t1")]
+        assert "moved 1 token(s)" in listed.stderr and "dropped 2" in listed.stderr, listed
+        assert not rc.exists(K.legacy_tokens, K.legacy_token_names)
+        fresh = Tokens(rc, K)
+        assert [fresh.lookup(t) for t in (alice, kept)] == [
+            p for p in fresh.all() if p.name in ("alice", "bob")]
+        assert fresh.lookup(stale_bob) is None
+        again = cli(url["auth"], "token", "ls")
+        assert again.returncode == 0 and "moved" not in again.stderr
+
+
+def test_select_is_granted_only_for_a_database_other_than_0(tmp_path: Path) -> None:
+    """ACL key patterns hold in every database alike: a user with SELECT reaches its prefix in
+    all of them. A producer of database 0 cannot SELECT another; one of database 3 can work
+    there (and only its rules name SELECT)."""
+    for server in redis_of("7", tmp_path / "redis"):
+        rc = redis.Redis.from_url(server.url)
+        url = users(rc, server.url)
+        redis.Redis.from_url(server.url[:-1] + "1").set("pa:theirs", "secret")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            redis.Redis.from_url(url["producer"]).execute_command(  # type: ignore[no-untyped-call]
+                "SELECT", 1)
+        db3 = server.url[:-1] + "3"
+        got = cli(db3, "--json", "acl", "--role", "producer", "--user", "pa-db3",
+                  "--password", "pw")
+        rules = orjson.loads(got.stdout)["rules"]
+        assert "+select" in rules
+        rc.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", "pa-db3", "reset", *rules)
+        pa = PendingActions.from_url(db3.replace("redis://", "redis://pa-db3:pw@"))
+        assert pa.pending("s") == []  # its script, in database 3
+        pa.close()
+
+
+def test_a_key_prefix_never_ends_in_auth() -> None:
+    """`x-auth` would give its users the auth keys of a deployment `x` on the same Redis."""
+    with pytest.raises(ValidationError, match="-auth"):
+        Settings(key_prefix="x-auth")
+    got = cli("redis://127.0.0.1:1/0", "acl", "--role", "producer",
+              PENDING_ACTIONS_KEY_PREFIX="x-auth")
+    assert got.returncode == 2 and "-auth" in got.stderr and "Traceback" not in got.stderr
+    assert Settings(key_prefix="x-authority").key_prefix == "x-authority"

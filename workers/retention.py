@@ -5,10 +5,16 @@ session with no keys left from its partition's sessions hash (its tenant claim w
 tenants' sessions sets follow. The dead streams are capped where they are written; markers and
 replies have their own ttl.
 
-The pages are paced by the retention, not by the number of sessions: one pass over every
-session takes about ``retention_s / PASSES`` (never less than one housekeeping round), so an
-idle worker beside many stored sessions sends a few commands a second, not hundreds, and a
-finished session's history is gone at most 1 + 1/``PASSES`` retentions after it finished."""
+The pages are paced by the retention, not by the number of sessions: a pass over each hash or
+set takes ``retention_s / PASSES`` (never less than one round), so an idle worker beside many
+stored sessions sends a few commands a minute, not hundreds a second. The pace is set by the
+clock, not by counting rounds: each round looks at the members of each hash or set that its
+pass should have reached by the next round, so a late round, a scan that returned fewer than
+asked or a hash that grew is caught up with at the next one, and the last round before a pass's
+end finishes it. A page of any size is looked at in steps of at most ``MAX_PAGE`` sessions, one
+short script call each, so a pass keeps its time however many sessions there are. Every session
+stored when a pass begins is looked at before it ends; one finished is looked at within two
+passes, and its history is gone ``retention_s`` after that."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -23,24 +30,60 @@ import redis
 from pending_actions.broker.context import Context
 
 log = logging.getLogger("pending_actions.resolver")
-TURN = "turn"  # the field of Keys.housekeeping with the index of the next hash or set to page
-# (that index, and each hash's or set's scan cursor and size when its pass began)
-Pass = tuple[int, dict[str, tuple[int, int]]]
+
+
+@dataclass
+class Walk:
+    """One pass over a hash or a set, as kept in ``Keys.housekeeping`` (one field each):
+    when it began (Redis ms), the size it had then, the scan cursor, how many members were
+    looked at so far, and whether the scan came round (the pass is over once its time is)."""
+
+    began: int
+    size: int
+    cursor: int = 0
+    seen: int = 0
+    done: bool = False
+
+    def encode(self) -> str:
+        return f"{self.began} {self.size} {self.cursor} {self.seen} {int(self.done)}"
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Walk:
+        """Raises ValueError for what is not one (a garbled field, an older version's)."""
+        began, size, cursor, seen, done = (int(x) for x in raw.decode().split(" "))
+        return cls(began, size, cursor, seen, bool(done))
+
+    def due(self, now_ms: int, pass_ms: int, round_ms: int) -> int | None:
+        """How many members should have been looked at by the end of a round at ``now_ms``:
+        its share of the pass by the next round, so the last round before the pass ends is
+        the one that finishes it; None: every one left (the pass ends before the next round)."""
+        ahead = now_ms - self.began + round_ms
+        if ahead >= pass_ms:
+            return None
+        return math.ceil(self.size * ahead / pass_ms)
 
 
 class Retirement:
     PASSES = 24  # passes over the sessions per retention (7 h each at the default 7 days)
-    MAX_PAGE = 200  # sessions per page, at most
+    MAX_PAGE = 200  # sessions per scan and per retire.lua call, at most
+    MIN_PAGE = 50  # sessions a hash or set waits to have due before a round pages it
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.next_at = 0.0
         self.sets: list[str] = []  # the tenants' sessions sets, found once a pass
         self.sets_at = 0.0  # when to look for them again
-        # the pass as this worker last left it: carried on alone while the shared record is
-        # of another type (an operator's doing), rather than stopping the recovery loop
-        self.own: Pass = (0, {})
+        # the passes as this worker last left them: carried on alone while the shared record
+        # is of another type (an operator's doing), rather than stopping the recovery loop
+        self.own: dict[str, Walk] = {}
         self.warned = False
+
+    @property
+    def round_s(self) -> float:
+        """The longest wait for the next round: ``housekeeping_s``, and up to a recovery loop
+        interval more (the loop calls ``step`` once an interval)."""
+        s = self.ctx.settings
+        return s.housekeeping_s + s.recovery_interval_ms / 1000
 
     @property
     def pass_s(self) -> float:
@@ -48,10 +91,9 @@ class Retirement:
         return max(s.housekeeping_s, s.retention_s / self.PASSES)
 
     def step(self) -> int:
-        """At most every ``housekeeping_s``, by one worker at a time: a page of the next
-        sessions hashes and sets in turn (one each round when a pass spans more rounds than
-        there are of them; all of them when a pass is one round). Where a pass stands is kept
-        in Redis (``Keys.housekeeping``), so whichever worker holds the round carries it on.
+        """At most every ``housekeeping_s``, by one worker at a time: for each sessions hash
+        and set, the page of it that its pass has come to. Where each pass stands is kept in
+        Redis (``Keys.housekeeping``), so whichever worker holds the round carries it on.
         Returns how many sessions were dropped."""
         s = self.ctx.settings
         now = time.monotonic()
@@ -66,38 +108,57 @@ class Retirement:
             self.sets, self.sets_at = self.tenant_sets(), now + self.pass_s
         keys = [(k.sessions(p), True) for p in range(k.partitions)] + [
             (key, False) for key in self.sets]
-        first, state = self.load()
-        first %= len(keys)
-        rounds = self.pass_s / s.housekeeping_s
-        n = min(len(keys), math.ceil(len(keys) / rounds))
-        turn = [keys[(first + i) % len(keys)] for i in range(n)]
-        state.update(self.measure([(key, hashed) for key, hashed in turn
-                                   if not state.get(key, (0, 0))[0]]))
-        # the pages each hash or set gets in a pass, whole: a pass never takes longer than planned
-        pages = max(1, int(rounds * n / len(keys)))
-        dropped = 0
-        for key, hashed in turn:
-            cursor, size = state.get(key, (0, 0))
-            if cursor or size:
-                gone, cursor = self.page(key, hashed, cursor, size, pages)
+        walks, stray = self.load()
+        clock = self.ctx.clock.now_ms()
+        pass_ms, round_ms = int(self.pass_s * 1000), int(self.round_s * 1000)
+        # a pass begins where none is going on: the last one over and its time up
+        started = self.measure(
+            [(key, hashed) for key, hashed in keys if key not in walks
+             or (walks[key].done and clock >= walks[key].began + pass_ms)], clock)
+        walks.update(started)
+        dropped, moved = 0, []
+        for key, hashed in keys:
+            walk = walks[key]
+            due = walk.due(clock, pass_ms, round_ms)
+            if walk.done or (due is not None and due - walk.seen < self.MIN_PAGE):
+                continue
+            while not walk.done and (due is None or walk.seen < due):
+                count = self.MAX_PAGE if due is None else min(self.MAX_PAGE, due - walk.seen)
+                gone, walk.cursor, looked = self.page(key, hashed, walk.cursor, count)
                 dropped += gone
-            state[key] = (cursor, size)
+                walk.seen += looked
+                walk.done = walk.cursor == 0
+            moved.append(key)
         # a tenant's set that is gone (every session of it retired) leaves the record with
-        # its entry, else the record would keep one for every tenant there ever was
-        vanished = set(state) - {key for key, _ in keys}
+        # its entry, else the record would keep one for every tenant there ever was (one this
+        # worker has not found yet, another's pass over it, stays); and so does what is no pass
+        # (an older version's fields, a garbled one)
+        vanished = self.gone(set(walks) - {key for key, _ in keys}) | (
+            stray - {key for key, _ in keys})
         for key in vanished:
-            del state[key]
-        self.own = ((first + n) % len(keys), state)
+            walks.pop(key, None)
+        self.own = walks
+        changed: dict[Any, str] = {key: walks[key].encode() for key in {*moved, *started}}
+        if not changed and not vanished:
+            return dropped
         try:
             pipe = self.ctx.client.pipeline(transaction=False)
-            pipe.hset(k.housekeeping, mapping={
-                TURN: self.own[0], **{key: f"{state[key][0]} {state[key][1]}" for key, _ in turn}})
+            if changed:
+                pipe.hset(k.housekeeping, mapping=changed)
             if vanished:
                 pipe.hdel(k.housekeeping, *vanished)
             pipe.execute()
         except redis.ResponseError as exc:
             self._unshared(exc)
         return dropped
+
+    def gone(self, keys: set[str]) -> set[str]:
+        if not keys:
+            return set()
+        pipe = self.ctx.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(key)
+        return {key for key, n in zip(keys, pipe.execute(), strict=True) if not n}
 
     def _unshared(self, exc: redis.ResponseError) -> None:
         if "WRONGTYPE" not in str(exc):
@@ -107,34 +168,29 @@ class Retirement:
             log.warning("%s is not a hash (%s): each resolve worker retires sessions at its "
                         "own pace until it is deleted", self.ctx.keys.housekeeping, exc)
 
-    def load(self) -> Pass:
-        """Where the pass stands: the next hash or set to page, and each one's cursor and size
-        when its pass began. What does not parse starts again from 0."""
+    def load(self) -> tuple[dict[str, Walk], set[str]]:
+        """Where each pass stands, and the fields of the record that are not one (they go)."""
         try:
             raw: Any = self.ctx.client.hgetall(self.ctx.keys.housekeeping)
         except redis.ResponseError as exc:
             self._unshared(exc)
-            return self.own[0], dict(self.own[1])
-        turn, state = 0, {}
+            return {key: Walk(**vars(w)) for key, w in self.own.items()}, set()
+        walks, stray = {}, set()
         for field, value in raw.items():
             try:
-                if field.decode() == TURN:
-                    turn = int(value)
-                    continue
-                cursor, size = value.decode().split(" ")
-                state[field.decode()] = (int(cursor), int(size))
+                walks[field.decode()] = Walk.decode(value)
             except ValueError:
-                continue
-        return turn, state
+                stray.add(field.decode())
+        return walks, stray
 
     def tenant_sets(self) -> list[str]:
         found: Any = self.ctx.client.scan_iter(match=self.ctx.keys.tenant_sessions("*"),
                                                count=1000, _type="set")
         return [x.decode() if isinstance(x, bytes) else x for x in found]
 
-    def measure(self, starting: list[tuple[str, bool]]) -> dict[str, tuple[int, int]]:
-        """The size of each hash and set whose pass begins now, which sets its page (and spares
-        the scan of one that is empty)."""
+    def measure(self, starting: list[tuple[str, bool]], now_ms: int) -> dict[str, Walk]:
+        """A pass beginning now over each of these hashes and sets: its size sets its pace
+        (and spares the scan of one that is empty)."""
         if not starting:
             return {}
         pipe = self.ctx.client.pipeline(transaction=False)
@@ -143,25 +199,22 @@ class Retirement:
                 pipe.hlen(key)
             else:
                 pipe.scard(key)
-        return {key: (0, int(size))
+        return {key: Walk(now_ms, int(size), done=not int(size))
                 for (key, _), size in zip(starting, pipe.execute(), strict=True)}
 
-    def page(self, key: str, hashed: bool, cursor: int, size: int,
-             pages: int) -> tuple[int, int]:
-        """One of the ``pages`` of a pass over a partition's sessions hash (``hashed``:
-        retire.lua drops the sessions it finds gone) or a tenant's sessions set (dropped
-        here), from ``cursor``. Returns how many were dropped and the cursor after."""
+    def page(self, key: str, hashed: bool, cursor: int, count: int) -> tuple[int, int, int]:
+        """A page of about ``count`` members of a partition's sessions hash (``hashed``:
+        retire.lua drops the sessions it finds gone) or of a tenant's sessions set (dropped
+        here), from ``cursor``. Returns how many were dropped, the cursor after, and how many
+        were looked at."""
         ctx = self.ctx
-        # one more than its share: a scan stops once it has as many as asked, which for a
-        # last page would leave the cursor short of the end, and the pass a page longer
-        count = min(self.MAX_PAGE, math.ceil(size / pages) + 1)
         scanned: Any = (ctx.client.hscan(key, cursor, count=count) if hashed
                         else ctx.client.sscan(key, cursor, count=count))
         after = int(scanned[0])
         sessions = [m.decode() for m in scanned[1]]  # a hash's fields, a set's members
         gone = self.retire(sessions) if sessions else []
         if hashed or not gone:
-            return len(gone), after
+            return len(gone), after, len(sessions)
         ctx.client.srem(key, *gone)
         # a stage may have come in between the look and the SREM (its producer adds the
         # session to its tenant's set), so whatever has keys again now goes back
@@ -172,7 +225,7 @@ class Retirement:
         back = [x for x, n in zip(gone, pipe.execute(), strict=True) if n]
         if back:
             ctx.client.sadd(key, *back)
-        return len(gone) - len(back), after
+        return len(gone) - len(back), after, len(sessions)
 
     def retire(self, sessions: list[str]) -> list[str]:
         """retire.lua on these sessions, one call per partition; returns those gone."""

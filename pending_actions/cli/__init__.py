@@ -75,14 +75,16 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
 
 
 def _register() -> None:
+    from pending_actions.acl import acl
     from pending_actions.cli import actions, service
-    from pending_actions.health import acl, health
+    from pending_actions.health import health
+    from pending_actions.mcp.cli import mcp_, mcp_proxy
     from pending_actions.ops import top
     from pending_actions.serve.cli import serve, token
 
     for command in (service.up, service.worker, actions.stage, actions.resolve, actions.ls_,
                     actions.show, actions.history, actions.dead, actions.stats,
-                    serve, token, top, health, acl):
+                    serve, token, top, health, acl, mcp_, mcp_proxy):
         cli.add_command(command)
 
 

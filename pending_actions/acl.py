@@ -1,0 +1,135 @@
+"""``pending-actions acl``: the Redis ACL rules of a least-privilege user per role.
+
+A role's user may send the commands its code sends (declared below, each with what sends it)
+and the commands of the scripts it runs (read from the scripts, so the rules cannot fall behind
+them: Redis checks every command a script runs against the calling user, on 6.2 as on 7), on
+the keys of its pattern only. The auth keys (``Keys.auth_prefix``) are outside the pattern of
+the producer and worker users: only serve and the auth user reach tokens. What a role's user
+can still do is in docs/threat-model.md: with EVAL it runs any Lua over its pattern's keys with
+its commands, so a producer can still rewrite its deployment's pending actions.
+``tests/test_privilege.py`` runs each role's work as its user and finds nothing refused (ACL
+LOG), and each forbidden act refused."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+
+from pending_actions.broker.keys import Keys
+
+# the scripts each role runs (tests/test_privilege.py checks these against the calls in the
+# code of each role, and that every script has a role)
+PRODUCER_SCRIPTS = ("stage", "feed", "set_slot", "clear_slot", "pending", "peek")
+WORKER_SCRIPTS = ("take", "begin", "unclaim", "renew", "finalize", "readd", "recover", "expire",
+                  "mark_expiries", "beat", "park", "retire", "upgrade", "upgrade_stack")
+SCRIPTS: dict[str, tuple[str, ...]] = {
+    "producer": PRODUCER_SCRIPTS, "worker": WORKER_SCRIPTS, "serve": PRODUCER_SCRIPTS,
+    "auth": ()}
+
+# The commands each role's code sends itself, by what sends them (found by running each role's
+# work as a user allowed everything, with MONITOR, and by reading the paths no run takes).
+# every connection: redis-py's handshake and health checks (SELECT only for a URL naming a
+# database other than 0: see acl_rules)
+CONNECTION = ("hello", "ping", "client|setname")
+# scripts (EVAL until Redis has one, EVALSHA, SCRIPT LOAD at start), transactions, WAIT with
+# REPLICA_WAIT, and the one clock (TIME)
+RUNNING = ("eval", "evalsha", "script|load", "multi", "exec", "discard", "wait", "time")
+# producers/ (the Python clients): reserve ids (INCRBY), claim a session (HSETNX) and index it
+# by tenant (SADD), send a resolve request (XADD) and wait for its reply (BLPOP), check that a
+# live worker has the handler (ZRANGE, HGETALL), read sessions, history, dead letters, stats
+CLIENT = ("incrby", "hsetnx", "sadd", "xadd", "blpop", "get", "hget", "hgetall", "hvals", "hlen",
+          "hscan", "lrange", "llen", "xrevrange", "xlen", "zrange", "zcard", "zcount")
+# the views across sessions (ls --all --tenant, dead --all --tenant, the inbox): a tenant's set
+VIEWS = ("sscan",)
+# serve's /metrics: the event feed it counts from, and the consumers of the streams
+METRICS = ("xread", "xinfo|consumers")
+# workers/: the request and task streams (consumer groups; a task's dead stream, XLEN while a
+# queue drains, DEL of a purged one), the webhook feed, the pool registry (HSET, ZADD, ZREM at
+# a clean stop), recovery (ZRANGE of the lease and expiry indexes, MGET of their marks, HGET
+# of a lease), housekeeping (its record and lock, HSCAN/SSCAN of the sessions, SREM/SADD of a
+# tenant's set, SCAN for the sets, EXISTS of a session), the key upgrade at start (TYPE,
+# SMEMBERS of an older index, the layout mark), and INFO (run id, eviction policy, version)
+WORKER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "xadd", "xread",
+          "xrevrange", "xlen", "del", "hset", "hget", "hgetall", "hdel", "hlen", "hscan", "zadd",
+          "zrem", "zrange", "zrangebyscore", "zremrangebyscore", "mget", "get", "set", "sscan",
+          "scard", "srem", "sadd", "smembers", "scan", "exists", "type", "info")
+# the token store (serve/auth.py): look a token up, create, revoke, list, and the one move of
+# an older version's keys (WATCH, read, MULTI/EXEC)
+AUTH = ("hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hvals", "del", "watch", "unwatch",
+        "multi", "exec", "discard")
+
+PLAIN: dict[str, tuple[str, ...]] = {
+    "producer": (*CONNECTION, *RUNNING, *CLIENT, *VIEWS),
+    "worker": (*CONNECTION, *RUNNING, *WORKER),
+    "serve": (*CONNECTION, *RUNNING, *CLIENT, *VIEWS, *METRICS, *AUTH),
+    "auth": (*CONNECTION, *AUTH),
+}
+ROLES = tuple(PLAIN)
+
+
+def patterns(role: str, keys: Keys) -> list[str]:
+    """The key patterns of ``role``: the deployment's prefix, and for serve and the auth user
+    the auth prefix (for the auth user, also the older token keys it moves)."""
+    ours, auth = f"~{keys.prefix}:*", f"~{keys.auth_prefix}:*"
+    return {"producer": [ours], "worker": [ours], "serve": [ours, auth],
+            "auth": [auth, f"~{keys.legacy_token_names}", f"~{keys.legacy_tokens}"]}[role]
+
+
+def script_commands(names: tuple[str, ...]) -> set[str]:
+    """Every command the scripts ``names`` run inside Redis (the part of the prelude each uses
+    included), read from their text."""
+    from pending_actions.broker.scripts import source
+
+    return {m.lower() for name in names
+            for m in re.findall(r"(?:redis\.p?call|call_on)\('([A-Za-z]+)'", source(name))}
+
+
+def commands(role: str, select: bool = False) -> list[str]:
+    return sorted({*PLAIN[role], *script_commands(SCRIPTS[role]), *(["select"] if select else [])})
+
+
+def acl_rules(role: str, prefix: str = "pa", password: str = "<password>",
+              select: bool = False) -> list[str]:
+    """The rules, in order: no command but those named, no key outside the role's patterns,
+    no pub/sub. Deliberately absent: FLUSH*, KEYS, CONFIG, DEBUG, CLIENT KILL, MONITOR,
+    SHUTDOWN and every other @dangerous command but INFO (workers read the run id and the
+    eviction policy). Redis 6.2 and 7 read them alike (no selectors, no %R~).
+
+    ``select``: the deployment's database is not 0, so its clients send SELECT. Key patterns
+    hold in every database alike, so a user with SELECT reaches its prefix in all of them: it
+    is granted only where needed, and deployments on one Redis stay apart by KEY_PREFIX."""
+    keys = Keys(prefix)
+    return ["on", f">{password}", "resetkeys", *patterns(role, keys), "resetchannels", "-@all",
+            *(f"+{c}" for c in commands(role, select))]
+
+
+@click.command()
+@click.option("--role", type=click.Choice(ROLES), required=True)
+@click.option("--user", help="User name [default: pa-ROLE].")
+@click.option("--password", default="<password>", show_default=True)
+@click.pass_obj
+def acl(obj: Any, role: str, user: str | None, password: str) -> None:
+    """Print the Redis ACL SETUSER command for a least-privilege user of ROLE: a producer
+    (an agent runtime staging and resolving, `mcp` over stdio; the operators' views), a worker
+    (`pending-actions worker`), serve (the HTTP API, and `mcp --transport http`: they check
+    tokens), or auth (whoever runs `pending-actions token`: the token store only). Producer
+    and worker reach no token. SELECT is granted only when --redis-url names a database other
+    than 0."""
+    from pending_actions.broker.urls import url_options
+
+    name = user or f"pa-{role}"
+    settings = obj.settings()
+    select = bool(settings.redis_url and url_options(settings.redis_url).options.get("db"))
+    rules = acl_rules(role, settings.key_prefix, password, select)
+    obj.out({"user": name, "rules": rules},
+            " ".join(_quoted(w) for w in ("ACL", "SETUSER", name, *rules)))
+
+
+def _quoted(word: str) -> str:
+    """``word`` as redis-cli reads it from a line (the line can be piped to it): quoted when
+    it holds a space or a quote, say in a password."""
+    if not any(c.isspace() or c in "\"'\\" for c in word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
