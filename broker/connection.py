@@ -137,7 +137,9 @@ def worker_client(url: str, max_connections: int = 64) -> redis.Redis:
     """A client for long-running workers; their loops add their own backoff on top. Its pool
     is bounded (``BoundedPool``; on a cluster, each node's pool as redis-py bounds it)."""
     client = _client(url, backoff_cap=1.0, retries=5, max_connections=max_connections)
-    return client if is_cluster(client) else bounded(client, POOL_WAIT_S)
+    if is_cluster(client):
+        return client
+    return bounded(client, POOL_WAIT_S, maint_notifications_config=NO_MAINT_NOTIFICATIONS)
 
 
 class Batch:

@@ -61,11 +61,13 @@ class BoundedPool(redis.ConnectionPool):
             self._freed.notify()
 
 
-def bounded(client: redis.Redis, timeout: float) -> redis.Redis:
-    """``client`` on a ``BoundedPool`` made with the very options redis-py gave its own."""
+def bounded(client: redis.Redis, timeout: float, **pool_options: Any) -> redis.Redis:
+    """``client`` on a ``BoundedPool`` made with the very options redis-py gave its own, and
+    ``pool_options``: those a pool takes for itself rather than keeping among its
+    connections' (a redis-py pool keeps no copy of them to read back)."""
     plain = client.connection_pool
     client.connection_pool = BoundedPool(
         timeout=timeout, connection_class=plain.connection_class,
-        max_connections=plain.max_connections, **plain.connection_kwargs)
+        max_connections=plain.max_connections, **plain.connection_kwargs, **pool_options)
     plain.disconnect()
     return client
