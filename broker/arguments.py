@@ -25,14 +25,31 @@ class StageKeys(NamedTuple):
     actions: str
     hist: str
     sessions: str
+    tenants: str
     expiries: str
     expiries_due: str
+    feed: str
 
 
 class StageArgs(NamedTuple):
     maxlen: int
     tenant: str
     session: str
+    indexed: str
+    feed_maxlen: int
+    at: str
+
+
+class ReserveKeys(NamedTuple):
+    counter: str
+    mark: str
+    sessions: str
+    feed: str
+
+
+class ReserveArgs(NamedTuple):
+    size: int
+    floor: int
 
 
 class SlotKeys(NamedTuple):
@@ -54,15 +71,6 @@ class SetSlotArgs(NamedTuple):
 class ClearSlotArgs(NamedTuple):
     event: str
     maxlen: int
-
-
-class FeedKeys(NamedTuple):
-    feed: str
-
-
-class FeedArgs(NamedTuple):
-    maxlen: int
-    field_count: int
 
 
 class PendingKeys(NamedTuple):
@@ -337,10 +345,10 @@ class Signature(NamedTuple):
 
 
 SIGNATURES: dict[str, Signature] = {
-    "stage": Signature(StageKeys, StageArgs, args_tail="triples_at"),
+    "stage": Signature(StageKeys, StageArgs, args_tail="quads_at"),
+    "reserve": Signature(ReserveKeys, ReserveArgs),
     "set_slot": Signature(SlotKeys, SetSlotArgs),
     "clear_slot": Signature(SlotKeys, ClearSlotArgs),
-    "feed": Signature(FeedKeys, FeedArgs, args_tail="names_at"),
     "pending": Signature(PendingKeys, PendingArgs),
     "peek": Signature(PeekKeys, PeekArgs),
     "take": Signature(TakeKeys, TakeArgs, keys_tail="streams_at"),

@@ -58,3 +58,15 @@ class Poison(PendingActionsError):
 
 class Forbidden(PendingActionsError):
     """Refused by authorization: e.g. staging into a session that belongs to another tenant."""
+
+
+class Unowned(Forbidden):
+    """A session with keys of its own but no owner record (its field in its partition's
+    sessions hash was deleted): no tenant may stage into it, lest another tenant take over
+    what it holds. Nothing was changed; an operator restores the record (``repair``)."""
+
+
+class Damaged(PendingActionsError):
+    """Redis holds state the service cannot trust, altered or deleted outside it (an id
+    counter set back or lost); refused rather than risk handing out an id twice. The message
+    names the key and the mend."""

@@ -137,8 +137,15 @@ class Keys:
     # --- per partition ----------------------------------------------------------------------
     def seq(self, partition: int) -> str:
         """Counter behind the ids staged in this partition: ``seq = counter * partitions +
-        partition``, so ids are unique across partitions without one global counter."""
+        partition``, so ids are unique across partitions without one global counter. Written
+        only by reserve.lua, with its mark."""
         return self._p(partition, "seq")
+
+    def seq_mark(self, partition: int) -> str:
+        """STRING: the counter's copy, written in the same step (reserve.lua): a counter
+        deleted or set back is rebuilt from it before any id is handed out, so an id is never
+        handed out twice."""
+        return self._p(partition, "seq:mark")
 
     def requests(self, partition: int) -> str:
         """STREAM of resolve requests of this partition's sessions (consumer group
@@ -173,8 +180,25 @@ class Keys:
         """HASH session -> tenant of every session of the partition that staged something or
         set a slot and is not retired yet: its tenant claim (written by its first stage, never
         changed; "" while only a slot was set) and the index that stats, views and retirement
-        scan. One field per session, not a key of its own: a key costs a session ~100 B more."""
+        scan. One field per session, not a key of its own: a key costs a session ~100 B more.
+        The one owner record: every view checks a session against it."""
         return self._p(partition, "sessions")
+
+    def tenant_index(self, partition: int, tenant: str) -> str:
+        """SET of the partition's sessions claimed by ``tenant`` (what a tenant's views scan;
+        the default tenant has none, its sessions are those the sessions hash gives it).
+        stage.lua adds a session in the step that claims it, retire.lua removes it in the step
+        that drops its owner record. Only a hint: a view shows a member only when the
+        session's field in ``sessions`` names the tenant."""
+        return self._p(partition, f"tenant:{tenant}")
+
+    def events(self, partition: int) -> str:
+        """STREAM of every stage and outcome of the partition's sessions, capped
+        (``broker/feed.py``): what webhooks, metrics and ``top`` read, every partition's. In
+        the partition's slot, so stage.lua writes a stage's entries itself (only for what it
+        staged) and an outcome's entry rides in the round trip of the script that made it. A
+        session's own history stays the record; this is a feed."""
+        return self._p(partition, "events")
 
     def task_queue(self, partition: int, pool: str) -> str:
         """STREAM of handler tasks of this partition for the workers of ``pool``."""
@@ -242,10 +266,11 @@ class Keys:
         """STREAM of worker lifecycle events (ready, stopping)."""
         return f"{self.prefix}:workers"
 
-    # --- people and operators: tenants, tokens, events (used by ``serve``) ------------------
-    def tenant_sessions(self, tenant: str) -> str:
-        """SET of the sessions of one tenant (what the inbox scans), but the default tenant's:
-        those are the sessions the partitions' sessions hashes give it."""
+    # --- people and operators: tokens (used by ``serve``), keys older versions left ----------
+    def legacy_tenant_sessions(self, tenant: str) -> str:
+        """SET of one tenant's sessions across partitions, as versions before the partitions'
+        ``tenant_index`` kept them (written beside the stage, whatever it answered). Read by
+        nothing now; an operator may delete them (docs/operations.md)."""
         return f"{self.prefix}:tenant:{tenant}:sessions"
 
     # --- auth: a prefix of its own, ``<prefix>-auth``, which the ``<prefix>:*`` key pattern of
@@ -278,10 +303,9 @@ class Keys:
         return f"{self.prefix}:{{tokens}}:by-name"
 
     @property
-    def events(self) -> str:
-        """STREAM of every stage and outcome across sessions, capped: what webhooks and metrics
-        read. A session's own history stays the record; this is a feed. Tagged, since a script
-        writes it (feed.lua: a stage's batch of entries)."""
+    def legacy_events(self) -> str:
+        """STREAM: the one event feed across partitions of versions before ``events``. Read by
+        nothing now; an operator may delete it (docs/operations.md)."""
         return f"{self.prefix}:{{events}}"
 
     @property
@@ -308,9 +332,9 @@ class Keys:
 
     @property
     def housekeeping(self) -> str:
-        """HASH: where the pass over each sessions hash and set stands (workers/retention.py):
-        its key -> "<began, Redis ms> <its size then> <scan cursor> <members looked at> <done:
-        0|1>", a gone tenant's set's entry dropped. Lost or garbled: that pass starts again."""
+        """HASH: where the pass over each sessions hash stands (workers/retention.py): its
+        key -> "<began, Redis ms> <its size then> <scan cursor> <sessions looked at> <done:
+        0|1>". Lost or garbled: that pass starts again."""
         return f"{self.prefix}:housekeeping"
 
     @property

@@ -17,24 +17,25 @@ from pending_actions.broker.replies import (
     BeginStatus,
     ExpireOutcome,
     RecoverOutcome,
+    StageRefusal,
     TakeStatus,
 )
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
-    "recover", "pending", "peek", "expire", "beat", "park", "retire", "feed", "upgrade",
+    "recover", "pending", "peek", "expire", "beat", "park", "retire", "reserve", "upgrade",
     "upgrade_stack", "mark_expiries", "register", "sweep",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
 # stops the script after the writes it already made (a ZPOPMIN kept, its lease
 # never written).
-# Scripts that start or add work (stage, take, set_slot) are refused while Redis is full;
+# Scripts that start or add work (stage, reserve, take, set_slot) are refused while Redis is full;
 # those that finish or return work already started, and change little, run regardless, so
 # that what is in flight when memory runs out still ends, and is never run twice; so do the
 # tiny ones that say a worker lives (beat, register), so that none looks dead while full.
 FLAGS: dict[str, str] = {
-    "stage": "", "set_slot": "", "take": "", "feed": "",
+    "stage": "", "set_slot": "", "take": "", "reserve": "",
     "clear_slot": "allow-oom", "begin": "allow-oom", "unclaim": "allow-oom",
     "renew": "allow-oom", "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
@@ -45,8 +46,8 @@ FLAGS: dict[str, str] = {
 # the enums a script may name (e.g. EVENT.TAKEN), each name written into the text Redis runs
 # as its value: a table built at every call cost ~3.5 us of a take's ~90 us in Redis
 LUA_TABLES: dict[str, type[Enum]] = {
-    "EVENT": Event, "TAKE": TakeStatus, "BEGIN": BeginStatus, "RECOVER": RecoverOutcome,
-    "EXPIRE": ExpireOutcome,
+    "EVENT": Event, "STAGE": StageRefusal, "TAKE": TakeStatus, "BEGIN": BeginStatus,
+    "RECOVER": RecoverOutcome, "EXPIRE": ExpireOutcome,
 }
 CODE_NAME = re.compile(r"\b(" + "|".join(LUA_TABLES) + r")\.([A-Za-z_]\w*)")
 

@@ -2,8 +2,9 @@
 reply. ``Scripts`` (``broker/scripts.py``) decodes through these whether a script ran on its own
 or on a pipeline, so no caller reads a reply by position.
 
-The status codes are enums that the prelude hands to Lua as tables (``TAKE``, ``BEGIN``,
-``RECOVER``), so both sides spell them the same way."""
+The status codes are enums whose names the scripts use (``STAGE``, ``TAKE``, ``BEGIN``,
+``RECOVER``, ``EXPIRE``; broker/lua.py writes each as its value), so both sides spell them the
+same way."""
 
 from __future__ import annotations
 
@@ -22,16 +23,28 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
-class Staged(NamedTuple):
-    """stage.lua, per action: the stack depth right after its push, 0 when the id was staged
-    already (a retried call whose first try went through; the id is ours alone), -1 when the
-    session belongs to another tenant (nothing staged)."""
+class StageRefusal(IntEnum):
+    """Why stage.lua refused a session's actions; nothing changed."""
 
-    depth: int
+    FOREIGN = -1  # the session belongs to another tenant
+    UNOWNED = -2  # no owner record, but keys of its own: its record was lost
+    COLLISION = -3  # an id holds another spec already: its partition's counter was set back
+
+
+class Staged(NamedTuple):
+    """stage.lua, for one session's actions: each one's stack depth right after its push (0:
+    its id held this very spec already, a retried call whose first try went through), or the
+    refusal (``collided``: the id that holds another spec)."""
+
+    depths: list[int]
+    refused: StageRefusal | None = None
+    collided: str = ""
 
     @classmethod
-    def decode(cls, raw: Any) -> list[Staged]:
-        return [cls(int(x)) for x in raw]
+    def decode(cls, raw: Any) -> Staged:
+        if raw and int(raw[0]) < 0:
+            return cls([], StageRefusal(int(raw[0])), _text(raw[1]) if len(raw) > 1 else "")
+        return cls([int(x) for x in raw])
 
 
 class SlotChanged(NamedTuple):

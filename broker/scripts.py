@@ -21,9 +21,10 @@ from pending_actions.broker import arguments as arg
 from pending_actions.broker.calls import Call, Queued
 from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
-from pending_actions.broker.feed import MAXLEN as FEED_MAXLEN
+from pending_actions.broker.feed import cap as feed_cap
 from pending_actions.broker.keys import RESOLVER_GROUP, Keys
 from pending_actions.broker.lua import FLAGS, LUA_TABLES, NAMES, lua_file, prelude, source
+from pending_actions.broker.models import DEFAULT_TENANT
 from pending_actions.broker.pools import Live
 from pending_actions.broker.replies import (
     Begun,
@@ -84,29 +85,35 @@ class Scripts:
         return Call(self._scripts()[name], keys, args, decode)
 
     # --- producers -------------------------------------------------------------------------
-    def stage(self, session: str, *, tenant: str,
-              actions: list[tuple[str, bytes, int | None]]) -> Call[list[Staged]]:
-        """``actions``: (id, spec JSON, ttl in ms or None) of one session, in the order given."""
+    def stage(self, session: str, *, tenant: str, indexed: bool, at: str,
+              actions: list[tuple[str, bytes, int | None, str]]) -> Call[Staged]:
+        """``actions``: (id, spec JSON, ttl in ms or None, created_at for the feed) of one
+        session, in the order given. ``indexed``: the tenant keeps an index of its sessions;
+        ``at``: the time of the feed's entries."""
         k = self._k
         p = k.partition(session)
         return self._call(
             "stage",
             arg.StageKeys(stack=k.stack(session), actions=k.actions(session),
-                          hist=k.history(session), sessions=k.sessions(p), expiries=k.expiries(p),
-                          expiries_due=k.expiries_due(p)),
-            [*arg.StageArgs(maxlen=self._s.history_maxlen, tenant=tenant, session=session),
-             *(x for action_id, spec, ttl_ms in actions
-               for x in (action_id, spec, "" if ttl_ms is None else ttl_ms))],
+                          hist=k.history(session), sessions=k.sessions(p),
+                          tenants=k.tenant_index(p, tenant), expiries=k.expiries(p),
+                          expiries_due=k.expiries_due(p), feed=k.events(p)),
+            [*arg.StageArgs(maxlen=self._s.history_maxlen, tenant=tenant, session=session,
+                            indexed="1" if indexed else "", feed_maxlen=feed_cap(k), at=at),
+             *(x for action_id, spec, ttl_ms, created in actions
+               for x in (action_id, spec, "" if ttl_ms is None else ttl_ms, created))],
             Staged.decode,
         )
 
-    def feed(self, *, names: list[str], common: list[Any], values: list[Any]) -> Call[int]:
-        """Entries with the fields ``names`` (the first "event"), for the event feed
-        (``broker/feed.py``): ``common`` gives each field's value in every entry, or "" where
-        each entry has its own; ``values`` those, entry after entry."""
-        return self._call("feed", arg.FeedKeys(feed=self._k.events),
-                          [*arg.FeedArgs(maxlen=FEED_MAXLEN, field_count=len(names)),
-                           *names, *common, *values], int)
+    def reserve(self, partition: int, *, size: int, floor: int = 0) -> Call[int]:
+        """``size`` values of the partition's id counter: the block's last one, or -1 when the
+        counter and its mark are both lost (nothing handed out)."""
+        k = self._k
+        return self._call(
+            "reserve",
+            arg.ReserveKeys(counter=k.seq(partition), mark=k.seq_mark(partition),
+                            sessions=k.sessions(partition), feed=k.events(partition)),
+            arg.ReserveArgs(size=size, floor=floor), int)
 
     def _leases(self, session: str, token: str) -> tuple[str, str]:
         """The lease index of the session's partition and the lease's member in it."""
@@ -325,16 +332,20 @@ class Scripts:
             lambda raw_reply: bool(int(raw_reply)),
         )
 
-    def retire(self, partition: int, *, sessions: list[str],
+    def retire(self, partition: int, *, sessions: list[tuple[str, str]],
                retention_ms: int) -> Call[list[int]]:
-        """A page of the partition's sessions, each 2 (gone), 1 (set to expire) or 0 (live)."""
+        """A page of the partition's sessions, each with the tenant its field held when read
+        ("" for none yet); each 2 (gone), 1 (set to expire) or 0 (live)."""
         k = self._k
         return self._call(
             "retire",
             [*arg.SessionsKeys(sessions=k.sessions(partition)),
-             *(key for s in sessions for key in (k.actions(s), k.dead(s), k.history(s),
-                                                  k.stack(s), k.legacy_expiry(s)))],
-            [*arg.RetireArgs(retention_ms=retention_ms), *sessions],
+             *(key for s, t in sessions
+               for key in (k.actions(s), k.dead(s), k.history(s), k.stack(s),
+                           k.legacy_expiry(s),
+                           k.tenant_index(partition, t or DEFAULT_TENANT)))],
+            [*arg.RetireArgs(retention_ms=retention_ms),
+             *(x for pair in sessions for x in pair)],
             lambda codes: [int(c) for c in codes],
         )
 

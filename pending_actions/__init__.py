@@ -7,6 +7,7 @@ The public names live here; the parts are ``pending_actions.broker`` (what both 
 
 from pending_actions.broker.errors import (
     ConfigError,
+    Damaged,
     Forbidden,
     InvalidInput,
     PendingActionsError,
@@ -15,6 +16,7 @@ from pending_actions.broker.errors import (
     Stale,
     ToolError,
     UnknownHandler,
+    Unowned,
 )
 from pending_actions.broker.models import PendingAction, Result
 from pending_actions.broker.settings import Settings
@@ -33,6 +35,7 @@ from pending_actions.workers.registry import handler
 __all__ = [
     "AsyncPendingActions",
     "ConfigError",
+    "Damaged",
     "Forbidden",
     "InvalidInput",
     "PendingAction",
@@ -45,6 +48,7 @@ __all__ = [
     "Stale",
     "ToolError",
     "UnknownHandler",
+    "Unowned",
     "anthropic_tool",
     "handler",
     "intent",

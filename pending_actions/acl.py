@@ -21,7 +21,7 @@ from pending_actions.broker.keys import Keys
 
 # the scripts each role runs (tests/test_privilege.py checks these against the calls in the
 # code of each role, and that every script has a role)
-PRODUCER_SCRIPTS = ("stage", "feed", "set_slot", "clear_slot", "pending", "peek")
+PRODUCER_SCRIPTS = ("stage", "reserve", "set_slot", "clear_slot", "pending", "peek")
 WORKER_SCRIPTS = ("take", "begin", "unclaim", "renew", "finalize", "readd", "recover", "expire",
                   "mark_expiries", "beat", "park", "retire", "upgrade", "upgrade_stack",
                   "register", "sweep")
@@ -37,24 +37,28 @@ CONNECTION = ("hello", "ping", "client|setname")
 # scripts (EVAL until Redis has one, EVALSHA, SCRIPT LOAD at start), transactions, WAIT with
 # REPLICA_WAIT, and the one clock (TIME)
 RUNNING = ("eval", "evalsha", "script|load", "multi", "exec", "discard", "wait", "time")
-# producers/ (the Python clients): reserve ids (INCRBY), claim a session (HSETNX) and index it
-# by tenant (SADD), send a resolve request (XADD) and wait for its reply (BLPOP), check that a
-# live worker has the handler (ZRANGE, HGETALL; where none has, a ZADD that changes nothing
-# tells a Redis that is full), read sessions, history, dead letters, stats
-CLIENT = ("incrby", "hsetnx", "sadd", "xadd", "blpop", "get", "hget", "hgetall", "hvals", "hlen",
+# producers/ (the Python clients): look at a batch's sessions (HGET their owner records, EXISTS
+# their keys), mark a session a slot was set in (HSETNX), send a resolve request (XADD) and
+# wait for its reply (BLPOP), check that a live worker has the handler (ZRANGE, HGETALL; where
+# none has, a ZADD that changes nothing tells a Redis that is full), read sessions, history,
+# dead letters, stats (ids come from reserve.lua, a session's claim and tenant index from
+# stage.lua)
+CLIENT = ("exists", "hsetnx", "xadd", "blpop", "get", "hget", "hgetall", "hvals", "hlen",
           "hscan", "lrange", "llen", "xrevrange", "xlen", "zrange", "zcard", "zcount", "zadd")
-# the views across sessions (ls --all --tenant, dead --all --tenant, the inbox): a tenant's set
-VIEWS = ("sscan",)
+# the views across sessions (ls --all --tenant, dead --all --tenant, the inbox): a tenant's
+# index in each partition (SSCAN) and the owner records of its members (HMGET). Not SCAN: the
+# operator's --unowned views and `repair`, which SCAN, need a user of their own
+VIEWS = ("sscan", "hmget")
 # serve's /metrics: the event feed it counts from, and the consumers of the streams
 METRICS = ("xread", "xinfo|consumers")
 # workers/: the request and task streams (consumer groups; a task's dead stream, XLEN while a
 # queue drains, DEL of a purged one), the webhook feed, the pool registry (ZREM at a clean
 # stop; register.lua keeps it), recovery (ZRANGE of the lease and expiry indexes, MGET of their
-# marks, HGET of a lease), housekeeping (its record and lock, HSCAN/SSCAN of the sessions,
-# SREM/SADD of a tenant's set, SCAN for the sets, EXISTS of a session), the sweep of in-flight
-# state (its record and lock, SCAN for the inflight hashes), beats (DEL, ZREM at a clean stop),
-# the key upgrade at start (TYPE, SMEMBERS of an older index, the layout mark), and INFO (run
-# id, eviction policy, version, the key count a sweep's pages are sized by)
+# marks, HGET of a lease), housekeeping (its record and lock, HSCAN of the sessions hashes), the
+# sweep of in-flight state (its record and lock, SCAN for the inflight hashes), beats (DEL, ZREM
+# at a clean stop), the key upgrade at start (TYPE, SMEMBERS of an older index, SADD to the
+# tenant indexes, the layout mark), and INFO (run id, eviction policy, version, the key count a
+# sweep's pages are sized by)
 WORKER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "xadd", "xread",
           "xrevrange", "xlen", "del", "hset", "hget", "hgetall", "hdel", "hlen", "hscan", "zadd",
           "zrem", "zrange", "zrangebyscore", "zremrangebyscore", "mget", "get", "set", "sscan",

@@ -10,6 +10,7 @@ from typing import Any
 import click
 import orjson
 
+from pending_actions.broker.feed import Feeds, order
 from pending_actions.producers import PendingActions
 from pending_actions.views import Figures, figures
 
@@ -61,11 +62,12 @@ def stats_text(f: Figures, rates: dict[str, float] | None = None) -> str:
 
 
 def _recent(pa: PendingActions, count: int) -> list[str]:
-    entries: Any = pa.client.xrevrange(pa.ctx.keys.events, count=count)
+    # the newest of all are among the newest of each partition
+    found = [e for each in Feeds(pa.client, pa.ctx.keys).latest(count) for e in each]
+    found.sort(key=lambda e: order(e[1]), reverse=True)
     lines = []
-    for entry_id, raw in entries:
-        fields = {k.decode(): v.decode() for k, v in raw.items()}
-        at = time.strftime("%H:%M:%S", time.localtime(int(entry_id.split(b"-")[0]) / 1000))
+    for _p, entry_id, fields in found[:count]:
+        at = time.strftime("%H:%M:%S", time.localtime(order(entry_id)[0] / 1000))
         by = f" by {fields['by']}" if fields.get("by") else ""
         lines.append(f"{at}  {fields.get('event', '?'):<13} {fields.get('session', '')}  "
                      f"{fields.get('id', '')}{by}")
@@ -77,14 +79,15 @@ FEED_SAMPLE = 5_000  # the newest feed entries a frame reads, at most, to count 
 
 def feed_rates(pa: PendingActions, since_ms: int, now_ms: int) -> dict[str, float]:
     """Stages and events per second from the event feed's entries since ``since_ms`` (Redis
-    time, as the entries' ids are). Past ``FEED_SAMPLE`` entries the rate is that of the newest
-    ones, over the time they span: a sample, never a walk over the whole capped feed."""
-    entries: Any = pa.client.xrevrange(pa.ctx.keys.events, max="+", min=str(since_ms + 1),
-                                       count=FEED_SAMPLE)
-    if len(entries) == FEED_SAMPLE:
-        since_ms = int(entries[-1][0].split(b"-")[0])
+    time, as the entries' ids are). Each partition's newest share of ``FEED_SAMPLE`` is read;
+    past a full share the rate is that of the time every partition's share covers: a sample,
+    never a walk over the whole capped feed."""
+    share = max(1, FEED_SAMPLE // pa.ctx.keys.partitions)
+    each = Feeds(pa.client, pa.ctx.keys).latest(share, since_ms)
+    since_ms = max([since_ms] + [order(got[-1][1])[0] for got in each if len(got) == share])
+    entries = [e for got in each for e in got if order(e[1])[0] >= since_ms]
     seconds = max(now_ms - since_ms, 1) / 1000
-    staged = sum(1 for _id, fields in entries if fields.get(b"event") == b"staged")
+    staged = sum(1 for _p, _id, fields in entries if fields.get("event") == "staged")
     return {"staged": staged / seconds, "events": len(entries) / seconds}
 
 

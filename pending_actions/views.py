@@ -3,25 +3,31 @@ dead action, and the deployment's figures (``stats``, ``top``, ``/metrics``).
 
 Sessions are found with HSCAN / SSCAN over the session indexes (never KEYS), and read in
 pipelined batches, so a view costs a few round trips per few hundred sessions and never blocks
-Redis.
+Redis. A session is shown as a tenant's only when its owner record (its field in its
+partition's sessions hash) says so: an index entry is a hint, never a grant. A session with
+keys but no record is shown to nobody but the operator's all-tenant views that ask for it
+(``--unowned``), marked so.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
-from pending_actions.broker.models import DEFAULT_TENANT, Spec, tool_of
+from pending_actions.broker.keys import Keys
+from pending_actions.broker.models import DEFAULT_TENANT, NAME_RE, Spec, tool_of
 from pending_actions.producers import PendingActions
 
 BATCH = 200
 NO_TENANT = "-"  # sessions claimed by no tenant yet (only a slot was set)
+UNOWNED = "(unowned)"  # sessions with keys but no owner record: an operator's to mend
+Suffix = Literal["actions", "dead", "history"]  # what a session without a record is found by
 
 
 def _text(raw: Any) -> str:
@@ -34,20 +40,77 @@ def scan(pa: PendingActions, key: str) -> Iterator[str]:
 
 
 def owned_sessions(pa: PendingActions) -> Iterator[tuple[str, str]]:
-    """Every session with its tenant (``NO_TENANT`` for none yet), from the partitions'
-    sessions hashes."""
+    """Every session with an owner record, and its tenant (``NO_TENANT`` for none yet), from
+    the partitions' sessions hashes."""
     k = pa.ctx.keys
     for p in range(k.partitions):
         for session, tenant in pa.client.hscan_iter(k.sessions(p), count=BATCH):
             yield _text(session), _text(tenant) or NO_TENANT
 
 
+def tenant_sessions(pa: PendingActions, tenant: str) -> Iterator[str]:
+    """The sessions whose owner record (their field in their partition's sessions hash) names
+    ``tenant``, and only those: for the default tenant, from the sessions hashes; for another,
+    from its index in each partition, each member kept only when its record names the tenant,
+    so an index entry that strayed there shows nothing."""
+    if tenant == DEFAULT_TENANT:
+        yield from (session for session, owner in owned_sessions(pa) if owner == tenant)
+        return
+    k = pa.ctx.keys
+    for p in range(k.partitions):
+        for chunk in _batches(scan(pa, k.tenant_index(p, tenant))):
+            owners: Any = pa.client.hmget(k.sessions(p), chunk)
+            yield from (session for session, owner in zip(chunk, owners, strict=True)
+                        if owner is not None and _text(owner) == tenant)
+
+
+def unowned_sessions(pa: PendingActions, *suffixes: Suffix) -> Iterator[str]:
+    """Sessions with a key of one of ``suffixes`` (``actions``: something pending; ``dead``:
+    dead letters; ``history``: anything staged) but no owner record (deleted by hand: stage
+    refuses them, ``repair`` restores it). Found by a SCAN of the whole key space (never
+    KEYS): for the operator's all-tenant views and ``repair`` only."""
+    k = pa.ctx.keys
+    pattern = f"{k.prefix}:{{*}}:s:*" + (f":{suffixes[0]}" if len(suffixes) == 1 else "")
+    found: dict[int, set[str]] = defaultdict(set)
+    for key in pa.client.scan_iter(match=pattern, count=1000):
+        session = _session_of(k, _text(key), suffixes)
+        if session is not None:
+            found[k.partition(session)].add(session)
+    for p, sessions in found.items():
+        for chunk in _batches(sorted(sessions)):
+            owners: Any = pa.client.hmget(k.sessions(p), chunk)
+            yield from (s for s, owner in zip(chunk, owners, strict=True) if owner is None)
+
+
+def _session_of(k: Keys, key: str, suffixes: tuple[Suffix, ...]) -> str | None:
+    """The session whose key of one of ``suffixes`` ``key`` is, or None (another key, or one
+    that only looks like it)."""
+    _head, sep, rest = key.partition("}:s:")
+    session, _, suffix = rest.rpartition(":")
+    if not sep or suffix not in suffixes or not NAME_RE.match(session):
+        return None
+    named = {"actions": k.actions, "dead": k.dead, "history": k.history}[suffix](session)
+    return session if named == key else None
+
+
+def listed(pa: PendingActions, tenant: str | None, suffix: Suffix,
+           unowned: bool = False) -> Iterator[tuple[str, str]]:
+    """The sessions a view lists, each with its owner: a tenant's (checked against their owner
+    records); without a tenant, every session with a record, and with ``unowned`` then those
+    with a key ``suffix`` but no record, as ``UNOWNED`` (a SCAN: an operator's user's)."""
+    if tenant:
+        yield from ((session, tenant) for session in tenant_sessions(pa, tenant))
+        return
+    yield from owned_sessions(pa)
+    if unowned:
+        yield from ((session, UNOWNED) for session in unowned_sessions(pa, suffix))
+
+
 def all_sessions(pa: PendingActions, tenant: str | None = None) -> Iterator[str]:
-    """Every session, or a tenant's: from its set, or for the default tenant (which has none)
-    from the partitions' sessions hashes."""
-    if tenant and tenant != DEFAULT_TENANT:
-        return scan(pa, pa.ctx.keys.tenant_sessions(tenant))
-    return (session for session, owner in owned_sessions(pa) if owner == (tenant or owner))
+    """Every session with an owner record, or a tenant's (``tenant_sessions``)."""
+    if tenant:
+        return tenant_sessions(pa, tenant)
+    return (session for session, _owner in owned_sessions(pa))
 
 
 def _batches(items: Iterable[str]) -> Iterator[list[str]]:
@@ -61,7 +124,7 @@ def inbox(pa: PendingActions, tenant: str) -> list[dict[str, Any]]:
     session would take now (its stack's head), which is the only one a person can act on."""
     now = time.time()
     out: list[dict[str, Any]] = []
-    for session in all_sessions(pa, tenant):
+    for session in tenant_sessions(pa, tenant):
         head_seen = False
         for a in pa.pending(session):
             target = a.state == "pending" and not head_seen
@@ -72,16 +135,26 @@ def inbox(pa: PendingActions, tenant: str) -> list[dict[str, Any]]:
     return out
 
 
-def dead_all(pa: PendingActions, tenant: str | None = None) -> list[dict[str, Any]]:
+def dead_all(pa: PendingActions, tenant: str | None = None,
+             unowned: bool = False) -> list[dict[str, Any]]:
+    """Every dead letter of a tenant's sessions, or of every session (with ``unowned``, those
+    of sessions with no owner record too, marked so)."""
     k = pa.ctx.keys
     out: list[dict[str, Any]] = []
-    for chunk in _batches(all_sessions(pa, tenant)):
+    for chunk in _pairs(listed(pa, tenant, "dead", unowned)):
         pipe = pa.client.pipeline(transaction=False)
-        for session in chunk:
+        for session, _owner in chunk:
             pipe.lrange(k.dead(session), 0, -1)
-        for session, items in zip(chunk, pipe.execute(), strict=True):
-            out.extend({"session": session, **orjson.loads(raw)} for raw in items)
+        for (session, owner), items in zip(chunk, pipe.execute(), strict=True):
+            mark = {"unowned": True} if owner == UNOWNED else {}
+            out.extend({"session": session, **orjson.loads(raw), **mark} for raw in items)
     return out
+
+
+def _pairs(items: Iterable[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    it = iter(items)
+    while chunk := list(islice(it, BATCH)):
+        yield chunk
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Staging, the producer's hot path: every check that needs no Redis, then one round trip
-that checks handlers and tenants and reserves ids, then per ``CHUNK`` actions one MULTI/EXEC of
-a stage.lua call by digest for each session's and one feed.lua call for their feed entries, the
-MULTI/EXECs of a batch sent one after the other before their replies are read (``Chunks``).
-``Core`` (``producers/core.py``) adds resolving and reading."""
+that checks handlers and tenants and reserves ids (reserve.lua), then per ``CHUNK`` actions one
+MULTI/EXEC of a stage.lua call by digest for each session's (which also writes their feed
+entries and claims a new session for its tenant, in the same step), the MULTI/EXECs of a batch
+sent one after the other before their replies are read (``Chunks``). A stage refused writes
+nothing but the id blocks it reserved. ``Core`` (``producers/core.py``) adds resolving and
+reading."""
 
 from __future__ import annotations
 
@@ -15,8 +17,14 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker.errors import Forbidden, InvalidInput, RedisFull, UnknownHandler
-from pending_actions.broker.events import Event
+from pending_actions.broker.errors import (
+    Damaged,
+    Forbidden,
+    InvalidInput,
+    RedisFull,
+    UnknownHandler,
+    Unowned,
+)
 from pending_actions.broker.failures import translate
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import (
@@ -29,29 +37,22 @@ from pending_actions.broker.models import (
 )
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
 from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
-from pending_actions.broker.replies import Staged
+from pending_actions.broker.replies import Staged, StageRefusal
 from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Chunks, Plan
 
 MAX_FINGERPRINT_CHARS = 1_000
-# a part of a stage sent as one transaction: its script calls, and what queues more after them
-Part = tuple[list[Call[Any]], Callable[[Any], None] | None]
-FEED_FIELDS = ["event", "at", "session", "tenant", "id", "tool", "kind", "created_at"]
-STAGED = Event.STAGED.value
-
-
-def _incrby(pipe: Any, key: str, by: int) -> None:
-    pipe.incrby(key, by)
-
-
-def _incrby_all(pipe: Any, keys: Keys, sizes: dict[int, int]) -> None:
-    for p, n in sizes.items():
-        pipe.incrby(keys.seq(p), n)
 
 
 def _foreign(session: str) -> Forbidden:
     return Forbidden(f"session {session!r} belongs to another tenant")
+
+
+def _unowned(session: str, record: str) -> Unowned:
+    return Unowned(f"session {session!r} has keys but no owner record (no field in {record}): "
+                   "nothing was staged; an operator restores the record with `pending-actions "
+                   f"repair --session {session}`")
 
 
 def _noscript(reply: object) -> bool:
@@ -69,8 +70,9 @@ def _by_session(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 class Staging:
-    # ids reserved per partition in one INCRBY: a stage is then one script call, and ids stay
-    # unique without a counter hit per stage (an unused rest of a block is skipped, never reused)
+    # ids reserved per partition a block at a time (reserve.lua): a stage is then one script
+    # call, and ids stay unique without a counter hit per stage (an unused rest of a block is
+    # skipped, never reused)
     ID_BLOCK = 16
     LIVE_MAX_AGE_S = 2.0  # how old the view of live workers' handlers may be at a stage
     # stage.lua calls per MULTI/EXEC: one disk sync each under appendfsync always, and Redis
@@ -84,6 +86,9 @@ class Staging:
         self.scripts = scripts
         self.cluster = cluster
         self._ids: dict[int, tuple[int, int]] = {}  # partition -> (next counter, end)
+        # partition -> a counter value known to be taken (an id stage.lua found holding
+        # another action): the next block there starts past it
+        self._floor: dict[int, int] = {}
         self._lock = threading.Lock()
         self._live = Live()
         self._live_at = -1e9
@@ -134,12 +139,13 @@ class Staging:
     def _prepare(self, checked: list[dict[str, Any]], check_owners: bool) -> Plan[list[int]]:
         """Every handler name the validated specs use is live in some worker (the view of live
         workers may be ``LIVE_MAX_AGE_S`` old, and is read again on a miss), with
-        ``check_owners`` no session belongs to another tenant, and one new seq per spec:
-        ``counter * partitions + partition``, the counter that of the session's partition,
-        reserved ``ID_BLOCK`` at a time for the partitions that ran out. One round trip when
-        the view of live workers is fresh and has every name, so that no unknown handler can
-        be refused after ids were reserved for it; none when it is and no check or id is
-        needed from Redis."""
+        ``check_owners`` every session is the tenant's or nobody's yet (and if nobody's, has no
+        keys: its record was not lost), and one new seq per spec: ``counter * partitions +
+        partition``, the counter that of the session's partition, reserved ``ID_BLOCK`` at a
+        time (reserve.lua) for the partitions that ran out. One round trip when the view of
+        live workers is fresh and has every name, so that no unknown handler can be refused
+        after ids were reserved for it; none when it is and no check or id is needed from
+        Redis."""
         k = self.keys
         pairs = sorted({(field, f[field]) for f in checked for field in ("apply", "reject")
                         if f[field] is not None})
@@ -155,6 +161,7 @@ class Staging:
                 if end - nxt >= n:
                     got[p] = list(range(nxt, nxt + n))
                     self._ids[p] = (nxt + n, end)
+            floors = {p: self._floor.get(p, 0) for p in need}
         sizes = {p: max(n, self.ID_BLOCK) for p, n in need.items() if p not in got}
         # with REPLICA_WAIT a block is used only once a replica has it: a failover must not
         # roll a counter back under ids already handed out (on a cluster, where WAIT covers
@@ -167,19 +174,20 @@ class Staging:
                 queue_live(pipe, k)
             for session, _t in owners:
                 pipe.hget(k.sessions(k.partition(session)), session)
+                pipe.exists(k.stack(session), k.actions(session), k.history(session))
             for p, n in along.items():
-                pipe.incrby(k.seq(p), n)
+                self.scripts.reserve(p, size=n, floor=floors[p]).on(pipe)
 
         replies: list[Any] = []
         if reread or owners or along:
             replies = yield Batch(queue, wait_on=k.seq(next(iter(along))) if along else None,
                                   raise_on_error=False)
         live = replies[:3] if reread else []
-        tenants = replies[len(live):len(live) + len(owners)]
-        ends = replies[len(live) + len(owners):]
+        looked = replies[len(live):len(live) + 2 * len(owners)]
+        ends = replies[len(live) + 2 * len(owners):]
         # a sessions hash of another type is left to stage.lua, which says so (POISON)
         failed = [r for r in (*live, *ends) if isinstance(r, Exception)] + [
-            r for r in tenants if isinstance(r, Exception) and "WRONGTYPE" not in str(r)]
+            r for r in looked if isinstance(r, Exception) and "WRONGTYPE" not in str(r)]
         if failed:
             raise translate(failed[0]) from failed[0]
         if reread:
@@ -192,17 +200,27 @@ class Staging:
             if isinstance(check, Exception) and isinstance(translate(check), RedisFull):
                 raise translate(check) from check
             raise UnknownHandler(*missing)
-        for (session, tenant), owner in zip(owners, tenants, strict=True):
+        for (session, tenant), owner, keys in zip(owners, looked[::2], looked[1::2],
+                                                  strict=True):
             if isinstance(owner, bytes) and owner and owner.decode() != tenant:
                 raise _foreign(session)
+            if owner is None and isinstance(keys, int) and keys:
+                raise _unowned(session, k.sessions(k.partition(session)))
         if sizes and not along:
             if one_by_one:
                 for p, n in sizes.items():
-                    ends += yield Batch(functools.partial(_incrby, key=k.seq(p), by=n),
-                                        wait_on=k.seq(p))
+                    ends += yield Batch(functools.partial(self._reserve, p=p, size=n,
+                                                          floor=floors[p]), wait_on=k.seq(p))
             else:
-                ends = yield Batch(functools.partial(_incrby_all, keys=k, sizes=sizes),
+                ends = yield Batch(functools.partial(self._reserve_all, sizes=sizes,
+                                                     floors=floors),
                                    wait_on=k.seq(next(iter(sizes))))
+        for p, end in zip(sizes, ends, strict=True):
+            if int(end) < 0:
+                raise Damaged(f"the id counter {k.seq(p)} and its copy {k.seq_mark(p)} are "
+                              "both gone (deleted by hand?): no id of that partition is known "
+                              "to be free, so nothing was staged; `pending-actions repair "
+                              "--ids` sets them past every id in use")
         with self._lock:
             for (p, size), end in zip(sizes.items(), ends, strict=True):
                 first = int(end) - size + 1
@@ -212,6 +230,13 @@ class Staging:
         taken = {p: iter(v) for p, v in got.items()}
         return [next(taken[p]) * k.partitions + p for p in parts]
 
+    def _reserve(self, pipe: Any, p: int, size: int, floor: int) -> None:
+        self.scripts.reserve(p, size=size, floor=floor).on(pipe)
+
+    def _reserve_all(self, pipe: Any, sizes: dict[int, int], floors: dict[int, int]) -> None:
+        for p, n in sizes.items():
+            self._reserve(pipe, p, n, floors[p])
+
     def stage_many(self, actions: Iterable[dict[str, Any]]) -> Plan[list[str]]:
         checked = [self.validate(a.get("session"), "action", a.get("tool"), a.get("label"),
                                  a.get("apply"), a.get("reject"), a.get("payload"),
@@ -220,90 +245,84 @@ class Staging:
                    for a in actions]
         if not checked:
             return []
-        # stage.lua refuses a session of another tenant by itself, atomically for all of that
-        # session's actions: the look ahead is needed only for a batch over several sessions,
-        # none of which may be staged when one is refused
+        # stage.lua refuses a session of another tenant (or one whose owner record was lost)
+        # by itself, atomically for all of that session's actions: the look ahead is needed
+        # only for a batch over several sessions, none of which may be staged when one is
+        # refused
         seqs = yield from self._prepare(checked, len({f["session"] for f in checked}) > 1)
         specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}")
                  for seq, f in zip(seqs, checked, strict=True)]
-        staged: dict[str, Staged] = {}  # by id
+        answers: list[tuple[list[dict[str, Any]], Staged]] = []
         if self.settings.replica_wait and self.cluster:
             # WAIT covers one connection, so one master: with it on a cluster a batch goes a
-            # session at a time, and the feed (other slots) after
+            # session at a time
             for group in _by_session(specs):
                 [[got]] = yield from self._send(
-                    [functools.partial(self._alone, group)], self.keys.stack(group[0]["session"]))
-                staged.update(zip((s["id"] for s in group), got, strict=True))
-            yield from self._send([functools.partial(self._feed_part, specs)], None)
+                    [functools.partial(self._calls, [group])], self.keys.stack(group[0]["session"]))
+                answers.append((group, got))
         else:
             chunks = [specs[i:i + self.CHUNK] for i in range(0, len(specs), self.CHUNK)]
             grouped = [_by_session(chunk) for chunk in chunks]
             got_all = yield from self._send(
-                [functools.partial(self._chunk, c, g)
-                 for c, g in zip(chunks, grouped, strict=True)],
+                [functools.partial(self._calls, g) for g in grouped],
                 self.keys.stack(specs[0]["session"]))
             for groups, got in zip(grouped, got_all, strict=True):
-                for group, depths in zip(groups, got, strict=False):  # the feed's reply last
-                    staged.update(zip((s["id"] for s in group), depths, strict=True))
-        for spec in specs:
-            if staged[spec["id"]].depth < 0:  # another tenant took the session meanwhile
-                raise _foreign(spec["session"])
+                answers += zip(groups, got, strict=True)
+        refused = [(group, got) for group, got in answers if got.refused is not None]
+        if refused:
+            self._refused(*refused[0], others=len({g[0]["session"] for g, a in answers
+                                                  if a.refused is None}))
         return [s["id"] for s in specs]
 
-    def _call(self, group: list[dict[str, Any]]) -> Call[list[Staged]]:
-        """One stage.lua call for a session's actions. Depth 0 needs no look: an id staged
-        already was staged by a retry of this; stage.lua also indexes the session and each
-        ttl in its partition."""
-        return self.scripts.stage(group[0]["session"], tenant=group[0]["tenant"], actions=[
-            (s["id"], spec_json(s), None if s["ttl"] is None else int(s["ttl"] * 1000))
-            for s in group])
+    def _refused(self, group: list[dict[str, Any]], got: Staged, others: int) -> None:
+        """Raise what stage.lua's refusal of a session's actions means (nothing of that
+        session changed). A collision: that id held another action, so the partition's counter
+        was set back (a failover without REPLICA_WAIT, or by hand); this client's block there
+        is dropped and its next one starts past the id."""
+        session, k = group[0]["session"], self.keys
+        if got.refused is StageRefusal.FOREIGN:
+            raise _foreign(session)
+        if got.refused is StageRefusal.UNOWNED:
+            raise _unowned(session, k.sessions(k.partition(session)))
+        p = k.partition(session)
+        value = int(got.collided.rpartition(":")[2]) // k.partitions
+        with self._lock:
+            self._ids.pop(p, None)
+            self._floor[p] = max(self._floor.get(p, 0), value)
+        also = f"; the actions of {others} other session(s) of this batch were staged" \
+            if others else ""
+        raise Damaged(f"id {got.collided} already holds another action in session {session!r}: "
+                      f"the id counter {k.seq(p)} was set back; nothing was staged in that "
+                      f"session{also}. Its next ids start past that one: stage again")
 
-    def _feed(self, specs: list[dict[str, Any]]) -> Call[int]:
-        """The feed's entries for these stages, in one script call: an XADD each would double
-        the commands of a stage (one more to pack, send, run and answer per action). What is
-        the same in all of them (the event, the time, the kind: a batch stages actions only)
-        goes once."""
-        values: list[Any] = []
-        for s in specs:
-            values += [s["session"], s["tenant"], s["id"], s["tool"], f"{s['created_at']:.3f}"]
-        return self.scripts.feed(names=FEED_FIELDS, common=[
-            STAGED, f"{time.time():.3f}", "", "", "", "", specs[0]["kind"], ""], values=values)
+    def _call(self, group: list[dict[str, Any]]) -> Call[Staged]:
+        """One stage.lua call for a session's actions, which also writes their feed entries
+        and, for a new session, its owner record and tenant index."""
+        tenant = group[0]["tenant"]
+        return self.scripts.stage(
+            group[0]["session"], tenant=tenant, indexed=tenant != DEFAULT_TENANT,
+            at=f"{time.time():.3f}",
+            actions=[(s["id"], spec_json(s), None if s["ttl"] is None else int(s["ttl"] * 1000),
+                      f"{s['created_at']:.3f}") for s in group])
 
-    def _tenant_sets(self, pipe: Any, specs: list[dict[str, Any]]) -> None:
-        # the default tenant has no set: its sessions are those the partitions' sessions
-        # hashes give it (views.all_sessions), which saves a member (~85 B) per session
-        for tenant in {s["tenant"] for s in specs} - {DEFAULT_TENANT}:
-            pipe.sadd(self.keys.tenant_sessions(tenant),
-                      *{s["session"] for s in specs if s["tenant"] == tenant})
+    def _calls(self, groups: list[list[dict[str, Any]]]) -> list[Call[Staged]]:
+        """A transaction's stage.lua calls, one per session."""
+        return [self._call(g) for g in groups]
 
-    def _alone(self, group: list[dict[str, Any]]) -> Part:
-        return [self._call(group)], None
-
-    def _feed_part(self, specs: list[dict[str, Any]]) -> Part:
-        return [self._feed(specs)], functools.partial(self._tenant_sets, specs=specs)
-
-    def _chunk(self, chunk: list[dict[str, Any]], groups: list[list[dict[str, Any]]]) -> Part:
-        """A chunk's stage.lua calls (one per session), its feed entries, its tenants' sets."""
-        return ([*map(self._call, groups), self._feed(chunk)],
-                functools.partial(self._tenant_sets, specs=chunk))
-
-    def _send(self, parts: list[Callable[[], Part]], wait_on: str | None) -> Plan[list[list[Any]]]:
-        """Each part's calls by digest, and the commands its second item queues after them, in
-        a MULTI/EXEC (but on a cluster, whose slots it would span) each, built when its turn
-        comes (``Chunks``);
-        then, by body, those Redis lacked the script for (none ran: sending a stage again is
-        safe anyway, its id stages once). Returns each part's calls' decoded replies."""
-        built: dict[int, Part] = {}
+    def _send(self, parts: list[Callable[[], list[Call[Any]]]],
+              wait_on: str | None) -> Plan[list[list[Any]]]:
+        """Each part's calls by digest in a MULTI/EXEC (but on a cluster, whose slots it would
+        span) each, built when its turn comes (``Chunks``); then, by body, those Redis lacked
+        the script for (none ran: sending a stage again is safe anyway, its id stages once).
+        Returns each part's calls' decoded replies."""
+        built: dict[int, list[Call[Any]]] = {}
         queued: dict[int, list[Queued[Any]]] = {}
 
         def queue(i: int, pipe: Any) -> None:
             if i not in built:
                 built[i] = parts[i]()
-            calls, extra = built[i]
             # queued anew when sent again (a dropped connection, REPLICA_WAIT through a failover)
-            queued[i] = [c.on(pipe, by_digest=True) for c in calls]
-            if extra is not None:
-                extra(pipe)
+            queued[i] = [c.on(pipe, by_digest=True) for c in built[i]]
 
         replies = yield Chunks([functools.partial(queue, i) for i in range(len(parts))], wait_on)
         failed = next((r for rs in replies for r in rs
@@ -318,7 +337,7 @@ class Staging:
 
             def resend(pipe: Any) -> None:
                 resent.clear()
-                resent.extend(built[i][0][j].on(pipe) for i, j in missing)
+                resent.extend(built[i][j].on(pipe) for i, j in missing)
 
             more = yield Batch(resend, wait_on=wait_on)
             again = {m: q.get(more) for m, q in zip(missing, resent, strict=True)}

@@ -82,8 +82,8 @@ def test_every_script_call_stays_in_one_slot(deployment: Deployment) -> None:
         slots = {key_slot(k.encode()) for k in keys}
         assert len(slots) == 1, keys
         tags = {m.group(1) for k in keys for m in [TAG.search(k)] if m}
-        if tags in ({"beats"}, {"events"}):  # a worker loop's beat, a stage's feed entries
-            continue  # (feed.lua): one slot of their own, no session's
+        if tags == {"beats"}:  # a worker loop's beat: a slot of its own, no session's
+            continue
         assert tags == {tag}, keys
         assert all(f":s:{s}:" in k or ":s:" not in k for k in keys), keys
         seen[numkeys] += 1

@@ -10,9 +10,10 @@ CLUSTER FAILOVER TAKEOVER. (A SIGSTOP alone would not do: the kernel's socket bu
 still hand the replica everything the master sent.) The dead master is then restarted
 and rejoins as the new master's replica (with REPLICA_WAIT its slots wait for that).
 
-Actions are counted per (session, id): without the wait an id counter can roll back with a
-failover, and an id handed out again in the same session is refused by stage.lua as staged
-already, which is a lost stage too."""
+Actions are counted per (session, id): without the wait an id counter (and its copy) can roll
+back with a failover; an id handed out again in the same session is refused by stage.lua as a
+collision (the stage raises Damaged: never acknowledged, so not lost), and one handed out again
+in another session stages a second action under that id, which this count keeps apart."""
 
 from __future__ import annotations
 

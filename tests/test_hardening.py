@@ -18,7 +18,7 @@ import orjson
 import pytest
 import redis
 
-from pending_actions.broker.errors import RedisFull
+from pending_actions.broker.errors import RedisFull, Unowned
 from pending_actions.broker.pools import heartbeat
 from pending_actions.procs import ROOT
 from pending_actions_harness.supervise import WorkerProcess
@@ -43,14 +43,27 @@ def test_global_keys_deleted_under_load(tmp_path: Path) -> None:
         wait_healthy(server.url)
         with Load(pa) as load:
             load.wait_resolved(20)
-            # every partition's request stream, task streams and sessions set: not its lease
+            # every partition's request stream, task streams and sessions hash: not its lease
             # index, which a lease and its entry share a script to write (see below)
             for p in range(K.partitions):
                 tasks = list(rc.scan_iter(match=K.task_queue(p, "*"), _type="stream"))
                 rc.delete(K.requests(p), K.sessions(p), *tasks)
             rc.delete(K.workers, K.beat_procs)
             fault_ms = redis_ms(rc)
-            load.wait_resolved(20)  # the load runs on without them
+            # the owner records went with the sessions hashes: a stage into a session that has
+            # keys but no record is refused (no tenant may take it over) until an operator
+            # restores the records from the sessions' own keys
+            with pytest.raises(Unowned):
+                pa.stage(session=load.sessions[0], tool="t", label="L", apply="t.idem")
+            mended = subprocess.run(
+                [sys.executable, "-m", "pending_actions", "--json", "repair", "--tenant",
+                 "default"], env=worker_env(server.url), cwd=ROOT, capture_output=True,
+                text=True, timeout=60)
+            assert mended.returncode == 0, mended.stdout + mended.stderr
+            restored = {r["session"] for r in orjson.loads(mended.stdout)
+                        if r["outcome"] == "restored"}
+            assert set(load.sessions) <= restored
+            load.wait_resolved(20)  # the load runs on without the rest
         others_resolve(pa, rc)
         load.check(rc)
         still_healthy(server.url, fault_ms)

@@ -201,7 +201,8 @@ def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
         assert {k.split(b":")[4] for k in left} <= {b"req", b"reply"}
         assert all(rc.ttl(k) > 0 for k in left) and 50 <= len(left) <= 2 * 50
         per = sum(int(rc.memory_usage(k) or 0) for k in left) / 50
-        feed = int(rc.memory_usage(K.events) or 0) / 100  # 2 entries per action, capped
+        feed = sum(int(rc.memory_usage(K.events(p)) or 0)
+                   for p in range(K.partitions)) / 100  # 2 entries per action, capped
         print(f"after retention, per finished session: {len(left) / 50:.0f} keys, {per:.0f} B "
               f"(until reply_ttl_s), 0 B after; the capped event feed {feed:.0f} B per action")
 

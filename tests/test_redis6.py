@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -83,3 +84,45 @@ def test_every_path_of_a_resolve_works_on_redis_6(old_pa: PendingActions) -> Non
     assert gone.is_error and pa.pending(s) == []
     events = [e["event"] for e in pa.history(s)]
     assert {"staged", "taken", "failed", "discarded", "applied", "expired"} <= set(events)
+
+
+def test_the_stage_path_refuses_and_reserves_the_same_on_redis_6(old_pa: PendingActions) -> None:
+    """stage.lua's refusals (another tenant's session, a lost owner record, an id holding
+    another spec) change nothing, and reserve.lua rebuilds a deleted counter from its copy."""
+    from pending_actions.broker.errors import Damaged, Forbidden, Unowned
+    from tests.support.unchanged import live, redis_unchanged
+
+    pa, k = old_pa, old_pa.ctx.keys
+    rc: Any = pa.client
+    s = f"r6t-{uuid.uuid4().hex[:8]}"
+    p = k.partition(s)
+    first = pa.stage(session=s, tool="edit", label="secret", apply="t.ok", tenant="t2")
+    base = live(k)
+
+    def ids(key: bytes) -> bool:
+        return base(key) or key.endswith((b":seq", b":seq:mark"))
+
+    with redis_unchanged(rc, ids), pytest.raises(Forbidden):
+        PendingActions(pa.settings).stage(session=s, tool="edit", label="x", apply="t.ok",
+                                          tenant="t1")
+    feed = [f for _e, f in rc.xrange(k.events(p)) if f[b"session"] == s.encode()]
+    assert [(f[b"id"].decode(), f[b"tenant"]) for f in feed] == [(first, b"t2")]
+    assert rc.smembers(k.tenant_index(p, "t2")) >= {s.encode()}
+    rc.hdel(k.sessions(p), s)
+    with redis_unchanged(rc, ids), pytest.raises(Unowned):
+        PendingActions(pa.settings).stage(session=s, tool="edit", label="x", apply="t.ok",
+                                          tenant="t2")
+    rc.hset(k.sessions(p), s, "t2")
+    rc.delete(k.seq(p))
+    fresh = PendingActions(pa.settings)
+    again = fresh.stage(session=s, tool="edit", label="after", apply="t.ok", tenant="t2")
+    assert int(again.rpartition(":")[2]) > int(first.rpartition(":")[2])
+    seq = int(first.rpartition(":")[2]) // k.partitions
+    rc.set(k.seq(p), seq - 1)
+    rc.set(k.seq_mark(p), seq - 1)
+    with redis_unchanged(rc, ids), pytest.raises(Damaged):
+        PendingActions(pa.settings).stage(session=s, tool="edit", label="x", apply="t.ok",
+                                          tenant="t2")
+    rc.set(k.seq(p), seq + 1000)
+    rc.set(k.seq_mark(p), seq + 1000)
+    assert [a.label for a in pa.pending(s)] == ["after", "secret"]

@@ -84,14 +84,16 @@ def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
             pipe.hset(k.actions(s), "pending-action:t:1", "{}")
             pipe.hset(k.sessions(k.partition(s)), s, "default")
         # finished: only a history left (it is set to expire), or nothing at all (it goes),
-        # and the same for a tenant's sessions set
+        # and the same for a session of a tenant with an index
         for s in ("old-1", "old-2"):
             pipe.xadd(k.history(s), {"event": "staged"})
             pipe.hset(k.sessions(k.partition(s)), s, "default")
         pipe.hset(k.sessions(k.partition("gone-1")), "gone-1", "default")
-        pipe.sadd(k.tenant_sessions("acme"), "gone-2", "live-1")
+        for s in ("gone-2", "live-acme"):
+            pipe.hset(k.sessions(k.partition(s)), s, "acme")
+            pipe.sadd(k.tenant_index(k.partition(s), "acme"), s)
+        pipe.hset(k.actions("live-acme"), "pending-action:t:1", "{}")
         pipe.execute()
-        retire.sets_at = 0.0  # the tenant set above is found at this pass's start
         rc.delete(k.housekeeping)  # where the passes stood is lost: they start again
         rc.hset(k.housekeeping, k.sessions(5), "garbled")  # read as "from the start"
         rc.hset(k.housekeeping, "turn", "3")  # an older version's field: it goes
@@ -104,8 +106,8 @@ def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
         assert LIVE / (2 * rounds) <= first <= 3 * LIVE / rounds, first
         assert not rc.hexists(k.housekeeping, "turn")
 
-        everything = {k.sessions(p) for p in range(k.partitions)} | {k.tenant_sessions("acme")}
-        seen, done = first, set()  # the hashes and sets whose pass has ended
+        everything = {k.sessions(p) for p in range(k.partitions)}
+        seen, done = first, set()  # the hashes whose pass has ended
         for n in range(2, 4 * rounds):  # n: the rounds a pass took
             later(rc, k, settings.housekeeping_s)
             rc.config_resetstat()
@@ -118,9 +120,11 @@ def test_a_pass_is_paced_by_the_retention_and_reaches_every_session(
         assert rounds // 2 <= n <= rounds, (n, everything - done)
         assert seen >= LIVE  # and looked at every session
 
-        assert dropped == 2  # gone-1 from its hash, gone-2 from the tenant's set
+        assert dropped == 2  # gone-1, and gone-2 from its hash and its tenant's index
         assert not rc.hexists(k.sessions(k.partition("gone-1")), "gone-1")
-        assert rc.smembers(k.tenant_sessions("acme")) == {b"live-1"}
+        assert not rc.hexists(k.sessions(k.partition("gone-2")), "gone-2")
+        assert not rc.sismember(k.tenant_index(k.partition("gone-2"), "acme"), "gone-2")
+        assert rc.sismember(k.tenant_index(k.partition("live-acme"), "acme"), "live-acme")
         assert all(rc.pttl(k.history(s)) > 0 for s in ("old-1", "old-2"))
         assert all(rc.hexists(k.sessions(k.partition(s)), s) for s in ("old-1", "live-7"))
 
@@ -178,12 +182,15 @@ def test_a_pass_over_20000_sessions_keeps_its_time(server: EmbeddedRedis) -> Non
     assert took <= 4 + 0.6 + 1, took
 
 
-def test_the_record_drops_a_tenant_set_once_the_set_is_gone(server: EmbeddedRedis) -> None:
-    # a pass of one round: every hash and set is paged whole each round
+def test_the_record_drops_what_older_versions_paged(server: EmbeddedRedis) -> None:
+    """Older versions paged the tenants' sessions sets too: their entries leave the record,
+    and the sets themselves are left as they are (read by nothing)."""
+    # a pass of one round: every hash is paged whole each round
     settings = Settings(redis_url=server.url, key_prefix="rs", retention_s=24, housekeeping_s=10)
     ctx = Context.create(settings, role="worker")
     rc = redis.Redis.from_url(server.url)
     k, retire = ctx.keys, Retirement(ctx)
+    legacy = k.legacy_tenant_sessions("gone-co")
 
     def one_round() -> int:
         rc.delete(k.housekeeping_lock)
@@ -191,20 +198,13 @@ def test_the_record_drops_a_tenant_set_once_the_set_is_gone(server: EmbeddedRedi
         return retire.step()
 
     try:
-        # a tenant whose one session has nothing left, and one with a live session
-        rc.sadd(k.tenant_sessions("gone-co"), "done-1")
-        rc.sadd(k.tenant_sessions("live-co"), "live-1")
-        rc.hset(k.actions("live-1"), "pending-action:t:1", "{}")
-        assert one_round() == 1  # done-1 left gone-co's set, and with it the set
-        assert not rc.exists(k.tenant_sessions("gone-co"))
-        assert rc.hexists(k.housekeeping, k.tenant_sessions("gone-co"))  # this pass still had it
-
-        retire.sets_at = 0.0  # the next pass looks for the sets again
-        one_round()
-        assert not rc.hexists(k.housekeeping, k.tenant_sessions("gone-co"))
-        assert rc.hexists(k.housekeeping, k.tenant_sessions("live-co"))
+        rc.sadd(legacy, "done-1")
+        rc.hset(k.housekeeping, legacy, "1 1 0 0 0")  # a pass an older version began
+        assert one_round() == 0
+        assert not rc.hexists(k.housekeeping, legacy)
         assert rc.hexists(k.housekeeping, k.sessions(0))
-        assert k.tenant_sessions("gone-co") not in retire.own
+        assert legacy not in retire.own
+        assert rc.smembers(legacy) == {b"done-1"}
     finally:
         ctx.client.close()
         rc.close()

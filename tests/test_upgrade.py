@@ -35,6 +35,8 @@ def test_a_resolve_worker_upgrades_the_older_sessions_index(tmp_path: Path) -> N
     for session, tenant in planted:
         rc.sadd(keys.sessions(keys.partition(session)), session)
         rc.xadd(keys.history(session), {"event": "staged", "id": "pending-action:t:1"})
+        # the id counter as the older version's stage left it (an INCRBY, no mark beside it)
+        rc.set(keys.seq(keys.partition(session)), 1)
         if tenant is not None:
             rc.set(keys.legacy_tenant(session), tenant)
     worker = Worker(redis_server.url).start()
@@ -153,5 +155,48 @@ def test_two_upgrades_at_once_move_each_stack_once(tmp_path: Path) -> None:
         rc.rpush(keys.stack("late"), "pending-action:t:late")
         assert upgrade_stacks(ctxs[0]) == 0 and rc.type(keys.stack("late")) == b"list"
     finally:
+        rc.close()
+        redis_server.stop()
+
+
+def test_a_resolve_worker_builds_the_tenant_indexes_from_the_owner_records(
+        tmp_path: Path) -> None:
+    """An older version kept each tenant's sessions in one set across partitions, written
+    beside the stage whatever it answered (so it could name another tenant's session). The
+    indexes are built from the owner records instead; the old sets and the old feed are left
+    as they were, read by nothing."""
+    from pending_actions.views import tenant_sessions
+
+    redis_server = EmbeddedRedis(directory=tmp_path).start()
+    rc = redis.Redis.from_url(redis_server.url)
+    keys = Keys()
+    owners = {"acme-1": "acme", "acme-2": "acme", "plain": "default", "slot": ""}
+    for session, tenant in owners.items():
+        p = keys.partition(session)
+        rc.hset(keys.sessions(p), session, tenant)
+        rc.xadd(keys.history(session), {"event": "staged", "id": f"pending-action:t:{16 + p}"})
+        rc.set(keys.seq(p), 1)
+    legacy = keys.legacy_tenant_sessions("acme")
+    rc.sadd(legacy, "acme-1", "acme-2", "plain")  # "plain": what a refused stage left there
+    rc.xadd(keys.legacy_events, {"event": "staged", "session": "plain", "tenant": "acme"})
+    rc.set(keys.layout, "zset-stacks")  # the older version's last layout
+    worker = Worker(redis_server.url).start()
+    pa = PendingActions.from_url(redis_server.url)
+    try:
+        assert rc.get(keys.layout) == b"tenant-indexes"
+        assert sorted(tenant_sessions(pa, "acme")) == ["acme-1", "acme-2"]
+        for p in range(keys.partitions):
+            assert not rc.exists(keys.tenant_index(p, "default"), keys.tenant_index(p, ""))
+        assert rc.smembers(legacy) == {b"acme-1", b"acme-2", b"plain"}
+        assert rc.xlen(keys.legacy_events) == 1
+        ctx = Context.create(Settings(redis_url=redis_server.url))
+        assert upgrade(ctx) == 0  # done once: later starts skip it
+        # a session the older version claimed is the tenant's, and only the tenant's
+        pa.stage(session="acme-1", tool="t", label="x", apply="t.ok", tenant="acme")
+        with pytest.raises(Forbidden):
+            pa.stage(session="plain", tool="t", label="x", apply="t.ok", tenant="acme")
+    finally:
+        pa.close()
+        worker.stop()
         rc.close()
         redis_server.stop()

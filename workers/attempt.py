@@ -20,7 +20,7 @@ from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, texts
 from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
-from pending_actions.broker.connection import NotReplicated, acked, is_cluster
+from pending_actions.broker.connection import NotReplicated, acked
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import Stale, ToolError
 from pending_actions.broker.events import Event
@@ -165,9 +165,6 @@ class Attempt:
         # scripts by digest (their bodies are KBs Redis would hash at every call), but where a
         # replica must confirm: WAIT covers a pipeline's own writes, not a body sent again after
         self.digest = not self.replicas
-        # the feed is on another slot: on a cluster, where the outcome's pipeline goes straight
-        # to the session's master, it follows in a round trip of its own
-        self.direct = is_cluster(ctx.client)
         self.recorded = False  # an outcome sent was recorded, whatever its replication
 
     # --- claim -----------------------------------------------------------------------------
@@ -276,16 +273,12 @@ class Attempt:
         """The outcome (which also ends the lease's index entry), the task's ack and the feed
         entry: one round trip."""
         build = partial(self._queue_outcome, step, event, spec, by)
-        done = retry(partial(self._loaded, partial(self._send_outcome, build)), self.budget)
-        if event is not None and self.direct:
-            retry(lambda: publish(self.ctx.client, self.ctx.keys, event, spec, by=by),
-                  self.budget)
-        return done
+        return retry(partial(self._loaded, partial(self._send_outcome, build)), self.budget)
 
     def _queue_outcome(self, step: Call[Concluded], event: Event | None, spec: Spec | None,
                        by: str, pipe: Any) -> Callable[[list[Any]], bool]:
         done = step.on(pipe, by_digest=self.digest)
-        if event is not None and not self.direct:
+        if event is not None:  # the session's partition's feed: in the outcome's slot
             publish(pipe, self.ctx.keys, event, spec, by=by)
         if self.settle is not None:
             self.settle(pipe)

@@ -1,15 +1,15 @@
 """Nothing grows for ever: the recovery loop retires, a page at a time, what finished sessions
 leave. retire.lua sets a finished session's history to expire after ``retention_s`` (never
 touching a session with anything pending, in flight, in a slot or dead-lettered), and drops a
-session with no keys left from its partition's sessions hash (its tenant claim with it); the
-tenants' sessions sets follow. The dead streams are capped where they are written; markers and
+session with no keys left from its partition's sessions hash (its owner record) and its
+tenant's index, in one step. The dead streams are capped where they are written; markers and
 replies have their own ttl.
 
-The pages are paced by the retention, not by the number of sessions: a pass over each hash or
-set takes ``retention_s / PASSES`` (never less than one round), so an idle worker beside many
+The pages are paced by the retention, not by the number of sessions: a pass over each hash
+takes ``retention_s / PASSES`` (never less than one round), so an idle worker beside many
 stored sessions sends a few commands a minute, not hundreds a second. The pace is set by the
-clock, not by counting rounds: each round looks at the members of each hash or set that its
-pass should have reached by the next round, so a late round, a scan that returned fewer than
+clock, not by counting rounds: each round looks at the members of each hash that its pass
+should have reached by the next round, so a late round, a scan that returned fewer than
 asked or a hash that grew is caught up with at the next one, and the last round before a pass's
 end finishes it. A page of any size is looked at in steps of at most ``MAX_PAGE`` sessions, one
 short script call each, so a pass keeps its time however many sessions there are. Every session
@@ -34,7 +34,7 @@ log = logging.getLogger("pending_actions.resolver")
 
 @dataclass
 class Walk:
-    """One pass over a hash or a set, as kept in ``Keys.housekeeping`` (one field each):
+    """One pass over a sessions hash, as kept in ``Keys.housekeeping`` (one field each):
     when it began (Redis ms), the size it had then, the scan cursor, how many members were
     looked at so far, and whether the scan came round (the pass is over once its time is)."""
 
@@ -66,13 +66,11 @@ class Walk:
 class Retirement:
     PASSES = 24  # passes over the sessions per retention (7 h each at the default 7 days)
     MAX_PAGE = 200  # sessions per scan and per retire.lua call, at most
-    MIN_PAGE = 50  # sessions a hash or set waits to have due before a round pages it
+    MIN_PAGE = 50  # sessions a hash waits to have due before a round pages it
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.next_at = 0.0
-        self.sets: list[str] = []  # the tenants' sessions sets, found once a pass
-        self.sets_at = 0.0  # when to look for them again
         # the passes as this worker last left them: carried on alone while the shared record
         # is of another type (an operator's doing), rather than stopping the recovery loop
         self.own: dict[str, Walk] = {}
@@ -91,8 +89,8 @@ class Retirement:
         return max(s.housekeeping_s, s.retention_s / self.PASSES)
 
     def step(self) -> int:
-        """At most every ``housekeeping_s``, by one worker at a time: for each sessions hash
-        and set, the page of it that its pass has come to. Where each pass stands is kept in
+        """At most every ``housekeeping_s``, by one worker at a time: for each sessions hash,
+        the page of it that its pass has come to. Where each pass stands is kept in
         Redis (``Keys.housekeeping``), so whichever worker holds the round carries it on.
         Returns how many sessions were dropped."""
         s = self.ctx.settings
@@ -104,37 +102,31 @@ class Retirement:
         if not self.ctx.client.set(k.housekeeping_lock, "1", nx=True,
                                    px=int(s.housekeeping_s * 1000)):
             return 0
-        if now >= self.sets_at:
-            self.sets, self.sets_at = self.tenant_sets(), now + self.pass_s
-        keys = [(k.sessions(p), True) for p in range(k.partitions)] + [
-            (key, False) for key in self.sets]
+        keys = [k.sessions(p) for p in range(k.partitions)]
         walks, stray = self.load()
         clock = self.ctx.clock.now_ms()
         pass_ms, round_ms = int(self.pass_s * 1000), int(self.round_s * 1000)
         # a pass begins where none is going on: the last one over and its time up
         started = self.measure(
-            [(key, hashed) for key, hashed in keys if key not in walks
+            [key for key in keys if key not in walks
              or (walks[key].done and clock >= walks[key].began + pass_ms)], clock)
         walks.update(started)
         dropped, moved = 0, []
-        for key, hashed in keys:
+        for key in keys:
             walk = walks[key]
             due = walk.due(clock, pass_ms, round_ms)
             if walk.done or (due is not None and due - walk.seen < self.MIN_PAGE):
                 continue
             while not walk.done and (due is None or walk.seen < due):
                 count = self.MAX_PAGE if due is None else min(self.MAX_PAGE, due - walk.seen)
-                gone, walk.cursor, looked = self.page(key, hashed, walk.cursor, count)
+                gone, walk.cursor, looked = self.page(key, walk.cursor, count)
                 dropped += gone
                 walk.seen += looked
                 walk.done = walk.cursor == 0
             moved.append(key)
-        # a tenant's set that is gone (every session of it retired) leaves the record with
-        # its entry, else the record would keep one for every tenant there ever was (one this
-        # worker has not found yet, another's pass over it, stays); and so does what is no pass
-        # (an older version's fields, a garbled one)
-        vanished = self.gone(set(walks) - {key for key, _ in keys}) | (
-            stray - {key for key, _ in keys})
+        # what is no pass over a sessions hash leaves the record: an older version's passes
+        # over the tenants' sets (read by nothing now), a garbled field
+        vanished = (set(walks) | stray) - set(keys)
         for key in vanished:
             walks.pop(key, None)
         self.own = walks
@@ -151,14 +143,6 @@ class Retirement:
         except redis.ResponseError as exc:
             self._unshared(exc)
         return dropped
-
-    def gone(self, keys: set[str]) -> set[str]:
-        if not keys:
-            return set()
-        pipe = self.ctx.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.exists(key)
-        return {key for key, n in zip(keys, pipe.execute(), strict=True) if not n}
 
     def _unshared(self, exc: redis.ResponseError) -> None:
         if "WRONGTYPE" not in str(exc):
@@ -183,60 +167,37 @@ class Retirement:
                 stray.add(field.decode())
         return walks, stray
 
-    def tenant_sets(self) -> list[str]:
-        found: Any = self.ctx.client.scan_iter(match=self.ctx.keys.tenant_sessions("*"),
-                                               count=1000, _type="set")
-        return [x.decode() if isinstance(x, bytes) else x for x in found]
-
-    def measure(self, starting: list[tuple[str, bool]], now_ms: int) -> dict[str, Walk]:
-        """A pass beginning now over each of these hashes and sets: its size sets its pace
-        (and spares the scan of one that is empty)."""
+    def measure(self, starting: list[str], now_ms: int) -> dict[str, Walk]:
+        """A pass beginning now over each of these hashes: its size sets its pace (and spares
+        the scan of one that is empty)."""
         if not starting:
             return {}
         pipe = self.ctx.client.pipeline(transaction=False)
-        for key, hashed in starting:
-            if hashed:
-                pipe.hlen(key)
-            else:
-                pipe.scard(key)
+        for key in starting:
+            pipe.hlen(key)
         return {key: Walk(now_ms, int(size), done=not int(size))
-                for (key, _), size in zip(starting, pipe.execute(), strict=True)}
+                for key, size in zip(starting, pipe.execute(), strict=True)}
 
-    def page(self, key: str, hashed: bool, cursor: int, count: int) -> tuple[int, int, int]:
-        """A page of about ``count`` members of a partition's sessions hash (``hashed``:
-        retire.lua drops the sessions it finds gone) or of a tenant's sessions set (dropped
-        here), from ``cursor``. Returns how many were dropped, the cursor after, and how many
-        were looked at."""
-        ctx = self.ctx
-        scanned: Any = (ctx.client.hscan(key, cursor, count=count) if hashed
-                        else ctx.client.sscan(key, cursor, count=count))
-        after = int(scanned[0])
-        sessions = [m.decode() for m in scanned[1]]  # a hash's fields, a set's members
-        gone = self.retire(sessions) if sessions else []
-        if hashed or not gone:
-            return len(gone), after, len(sessions)
-        ctx.client.srem(key, *gone)
-        # a stage may have come in between the look and the SREM (its producer adds the
-        # session to its tenant's set), so whatever has keys again now goes back
-        pipe = ctx.client.pipeline(transaction=False)
-        for session in gone:
-            pipe.exists(ctx.keys.actions(session), ctx.keys.history(session),
-                        ctx.keys.dead(session))
-        back = [x for x, n in zip(gone, pipe.execute(), strict=True) if n]
-        if back:
-            ctx.client.sadd(key, *back)
-        return len(gone) - len(back), after, len(sessions)
+    def page(self, key: str, cursor: int, count: int) -> tuple[int, int, int]:
+        """A page of about ``count`` sessions of a partition's sessions hash from ``cursor``:
+        retire.lua drops the sessions it finds gone. Returns how many were dropped, the cursor
+        after, and how many were looked at."""
+        scanned: Any = self.ctx.client.hscan(key, cursor, count=count)
+        # each session with its tenant as read: retire.lua takes it out of that tenant's index
+        sessions = [(s.decode(), t.decode()) for s, t in scanned[1].items()]
+        return len(self.retire(sessions)) if sessions else 0, int(scanned[0]), len(sessions)
 
-    def retire(self, sessions: list[str]) -> list[str]:
-        """retire.lua on these sessions, one call per partition; returns those gone."""
+    def retire(self, sessions: list[tuple[str, str]]) -> list[str]:
+        """retire.lua on these sessions (each with the tenant its record held), one call per
+        partition; returns those gone."""
         ctx = self.ctx
-        by_partition: dict[int, list[str]] = defaultdict(list)
-        for session in sessions:
-            by_partition[ctx.keys.partition(session)].append(session)
+        by_partition: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for session, tenant in sessions:
+            by_partition[ctx.keys.partition(session)].append((session, tenant))
         retention = ctx.settings.retention_s * 1000
         gone: list[str] = []
         for partition, group in by_partition.items():
             codes = ctx.scripts.retire(partition, sessions=group,
                                         retention_ms=retention).run()
-            gone += [x for x, code in zip(group, codes, strict=True) if code == 2]
+            gone += [x for (x, _t), code in zip(group, codes, strict=True) if code == 2]
         return gone

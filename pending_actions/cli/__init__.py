@@ -80,11 +80,12 @@ def _register() -> None:
     from pending_actions.health import health
     from pending_actions.mcp.cli import mcp_, mcp_proxy
     from pending_actions.ops import top
+    from pending_actions.repair import repair
     from pending_actions.serve.cli import serve, token
 
     for command in (service.up, service.worker, actions.stage, actions.resolve, actions.ls_,
                     actions.show, actions.history, actions.dead, actions.stats,
-                    serve, token, top, health, acl, mcp_, mcp_proxy):
+                    serve, token, top, health, acl, mcp_, mcp_proxy, repair):
         cli.add_command(command)
 
 

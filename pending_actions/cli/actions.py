@@ -80,34 +80,46 @@ def _line(a: PendingAction) -> str:
 ANY_SESSION = click.option("--session", metavar="SESSION", help="One session (or --all).")
 ALL = click.option("--all", "all_", is_flag=True, help="Every session (HSCAN, never KEYS).")
 TENANT = click.option("--tenant", help="With --all: only this tenant's sessions.")
+UNOWNED = click.option(
+    "--unowned", is_flag=True, help="With --all: also the sessions that have keys but no owner "
+    "record, marked (unowned); SCANs the key space, as an operator's Redis user (not a "
+    "producer's) may.")
 
 
-def _one_or_all(session: str | None, all_: bool) -> None:
+def _one_or_all(session: str | None, all_: bool, tenant: str | None = None,
+                unowned: bool = False) -> None:
     if bool(session) == all_:
         raise click.UsageError("give either --session SESSION or --all")
+    if unowned and (not all_ or tenant):
+        raise click.UsageError("--unowned goes with --all, without --tenant (no tenant owns "
+                               "those sessions)")
 
 
 @click.command(name="ls")
 @ANY_SESSION
 @ALL
 @TENANT
+@UNOWNED
 @click.pass_obj
-def ls_(obj: Obj, session: str | None, all_: bool, tenant: str | None) -> None:
+def ls_(obj: Obj, session: str | None, all_: bool, tenant: str | None, unowned: bool) -> None:
     """List pending actions of SESSION (in-flight first, then the stack, head first), or with
-    --all of every session, newest first."""
-    from pending_actions.views import all_sessions
+    --all of every session whose owner record names a tenant (with --tenant, that one), newest
+    first."""
+    from pending_actions.views import UNOWNED as LOST
+    from pending_actions.views import listed
 
-    _one_or_all(session, all_)
+    _one_or_all(session, all_, tenant, unowned)
     try:
         pa = obj.client()
-        sessions = [session] if session else all_sessions(pa, tenant)
-        items = [a for s in sessions for a in pa.pending(s)]
+        sessions = [(session, "")] if session else listed(pa, tenant, "actions", unowned)
+        items = [(owner == LOST, a) for s, owner in sessions for a in pa.pending(s)]
     except PendingActionsError as exc:
         fail(exc)
     if all_:
-        items.sort(key=lambda a: a.created_at, reverse=True)
-    obj.out([a.model_dump() for a in items],
-            "\n".join((f"{a.session}  " if all_ else "") + _line(a) for a in items)
+        items.sort(key=lambda x: x[1].created_at, reverse=True)
+    obj.out([{**a.model_dump(), **({"unowned": True} if lost else {})} for lost, a in items],
+            "\n".join((f"{a.session}{' ' + LOST if lost else ''}  " if all_ else "")
+                      + _line(a) for lost, a in items)
             or "(nothing pending)")
 
 
@@ -160,19 +172,21 @@ def _event_line(event: dict[str, str]) -> str:
 @ANY_SESSION
 @ALL
 @TENANT
+@UNOWNED
 @click.pass_obj
-def dead(obj: Obj, session: str | None, all_: bool, tenant: str | None) -> None:
+def dead(obj: Obj, session: str | None, all_: bool, tenant: str | None, unowned: bool) -> None:
     """List dead-lettered actions with the reason, of SESSION or with --all of every session."""
     from pending_actions.views import dead_all
 
-    _one_or_all(session, all_)
+    _one_or_all(session, all_, tenant, unowned)
     try:
         pa = obj.client()
         items = ([{"session": session, **d} for d in pa.dead_letters(session)] if session
-                 else dead_all(pa, tenant))
+                 else dead_all(pa, tenant, unowned))
     except PendingActionsError as exc:
         fail(exc)
-    obj.out(items, "\n".join(f"{d['session']}  {d['id']}  {d['reason']}" for d in items)
+    obj.out(items, "\n".join(f"{d['session']}{' (unowned)' if d.get('unowned') else ''}  "
+                              f"{d['id']}  {d['reason']}" for d in items)
             or "(none)")
 
 

@@ -8,8 +8,9 @@ operator listener (``serve --metrics-port``).
 Two sources. Gauges are read from Redis at each scrape (``views.figures``): what is pending, in
 flight, dead, how old the oldest is, and whether the loops of the workers are reading. Counters
 and histograms of what happened (outcomes, time to decision, lease stalls) come from the
-deployment's event feed, which this process tails from the moment it starts: like any
-Prometheus counter they start at zero with the process, and ``rate()`` takes care of restarts.
+deployment's event feed (every partition's), which this process tails from the moment it
+starts: like any Prometheus counter they start at zero with the process, and ``rate()`` takes
+care of restarts.
 Resolve latency is measured here, around each resolve made through the API.
 """
 
@@ -27,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.events import ENDINGS, OUTCOMES, Event
+from pending_actions.broker.feed import Feeds
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Result
 from pending_actions.producers import PendingActions
@@ -240,19 +242,17 @@ class Metrics:
         self.thread.start()
 
     def _tail(self) -> None:
-        client, key, last = self.pa.client, self.pa.ctx.keys.events, "$"
+        feeds = Feeds(self.pa.client, self.pa.ctx.keys)
+        last: dict[int, str] | None = None
         outage = self.outage
         while not self.stop.is_set():
             try:
-                if last == "$":  # resolve "$" to an id once, so no event falls between reads
-                    newest: Any = client.xrevrange(key, count=1)
-                    last = newest[0][0].decode() if newest else "0-0"
-                got: Any = client.xread({key: last}, count=500, block=1000)
-                for _stream, entries in got or ():
-                    for entry_id, raw in entries:
-                        # (a recovery's entry looks its tenant up: Redis may fail there too)
-                        self.observe_event({k.decode(): v.decode() for k, v in raw.items()})
-                        last = entry_id.decode()
+                if last is None:  # "now" as ids, once, so no event falls between reads
+                    last = feeds.newest()
+                for p, entry_id, fields in feeds.read(last, 500, 1000, self.stop):
+                    # (a recovery's entry looks its tenant up: Redis may fail there too)
+                    self.observe_event(fields)
+                    last[p] = entry_id
             except TRANSIENT as exc:
                 outage.failed(exc)
                 self.stop.wait(1.0)

@@ -1,5 +1,6 @@
-"""Webhook delivery: the event feed (``Keys.events``) is read through a consumer group by a
-thread in each dramatiq worker process that imports this module (``worker`` and ``up`` do when
+"""Webhook delivery: the event feed (every partition's ``Keys.events``, ``broker.feed.Feeds``) is
+read through a consumer group (one per partition's stream) by a thread in each dramatiq worker
+process that imports this module (``worker`` and ``up`` do when
 ``PENDING_ACTIONS_WEBHOOK_URLS`` is set); each event becomes one dramatiq task per URL, retried
 with exponential backoff. A delivery that runs out of retries is recorded in
 ``Keys.webhooks_dead`` with its last error (and dramatiq parks the message as usual). Signing is
@@ -22,6 +23,7 @@ import orjson
 import redis
 
 from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.feed import Entry, Feeds
 from pending_actions.broker.loops import Loop
 from pending_actions.broker.settings import Settings
 from pending_actions.webhooks import DELIVERY, SIGNATURE, TIMESTAMP, parse_urls, sign
@@ -108,47 +110,44 @@ class Dispatcher(dramatiq.Middleware):
     def _run(self) -> None:
         consumer = f"{os.getpid()}-{threading.get_ident()}"
         next_claim = [0.0]
+        grouped = [False]
 
         def step() -> None:
-            _group()
-            entries: list[Any] = []
-            if time.monotonic() >= next_claim[0]:
-                next_claim[0] = time.monotonic() + self.CLAIM_IDLE_MS / 2000
-                claimed: Any = ctx.client.xautoclaim(
-                    ctx.keys.events, GROUP, consumer, self.CLAIM_IDLE_MS, "0-0", count=100)
-                entries = [e for e in claimed[1] if e[1]]
-            if not entries:
-                got: Any = ctx.client.xreadgroup(GROUP, consumer, {ctx.keys.events: ">"},
-                                                 count=100, block=1000)
-                entries = [e for _s, es in got or () for e in es]
+            if not grouped[0]:
+                FEEDS.ensure_group(GROUP)
+                grouped[0] = True
+            entries: list[Entry] = []
+            try:
+                if time.monotonic() >= next_claim[0]:
+                    next_claim[0] = time.monotonic() + self.CLAIM_IDLE_MS / 2000
+                    entries = FEEDS.claim(GROUP, consumer, self.CLAIM_IDLE_MS, 100)
+                if not entries:
+                    entries = FEEDS.read_group(GROUP, consumer, 100, 1000, self.stop)
+            except redis.ResponseError as exc:
+                # a feed deleted (its group with it): made again at the next step
+                grouped[0] = grouped[0] and "NOGROUP" not in str(exc)
+                raise
             self.dispatch(entries)
 
         # a loop of broker.loops: survives every error (a deleted feed included), beats
         Loop("webhook-feed", step, self.stop, every_s=15.0, beats=beats).run()
 
-    def dispatch(self, entries: list[Any]) -> None:
+    def dispatch(self, entries: list[Entry]) -> None:
         if not entries:
             return
         targets = urls(ctx.settings)
-        for entry_id, raw in entries:
-            event = {k.decode(): v.decode() for k, v in raw.items()}
+        for p, entry_id, event in entries:
             for n, url in enumerate(targets):
-                # at least once: a crash before the ack re-sends; the delivery id lets the
-                # receiver drop duplicates
-                deliver.send(url=url, event=event, delivery=f"{entry_id.decode()}/{n}")
-        ctx.client.xack(ctx.keys.events, GROUP, *[e for e, _r in entries])
+                # at least once: a crash before the ack re-sends; the delivery id (an entry id
+                # is its partition's: the partition goes with it) lets the receiver drop
+                # duplicates
+                deliver.send(url=url, event=event, delivery=f"{p}:{entry_id}/{n}")
+        FEEDS.ack(GROUP, entries)
 
 
-def _group() -> None:
-    try:  # "$": a new deployment notifies from now on, not the whole capped feed
-        ctx.client.xgroup_create(ctx.keys.events, GROUP, id="$", mkstream=True)
-    except redis.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-
-
+FEEDS = Feeds(ctx.client, ctx.keys)
 # at import, before this process says it is ready: every event staged after a worker is ready
 # is delivered (the dispatcher thread retries this while Redis is away)
 with contextlib.suppress(*TRANSIENT):
-    _group()
+    FEEDS.ensure_group(GROUP)
 broker.add_middleware(Dispatcher())

@@ -55,4 +55,8 @@ def test_tenant_and_by_are_checked(pa: PendingActions) -> None:
     assert pa.pending(s)[0].tenant == "red"
     assert pa.tenant_of(s) == "red"
     assert pa.client.hget(pa.ctx.keys.sessions(pa.ctx.keys.partition(s)), s) == b"red"
-    assert pa.client.sismember(pa.ctx.keys.tenant_sessions("red"), s)
+    k = pa.ctx.keys
+    assert pa.client.sismember(k.tenant_index(k.partition(s), "red"), s)
+    # nor did the refused batch put either session in blue's index
+    assert not pa.client.exists(k.tenant_index(k.partition(s), "blue"),
+                                k.tenant_index(k.partition(other), "blue"))

@@ -217,7 +217,7 @@ def test_the_unchanged_check_sees_every_kind_of_write(single: Deployment,
         lambda: single.pa.stage(session=victim.session, tool="edit", label="l", apply="t.ok",
                                 tenant=victim.tenant),
         lambda: Tokens(single.rc, single.pa.ctx.keys).create(victim.tenant, "approver"),
-        lambda: single.rc.sadd(single.pa.ctx.keys.tenant_sessions(victim.tenant), "stray"),
+        lambda: single.rc.sadd(single.pa.ctx.keys.tenant_index(0, victim.tenant), "stray"),
     ]
     for write in writes:
         with pytest.raises(AssertionError, match="Redis changed"), \
