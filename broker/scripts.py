@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal, TypeVar
 
+import orjson
 import redis
 import redis.asyncio
 
@@ -180,7 +181,7 @@ class Scripts:
             inflight=k.inflight(session), hist=k.history(session),
             marker=k.request_marker(session, req), replies=k.reply(session, req),
             leases=k.leases(p), expiries=k.expiries(p), expired=k.expired(session),
-            requests=k.requests(p))
+            requests=k.requests(p), dead=k.dead(session))
         args = arg.TakeArgs.__new__(
             arg.TakeArgs, req=req, action=action, token=token, dispatch_ms=s.dispatch_timeout_ms,
             marker_ttl_s=marker_ttl_s, maxlen=s.history_maxlen, reason=reason, extra=extra,
@@ -301,7 +302,7 @@ class Scripts:
                 arg.ReaddKeys, inflight=k.inflight(session), stack=k.stack(session),
                 directive=k.directive(session), actions=k.actions(session),
                 state=k.state(session), hist=k.history(session), replies=k.reply(session, req),
-                leases=leases),
+                leases=leases, dead=k.dead(session)),
             arg.ReaddArgs.__new__(
                 arg.ReaddArgs, token=token, last_error=last_error, reply=reply,
                 reply_ttl_s=s.reply_ttl_s, maxlen=s.history_maxlen, action_id=action_id,
@@ -360,6 +361,24 @@ class Scripts:
         """The session's stack, if still the older list, into the zset (head first)."""
         return self._call("upgrade_stack", arg.UpgradeStackKeys(stack=self._k.stack(session)),
                           arg.NoArgs(), int)
+
+    def sweep(self, session: str) -> Call[int]:
+        """Put back the lease index entries of the session's leases that lack one."""
+        k = self._k
+        return self._call(
+            "sweep",
+            arg.LeaseKeys(inflight=k.inflight(session), leases=k.leases(k.partition(session))),
+            arg.SweepArgs(session=session), int)
+
+    def register(self, *, pool: str, names: list[str], instance: str,
+                 ttl_ms: int) -> Call[int]:
+        """Keep ``instance``, a worker process of ``pool`` (its handler ``names``), live for
+        ``ttl_ms`` (``broker/pools.py``)."""
+        k = self._k
+        return self._call(
+            "register", arg.RegisterKeys(pools=k.pools, live=k.pool_live),
+            arg.RegisterArgs(pool=pool, names=orjson.dumps(sorted(names)),
+                             member=f"{pool}/{instance}", ttl_ms=ttl_ms), int)
 
     def beat(self, proc: str, *, loop: str, every_ms: int, ttl_ms: int,
              info: bytes) -> Call[int]:

@@ -17,7 +17,14 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker.errors import Damaged, Forbidden, InvalidInput, UnknownHandler, Unowned
+from pending_actions.broker.errors import (
+    Damaged,
+    Forbidden,
+    InvalidInput,
+    RedisFull,
+    UnknownHandler,
+    Unowned,
+)
 from pending_actions.broker.failures import translate
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import (
@@ -29,7 +36,7 @@ from pending_actions.broker.models import (
     spec_json,
 )
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
-from pending_actions.broker.pools import Live, parse_live, queue_live
+from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
 from pending_actions.broker.replies import Staged, StageRefusal
 from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
 from pending_actions.broker.settings import Settings
@@ -185,9 +192,14 @@ class Staging:
             raise translate(failed[0]) from failed[0]
         if reread:
             self._live, self._live_at = parse_live(live), time.monotonic()
-        for field, name in pairs:
-            if not self._live.has(name):
-                raise UnknownHandler(field, name)
+        missing = next(((f, n) for f, n in pairs if not self._live.has(n)), None)
+        if missing is not None:
+            # workers that dropped out while Redis refused writes: say that Redis is full
+            [check] = yield Batch(functools.partial(queue_write_check, keys=k),
+                                  raise_on_error=False)
+            if isinstance(check, Exception) and isinstance(translate(check), RedisFull):
+                raise translate(check) from check
+            raise UnknownHandler(*missing)
         for (session, tenant), owner, keys in zip(owners, looked[::2], looked[1::2],
                                                   strict=True):
             if isinstance(owner, bytes) and owner and owner.decode() != tenant:

@@ -93,13 +93,14 @@ class Registration(dramatiq.Middleware):
         try:
             pools.leave(ctx.client, ctx.keys, self.pool, self.instance)
             announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.STOPPING)
-            ctx.client.delete(ctx.keys.beats(beats.proc))  # gone: not a dead loop
         except redis.RedisError:
             log.warning("could not announce shutdown; Redis is unavailable")
+        beats.stopped()  # gone, not a process that stopped beating
 
     def _publish(self) -> None:
-        pools.heartbeat(ctx.client, ctx.keys, self.pool, self.names, self.instance,
-                        ctx.settings.pool_ttl_ms)
+        # register.lua runs while Redis is full (allow-oom): a pool must never look gone then
+        ctx.scripts.register(pool=self.pool, names=self.names, instance=self.instance,
+                             ttl_ms=ctx.settings.pool_ttl_ms).run()
         if self.first:
             announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.READY, pool=self.pool,
                      handlers=",".join(self.names))
@@ -125,7 +126,8 @@ def serve_pool(broker: Any, pool: str) -> None:
         broker.declare_queue(pool_queue(base, pool))
 
 
-beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq")
+beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq",
+              ctx.settings.supervisor or "")
 early_claims = EarlyClaims(ctx)
 broker = task_broker(ctx)
 broker.add_middleware(Registration())

@@ -195,8 +195,12 @@ class Attempt:
             return "duplicate"
         assert begun.lease is not None
         if begun.status is BeginStatus.GONE:
-            reply = text_result(texts.REPLACED, base_details(task.action, task.reason,
-                                                             task.extra), is_error=True)
+            # a slot's target replaced meanwhile; an action's spec gone (readd.lua then
+            # dead-letters it: it cannot go back)
+            text = (texts.spec_missing(task.action, begun.lease.id)
+                    if begun.lease.kind == "action" else texts.REPLACED)
+            reply = text_result(text, base_details(task.action, task.reason, task.extra),
+                                is_error=True)
             self._record(ctx.scripts.readd(
                 task.session, token=task.token, req=task.req, last_error="replaced",
                 reply=reply.to_json(), action_id=begun.lease.id, attempt=begun.lease.attempt))

@@ -59,7 +59,7 @@ class ResolveWorker:
         (``workers/local.py``); ``beats``: that process's."""
         self.ctx = ctx
         self.tasks = tasks
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.name = name or self.new_name()
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.on_fatal = on_fatal
@@ -76,6 +76,11 @@ class ResolveWorker:
         # on one Redis each thread reads every partition's stream in one call
         self.groups = ([[p] for p in every] if is_cluster(ctx.client)
                        else [every] * ctx.settings.resolve_threads)
+
+    @staticmethod
+    def new_name() -> str:
+        """A resolve worker's name (its consumer names and its beats start with it)."""
+        return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> ResolveWorker:
