@@ -16,8 +16,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from pending_actions.broker.models import ResolveRequest
-from pending_actions.broker.replies import Taken
+from pending_actions.broker.events import Event
+from pending_actions.broker.models import Lease, ResolveRequest
+from pending_actions.broker.replies import Begun, Taken
 
 try:
     from opentelemetry import context as _context
@@ -179,49 +180,66 @@ class Takes:
 class Handling:
     """The span of one handler run (``handling``): ``ended`` says how it came out."""
 
-    def __init__(self, span: Any) -> None:
-        self.span = span
+    def __init__(self, span: Any, kind: str) -> None:
+        self.span, self.kind = span, kind
 
-    def ended(self, outcome: str, error: BaseException | None, readd: bool) -> None:
+    def ended(self, outcome: Event, error: BaseException | None) -> None:
+        """``outcome``: what was recorded (late-refused when the lease had gone); a failure
+        records what the handler raised, and its re-add (not a directive's: used up) is an
+        event."""
         span = self.span
         if span is None:
             return
         if error is not None:
             span.record_exception(error)
             span.set_status(_trace.StatusCode.ERROR, str(error) or type(error).__name__)
-        if readd:
+        if outcome is Event.FAILED and self.kind != "directive":
             span.add_event(READD)
-        span.set_attribute(OUTCOME, outcome)
+        span.set_attribute(OUTCOME, outcome.value)
 
 
 @contextmanager
-def handling(action: str, lease_trace: str | None, spec_trace: str | None,
-             attributes: Attributes, started_ns: int, queued_ms: int | None) -> Iterator[Handling]:
-    """The handler's span (``pending_actions.apply`` or ``.reject``) from ``started_ns`` (its
-    claim), current while the handler runs and its outcome is recorded: a child of the lease's
-    context (the deciding resolve's take), linked to the spec's (its stage). Where this
-    process keeps no spans, the lease's context is current all the same, so that the
-    handler's own outgoing calls carry the resolve's trace."""
-    span = start(APPLY if action == "apply" else REJECT, lease_trace, attributes,
-                 links=(spec_trace,), start_ns=started_ns)
+def handling(action: str, begun: Begun, started_ns: int,
+             queued_at_ms: int | None) -> Iterator[Handling]:
+    """The handler's span (``pending_actions.apply`` or ``.reject``) from ``started_ns`` (before
+    its claim), current while the handler runs and its outcome is recorded: a child of the
+    lease's context (the deciding resolve's take), linked to the spec's (its stage); its
+    task's time in the queue an event. Where this process keeps no spans, the lease's context
+    is current all the same, so that the handler's own outgoing calls carry the resolve's
+    trace."""
+    assert begun.spec is not None and begun.lease is not None
+    spec, lease = begun.spec, begun.lease
+    span = start(APPLY if action == "apply" else REJECT, lease.trace, {
+        SESSION: spec.session, ACTION_ID: spec.id, TOOL: spec.tool, ATTEMPT: lease.attempt},
+        links=(spec.trace,), start_ns=started_ns)
     if span is None:
-        found = context_of(lease_trace)
+        found = context_of(lease.trace)
         token = _context.attach(found) if found is not None else None
         try:
-            yield Handling(None)
+            yield Handling(None, spec.kind)
         finally:
             if token is not None:
                 _context.detach(token)
         return
-    if queued_ms is not None:
-        span.add_event(DEQUEUED, {QUEUED_MS: queued_ms}, timestamp=started_ns)
+    if queued_at_ms is not None:
+        span.add_event(DEQUEUED, {QUEUED_MS: max(0, started_ns // 1_000_000 - queued_at_ms)},
+                       timestamp=started_ns)
     with _trace.use_span(span, end_on_exit=True):
-        yield Handling(span)
+        yield Handling(span, spec.kind)
 
 
-def recovered(lease_trace: str | None, attributes: Attributes) -> None:
-    """Recovery's span for a lease it ended, in the trace of the resolve that took it."""
-    end(start(RECOVER, lease_trace, attributes), {})
+@contextmanager
+def recovering(lease: Lease, session: str, dead: bool, started: bool) -> Iterator[None]:
+    """Recovery's span for a lease it ended, in the trace of the resolve that took it, current
+    for the log line that says so."""
+    span = start(RECOVER, lease.trace, {
+        SESSION: session, ACTION_ID: lease.id, ATTEMPT: lease.attempt, STARTED: started,
+        OUTCOME: (Event.DEAD_LETTERED if dead else Event.RECOVERED).value})
+    if span is None:
+        yield
+        return
+    with _trace.use_span(span, end_on_exit=True):
+        yield
 
 
 # --- the processes we run: export and logs ---------------------------------------------------
