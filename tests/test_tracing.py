@@ -259,3 +259,19 @@ def test_log_lines_carry_the_ids_only_inside_a_span(tmp_path: Path) -> None:
         "INFO pending_actions.x: before 00000000-0000-0000-0000-000000000001",
         f"INFO pending_actions.x: inside 2 trace_id={c.trace_id:032x} span_id={c.span_id:016x}",
         "INFO other: theirs"]
+
+
+def test_the_producers_request_with_a_trace_is_what_the_model_makes() -> None:
+    """The request's direct encoding (tests/test_input.py compares it without a trace) with one:
+    the same fields in the same order, read back as the model."""
+    from pending_actions.broker.models import ResolveRequest
+
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01 congo=t61rcWkgMzE"
+    request = ResolveRequest(req=uuid.uuid4().hex, session="s", action="apply", reason="r",
+                             timeout_ms=1000, deadline_ms=123, trace=trace)
+    encoded = ResolveRequest.encode(request.req, "s", "apply", "r", None, 1000, 123, None,
+                                    None, None, trace)
+    assert list(orjson.loads(encoded)) == list(orjson.loads(request.model_dump_json()))
+    assert ResolveRequest.from_fields({ResolveRequest.FIELD: encoded}) == request
+    assert "trace" not in orjson.loads(request.model_copy(update={"trace": None})
+                                       .model_dump_json())
