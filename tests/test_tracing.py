@@ -13,12 +13,12 @@ import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
 import redis
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
 from pending_actions.broker import tracing
 from pending_actions.broker.keys import Keys
@@ -275,3 +275,20 @@ def test_the_producers_request_with_a_trace_is_what_the_model_makes() -> None:
     assert ResolveRequest.from_fields({ResolveRequest.FIELD: encoded}) == request
     assert "trace" not in orjson.loads(request.model_copy(update={"trace": None})
                                        .model_dump_json())
+
+
+def test_the_policy_hook_puts_the_decision_on_the_current_span() -> None:
+    """The hook the policies code calls where a stage's decision is known (while the stage
+    span is current): its decision and rule become the span's attributes, a deny its
+    outcome."""
+    tracer = TracerProvider().get_tracer("t")
+    with tracer.start_as_current_span("stage") as span:
+        tracing.policy_decided("deny", "no-deploys-on-friday")
+    assert dict(cast(ReadableSpan, span).attributes or {}) == {
+        "pending_actions.policy.decision": "deny",
+        "pending_actions.policy.rule": "no-deploys-on-friday",
+        "pending_actions.outcome": "denied"}
+    with tracer.start_as_current_span("stage") as span:
+        tracing.policy_decided("ask", None)
+    assert dict(cast(ReadableSpan, span).attributes or {}) == {
+        "pending_actions.policy.decision": "ask"}
