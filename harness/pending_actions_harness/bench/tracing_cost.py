@@ -145,7 +145,7 @@ def main() -> None:
             for mode in MODES if r % 2 == 0 else reversed(MODES):
                 runs[mode].append(run_mode(mode, sink, blocker, args))
                 print(f"round {r + 1} {mode}: {runs[mode][-1]}", flush=True)
-    summary = {}
+    summary: dict[str, Any] = {}
     for mode, got in runs.items():
         summary[mode] = {k: {"median": statistics.median(g[k] for g in got),
                              "min": min(g[k] for g in got), "max": max(g[k] for g in got)}
