@@ -292,3 +292,35 @@ def test_the_policy_hook_puts_the_decision_on_the_current_span() -> None:
         tracing.policy_decided("ask", None)
     assert dict(cast(ReadableSpan, span).attributes or {}) == {
         "pending_actions.policy.decision": "ask"}
+
+
+def test_a_worker_that_keeps_no_spans_passes_the_context_on(tmp_path: Path) -> None:
+    """A worker without OTEL_* variables records nothing, but its take writes the request's
+    context into the lease as it came (kept by begin.lua's rewrite of the lease), for the
+    handler to run under."""
+    from pending_actions.producers import PendingActions
+
+    tracer = TracerProvider().get_tracer("agent")
+    with cluster(tmp_path) as (server, _workers, _pa):
+        rc = redis.Redis.from_url(server.url)
+        pa = PendingActions.from_url(server.url)
+        pa.stage(session="s", tool="edit", label="L", apply="t.gate",
+                 payload={"gate": "gate:s"})
+
+        def resolve() -> tuple[Any, str]:
+            with tracer.start_as_current_span("turn") as turn:
+                result = pa.resolve(session="s", action="apply", reason="r")
+            c = turn.get_span_context()
+            return result, f"00-{c.trace_id:032x}-{c.span_id:016x}-{c.trace_flags:02x}"
+
+        try:
+            waiting = pool.submit(resolve)
+            started_pid(rc, "s")
+            leases: Any = rc.hvals(K.inflight("s"))
+            [lease] = [orjson.loads(raw) for raw in leases]
+            rc.rpush("gate:s", "open")
+            result, want = waiting.result(timeout=30)
+        finally:
+            pa.close()
+        assert not result.is_error, result.text
+        assert (lease["state"], lease["trace"]) == ("running", want)
