@@ -1,6 +1,7 @@
 """What tracing costs (issue 33): idle resolve p50 and loaded throughput with OpenTelemetry
-absent, installed but not configured, and exporting to a local OTLP receiver, the three
-alternating round after round, each run on a fresh Redis and worker.
+absent, installed but not configured, exported by the workers only, and exported by the
+workers and the callers to a local OTLP receiver, alternating round after round, each run
+on a fresh Redis and worker.
 
     python -m pending_actions_harness.bench.tracing_cost [--rounds 3] [--idle 100]
         [--callers 32] [--per-caller 100] [--out FILE]
@@ -9,7 +10,7 @@ alternating round after round, each run on a fresh Redis and worker.
 ``opentelemetry`` made to fail, as where the extra is not installed; "exporting" gives the
 workers the standard OTEL_* variables and the callers a provider of their own (as an agent
 that traces sets up), both sending to a receiver in this process that answers 200 and counts
-what it got."""
+what it got; "workers" gives only the workers those variables."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from typing import Any
 
 import orjson
 
-MODES = ("absent", "unconfigured", "exporting")
+# "workers": only the workers export (the callers, an agent elsewhere in production, do not)
+MODES = ("absent", "unconfigured", "workers", "exporting")
 # a package of that name first on the path whose import fails, as a missing one does
 BLOCKER = "raise ImportError('opentelemetry is not installed here (tracing_cost: absent)')\n"
 
@@ -111,7 +113,7 @@ def run_mode(mode: str, sink: Sink, blocker: Path, args: argparse.Namespace) -> 
     if mode == "absent":
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(blocker),
                                                         env.get("PYTHONPATH", "")) if p)
-    if mode == "exporting":
+    if mode in ("workers", "exporting"):
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint, OTEL_SERVICE_NAME="cost")
     done = subprocess.run([sys.executable, "-m", __spec__.name, "--one", mode,
                            "--idle", str(args.idle), "--callers", str(args.callers),
