@@ -139,6 +139,7 @@ class TakeArgs(NamedTuple):
     claimant: str
     lease_ms: int
     own_pool: int
+    trace: str
 
 
 class ExpireKeys(NamedTuple):

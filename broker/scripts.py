@@ -166,13 +166,15 @@ class Scripts:
              extra: bytes, marker_ttl_s: int, none_reply: bytes, live: Live,
              message: bytes | None, expect_id: str = "", by: str = "",
              conflict_reply: bytes = b"", expired_reply: bytes = b"",
-             entry: bytes | str = b"", claimant: str = "", here: int = 0) -> Call[Taken]:
+             entry: bytes | str = b"", claimant: str = "", here: int = 0,
+             trace: str = "") -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself. ``entry``: the request's
         id in its partition's request stream, acked by the script (b"": the caller acks).
         ``claimant`` and ``here``: the caller runs the attempt itself, in a worker of pool
         number ``here`` (1-based in ``live``), when the target can go there: the lease is then
-        claimed for ``claimant`` in the take (``Taken.claimed``)."""
+        claimed for ``claimant`` in the take (``Taken.claimed``). ``trace``: the take's
+        context, kept in the lease (``broker/tracing.py``)."""
         k, s = self._k, self._s
         p = k.partition(session)
         keys = arg.TakeKeys.__new__(
@@ -190,7 +192,7 @@ class Scripts:
             expect_id=expect_id, by=by, conflict_reply=conflict_reply,
             expired_reply=expired_reply, memory_ms=s.expired_memory_s * 1000, entry=entry,
             group=RESOLVER_GROUP, claimant=claimant, lease_ms=s.lease_ms,
-            own_pool=here if claimant else 0)
+            own_pool=here if claimant else 0, trace=trace)
         return self._call("take", keys if message is None else keys + self._task_queues(p, live),
                           args, partial(Taken.decode, session=session))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 from dramatiq.cli import RET_IMPORT, RET_PIDFILE
 
-from pending_actions.broker import backoff
+from pending_actions.broker import backoff, tracing
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ConfigError
 from pending_actions.broker.loops import EXIT_LOOP_DIED
@@ -118,6 +118,7 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
     parse_urls(settings.webhook_urls)
     check_handler_modules(settings, modules)
     check_mcp_upstreams(settings)
+    tracing.setup("pending-actions-worker")  # the resolve worker's spans; from OTEL_* alone
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

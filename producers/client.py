@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from pending_actions.broker import connection
+from pending_actions.broker import connection, tracing
 from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
@@ -150,7 +150,8 @@ class PendingActions:
         """Stage many actions in a few round trips: each dict has the keyword arguments of
         ``stage``. Every action is checked before anything is staged; in each session they go
         on the stack in the order given (so the last one given is the head)."""
-        return self._run(self.core.stage_many(actions))
+        with tracing.current(tracing.STAGE, {}):
+            return self._run(self.core.stage_many(actions))
 
     def stage(self, *, session: str, tool: str, label: str, apply: str,
               reject: str | None = None, payload: dict[str, Any] | None = None,
@@ -196,8 +197,9 @@ class PendingActions:
         only; checked against the action's schema). ``expect_id``: go through only if that id
         is the target, else an error naming ``expect_id`` and nothing changes. ``by``: who
         resolves, recorded in the session's history."""
-        return self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                           expect_id, by))
+        with tracing.current(tracing.RESOLVE, {}):
+            return self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
+                                               expect_id, by))
 
     # --- reading ---------------------------------------------------------------------------
     def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:

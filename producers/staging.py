@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from pending_actions.broker import tracing
 from pending_actions.broker.errors import (
     Damaged,
     Forbidden,
@@ -129,12 +130,13 @@ class Staging:
                 "fingerprint": fingerprint, "payload_schema": checked_schema, "tenant": tenant}
 
     @staticmethod
-    def _spec(fields: dict[str, Any], action_id: str) -> dict[str, Any]:
-        """The spec's fields (``spec_json`` stores them), ``ttl`` kept for stage.lua."""
+    def _spec(fields: dict[str, Any], action_id: str, trace: str | None) -> dict[str, Any]:
+        """The spec's fields (``spec_json`` stores them), ``ttl`` kept for stage.lua; ``trace``:
+        the context it is staged in (``tracing.carried()``), kept with it."""
         now = time.time()
         ttl = fields["ttl"]
         return {**fields, "id": action_id, "created_at": now,
-                "expires_at": None if ttl is None else now + ttl}
+                "expires_at": None if ttl is None else now + ttl, "trace": trace}
 
     def _prepare(self, checked: list[dict[str, Any]], check_owners: bool) -> Plan[list[int]]:
         """Every handler name the validated specs use is live in some worker (the view of live
@@ -250,8 +252,10 @@ class Staging:
         # only for a batch over several sessions, none of which may be staged when one is
         # refused
         seqs = yield from self._prepare(checked, len({f["session"] for f in checked}) > 1)
-        specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}")
+        trace = tracing.carried()  # the stage span's, when its caller traces
+        specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}", trace)
                  for seq, f in zip(seqs, checked, strict=True)]
+        tracing.staged(specs)
         answers: list[tuple[list[dict[str, Any]], Staged]] = []
         if self.settings.replica_wait and self.cluster:
             # WAIT covers one connection, so one master: with it on a cluster a batch goes a
@@ -348,7 +352,7 @@ class Staging:
                  reject: object) -> Plan[str]:
         fields = self.validate(session, slot, tool, label, apply, reject, None)
         seq, = yield from self._prepare([fields], True)  # set_slot.lua knows no tenant
-        spec = self._spec(fields, f"{slot}:{tool}:{seq}")
+        spec = self._spec(fields, f"{slot}:{tool}:{seq}", tracing.carried())
         k = self.keys
 
         def queue(pipe: Any) -> None:

@@ -18,7 +18,7 @@ import dramatiq
 import redis
 from dramatiq.middleware import CurrentMessage
 
-from pending_actions.broker import pools
+from pending_actions.broker import pools, tracing
 from pending_actions.broker.connection import is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import WorkerEvent, announce
@@ -107,6 +107,14 @@ class Registration(dramatiq.Middleware):
         self.first = False
 
 
+class FlushSpans(dramatiq.Middleware):
+    """A dramatiq process ends without running ``atexit`` hooks (multiprocessing's exit), so
+    its spans still held are sent here, once its threads have stopped."""
+
+    def after_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        tracing.flush()
+
+
 def serve_pool(broker: Any, pool: str) -> None:
     """Consume this pool's tasks: from every partition's stream on our streams broker in the
     state's Redis (one read for all on a single Redis, one per partition on a cluster), from
@@ -126,6 +134,7 @@ def serve_pool(broker: Any, pool: str) -> None:
         broker.declare_queue(pool_queue(base, pool))
 
 
+tracing.setup("pending-actions-worker")  # this process's spans; from OTEL_* alone
 beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq",
               ctx.settings.supervisor or "")
 early_claims = EarlyClaims(ctx)
@@ -133,6 +142,7 @@ broker = task_broker(ctx)
 broker.add_middleware(Registration())
 broker.add_middleware(CurrentMessage())
 broker.add_middleware(HandBack(early_claims))
+broker.add_middleware(FlushSpans())
 dramatiq.set_broker(broker)
 renewer = attempt.Renewer(ctx, beats)
 
@@ -146,7 +156,8 @@ renewer = attempt.Renewer(ctx, beats)
 def run_attempt(**fields: Any) -> None:
     message = CurrentMessage.get_current_message()
     early = early_claims.take(message.message_id) if message is not None else None
-    attempt.run_attempt(ctx, renewer, TaskMessage.from_kwargs(fields), _settle(message), early)
+    attempt.run_attempt(ctx, renewer, TaskMessage.from_kwargs(fields), _settle(message), early,
+                        message.message_timestamp if message is not None else None)
 
 
 def _settle(message: Any) -> attempt.Settle | None:

@@ -18,7 +18,7 @@ import redis
 from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
-from pending_actions.broker import failpoints, texts
+from pending_actions.broker import failpoints, texts, tracing
 from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
 from pending_actions.broker.connection import NotReplicated, acked
 from pending_actions.broker.context import Context
@@ -127,20 +127,25 @@ Settle = Callable[[Any], None]  # queues the task message's own ack on the outco
 
 
 def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
-                settle: Settle | None = None, early: Claimed | None = None) -> str:
+                settle: Settle | None = None, early: Claimed | None = None,
+                queued_at_ms: int | None = None) -> str:
     """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate,
     parked. ``settle``, when given, rides on the outcome's round trip (the task's ack).
-    ``early``: the claim the consumer thread sent for this task (``workers/early.py``)."""
+    ``early``: the claim the consumer thread sent for this task (``workers/early.py``).
+    ``queued_at_ms``: when its task message was made (the span's time in the queue)."""
     attempt = Attempt(ctx, renewer, task, settle, early)
+    started = tracing.now_ns()
     begun = attempt.claim()
     if not isinstance(begun, Begun):  # nothing to run
         return begun
-    try:
-        ran = attempt.run(begun)
-        outcome, done = attempt.conclude(begun, ran)
-    finally:
-        renewer.discard(task.token)
-    return outcome.value if done else attempt.refused_late(begun, outcome)
+    with tracing.handling(task.action, begun, started, queued_at_ms) as span:
+        try:
+            ran = attempt.run(begun)
+            outcome, done = attempt.conclude(begun, ran)
+        finally:
+            renewer.discard(task.token)
+        span.ended(outcome if done else Event.LATE_REFUSED, ran.error)
+        return outcome.value if done else attempt.refused_late(begun, outcome)
 
 
 class Attempt:
@@ -324,10 +329,12 @@ def _unreadable(ctx: Context, task: TaskMessage, exc: Exception) -> str:
 
 class Ran(NamedTuple):
     """A handler's run: its result, and how it ended: ``returned`` (what it returned, an error
-    result included), ``raised`` (pending again) or ``stale`` (it raised Stale)."""
+    result included), ``raised`` (pending again) or ``stale`` (it raised Stale), with what it
+    raised (for its span)."""
 
     result: Result
     how: Literal["returned", "raised", "stale"]
+    error: BaseException | None = None
 
 
 class Conclusion(NamedTuple):
@@ -388,11 +395,11 @@ def _call(view: PendingAction, spec: Spec, task: TaskMessage, key: str) -> Ran:
         return returned(value)
     except Stale as exc:
         return Ran(text_result(texts.stale(str(exc) or "the preview is out of date"), details,
-                               is_error=True), "stale")
+                               is_error=True), "stale", exc)
     except ToolError as exc:
-        return Ran(text_result(str(exc), details, is_error=True), "raised")
+        return Ran(text_result(str(exc), details, is_error=True), "raised", exc)
     except (Exception, Interrupt) as exc:
         message = str(exc) or type(exc).__name__
         log.info("handler %s for %s failed: %s", name, spec.id, message)
         return Ran(text_result(texts.handler_failed(action, message), details, is_error=True),
-                   "raised")
+                   "raised", exc)

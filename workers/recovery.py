@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from pending_actions.broker import texts
+from pending_actions.broker import texts, tracing
 from pending_actions.broker.connection import is_cluster, server_info
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
@@ -155,8 +155,10 @@ class Recovery:
             if lease is None or got.outcome in (RecoverOutcome.GONE, RecoverOutcome.LIVE):
                 continue
             recovered += 1
-            log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
-                        got.outcome.name.lower().replace("_", " "))
+            with tracing.recovering(lease, session, got.outcome is RecoverOutcome.DEAD_LETTERED,
+                                    got.outcome is not RecoverOutcome.UNSTARTED):
+                log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
+                            got.outcome.name.lower().replace("_", " "))
             if got.outcome in _FEED:  # a stall, or the last one: on the feed
                 publish(feed, ctx.keys, _FEED[got.outcome], session=session, id=lease.id,
                         attempt=lease.attempt, by=lease.by)

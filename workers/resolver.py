@@ -19,7 +19,7 @@ import redis
 from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
-from pending_actions.broker import failpoints, texts
+from pending_actions.broker import failpoints, texts, tracing
 from pending_actions.broker.connection import is_cluster, pipeline, read_group
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
@@ -256,6 +256,7 @@ class ResolveWorker:
         calls = []
         # in a dramatiq process, the first takes claim for its free worker threads
         claims = Claims(self.local, view, len(requests))
+        traced = tracing.Takes([request for _e, request in requests])  # a span per take
         for i, ((stream, entry_id), request) in enumerate(requests):
             lease = uuid.uuid4()
             token = lease.hex
@@ -279,7 +280,8 @@ class ResolveWorker:
                 expect_id=request.expect_id or "", by=request.by or "",
                 conflict_reply=conflict, expired_reply=gone,
                 entry=entry_id if self._acked_by_take(stream, request) else b"",
-                claimant=claims.claimant(i, request, token), here=claims.here))
+                claimant=claims.claimant(i, request, token), here=claims.here,
+                trace=traced.trace(i)))
         if not calls:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call
@@ -301,6 +303,7 @@ class ResolveWorker:
                 failpoints.hit("after-local-take", ctx.client, ctx.keys)
         finally:
             claims.done(out)
+            traced.done(out)
         return out
 
     def _acked_by_take(self, stream: str, request: ResolveRequest) -> bool:

@@ -35,6 +35,7 @@
 --          the lease is claimed here for that claimant (running, as begin.lua would) and no
 --          task is enqueued
 -- ARGV[23] running lease ms (with ARGV[22])  ARGV[24] the caller's pool number (0: none)
+-- ARGV[25] the take's trace context ("" for none), kept opaque in the lease (broker/tracing.py)
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
 --          | {TAKE.OK, ..., pool number, spec JSON, counters JSON, lease JSON} (claimed here
@@ -63,6 +64,7 @@ local none_reply, reply_ttl_s, session, routes_json = ARGV[9], ARGV[10], ARGV[11
 local pool_count, message, expect_id, by = ARGV[13], ARGV[14], ARGV[15], ARGV[16]
 local conflict_reply, expired_reply, memory_ms, entry = ARGV[17], ARGV[18], ARGV[19], ARGV[20]
 local group, claimant, lease_ms, own_pool = ARGV[21], ARGV[22], ARGV[23], ARGV[24]
+local trace = ARGV[25]
 redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(routes_json)
@@ -280,7 +282,7 @@ local lease = cjson.encode({
   id = id, kind = kind, token = token, attempt = st.attempts, req = req,
   action = action, deadline = deadline, state = claimed and 'running' or 'dispatched',
   claimant = claimed and claimant or nil, reason = reason, extra = extra, by = by,
-  counted = counted ~= nil or kind ~= 'action'})
+  counted = counted ~= nil or kind ~= 'action', trace = trace ~= '' and trace or nil})
 redis.call('HSET', inflight, token, lease)
 redis.call('ZADD', leases, deadline, session .. '/' .. token)
 ack()
