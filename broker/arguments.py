@@ -138,6 +138,7 @@ class TakeKeys(NamedTuple):
     expiries: str
     expired: str
     requests: str
+    dead: str
 
 
 class TakeArgs(NamedTuple):
@@ -165,6 +166,7 @@ class TakeArgs(NamedTuple):
     claimant: str
     lease_ms: int
     own_pool: int
+    trace: str
     approver: str
     revision: str
     patched: str
@@ -235,7 +237,7 @@ class BeginArgs(NamedTuple):
 
 
 class LeaseKeys(NamedTuple):
-    """renew's and unclaim's."""
+    """renew's, unclaim's and sweep's."""
 
     inflight: str
     leases: str
@@ -283,6 +285,7 @@ class ReaddKeys(NamedTuple):
     hist: str
     replies: str
     leases: str
+    dead: str
 
 
 class ReaddArgs(NamedTuple):
@@ -349,6 +352,22 @@ class BeatArgs(NamedTuple):
     info: bytes
 
 
+class RegisterKeys(NamedTuple):
+    pools: str
+    live: str
+
+
+class RegisterArgs(NamedTuple):
+    pool: str
+    names: bytes
+    member: str
+    ttl_ms: int
+
+
+class SweepArgs(NamedTuple):
+    session: str
+
+
 class Signature(NamedTuple):
     keys: type[NamedTuple]
     args: type[NamedTuple]
@@ -381,4 +400,6 @@ SIGNATURES: dict[str, Signature] = {
                          args_tail="sessions_at"),
     "upgrade_stack": Signature(UpgradeStackKeys, NoArgs),
     "beat": Signature(BeatKeys, BeatArgs),
+    "register": Signature(RegisterKeys, RegisterArgs),
+    "sweep": Signature(LeaseKeys, SweepArgs),
 }

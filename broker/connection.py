@@ -35,6 +35,7 @@ from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
 from pending_actions.broker.errors import ConfigError
+from pending_actions.broker.pooling import POOL_WAIT_S, bounded
 from pending_actions.broker.urls import UrlOptions, shown, url_options
 
 T = TypeVar("T")
@@ -133,8 +134,12 @@ def producer_client(url: str) -> redis.Redis:
 
 
 def worker_client(url: str, max_connections: int = 64) -> redis.Redis:
-    """A client for long-running workers; their loops add their own backoff on top."""
-    return _client(url, backoff_cap=1.0, retries=5, max_connections=max_connections)
+    """A client for long-running workers; their loops add their own backoff on top. Its pool
+    is bounded (``BoundedPool``; on a cluster, each node's pool as redis-py bounds it)."""
+    client = _client(url, backoff_cap=1.0, retries=5, max_connections=max_connections)
+    if is_cluster(client):
+        return client
+    return bounded(client, POOL_WAIT_S, maint_notifications_config=NO_MAINT_NOTIFICATIONS)
 
 
 class Batch:

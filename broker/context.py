@@ -34,7 +34,9 @@ class Context:
         # a cluster client reads the slot table as it is made, and raises what it met then (no
         # node answered, slots left unserved) as redis-py's own errors
         with redis_errors(url):
-            client = worker_client(url) if worker else producer_client(url)
+            # a worker's threads each keep a connection, and claim on more: room for them all
+            room = max(64, 16 + 2 * (settings.worker_threads + settings.resolve_threads))
+            client = worker_client(url, room) if worker else producer_client(url)
         keys = Keys(settings.key_prefix, settings.partitions)
         # workers send the Redis 7 script flags when the server reads them (asked on first use)
         scripts = Scripts(client, settings, keys, None if worker else False)

@@ -27,12 +27,16 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, rx.RedisClusterEx
 
 
 def poison_of(exc: BaseException) -> Poison | None:
-    """The Poison a script stopped with (prelude's ``poison()``), if that is what ``exc`` is."""
+    """The Poison a script stopped with (prelude's ``poison()``), if that is what ``exc`` is.
+    A script's error reply is the same on every Redis (``broker/lua.py`` runs each inside
+    pcall): ``POISON <what> <key> <field>`` for a record that does not parse, a command's own
+    error with its code (``OOM ...``: redis-py's OutOfMemoryError, RedisFull below), ``ERR``
+    and Lua's message for anything else."""
     text = str(exc)
     if not isinstance(exc, rx.ResponseError) or POISON_PREFIX not in text:
         return None
-    # Redis may add the script's name and line after the message, and a cluster pipeline of
-    # an older redis-py the command before it, a script's body (and its poison()) included
+    # a cluster pipeline of an older redis-py puts the command before it, a script's body (and
+    # its poison()) included
     parts = text[text.rindex(POISON_PREFIX) + len(POISON_PREFIX):].split(" ")
     what, key, field = [*parts, "", "", ""][:3]
     return Poison(what, key, field)

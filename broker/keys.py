@@ -232,6 +232,20 @@ class Keys:
         or a ``plain_queue``) that cannot be served are parked, with the reason; in its slot."""
         return f"{stream}:dead"
 
+    def inflight_pattern(self) -> str:
+        """The SCAN pattern every session's ``inflight`` hash matches (workers/sweep.py): no
+        index of them is needed, nor trusted."""
+        return f"{self.prefix}:{{*}}:s:*:inflight"
+
+    def session_of_inflight(self, key: bytes | str) -> str | None:
+        """The session whose ``inflight`` hash ``key`` is; None for a key of another form."""
+        name = key.decode() if isinstance(key, bytes) else key
+        head, _sep, rest = name.partition("}:s:")
+        if not head.startswith(f"{self.prefix}:{{") or not rest.endswith(":inflight"):
+            return None
+        session = rest.removesuffix(":inflight")
+        return session if session and self.inflight(session) == name else None
+
     @staticmethod
     def lease_member(session: str, token: str) -> str:
         # "/" never occurs in a session id, so the member splits back unambiguously
@@ -353,6 +367,18 @@ class Keys:
         key -> "<began, Redis ms> <its size then> <scan cursor> <sessions looked at> <done:
         0|1>". Lost or garbled: that pass starts again."""
         return f"{self.prefix}:housekeeping"
+
+    @property
+    def sweep(self) -> str:
+        """HASH: where the slow sweep of in-flight state stands (workers/sweep.py): "node" ->
+        the index of the Redis it scans (a cluster's masters by name; 0 on one), "cursor" ->
+        its SCAN cursor there, "page" -> keys per SCAN this pass. Lost: a pass starts again."""
+        return f"{self.prefix}:sweep"
+
+    @property
+    def sweep_lock(self) -> str:
+        """STRING with a TTL: the resolve worker sweeping the next page."""
+        return f"{self.prefix}:sweep-lock"
 
     @property
     def housekeeping_lock(self) -> str:

@@ -4,14 +4,18 @@ renewal, registration, the webhook feed) goes round through ``Loop.run``, which
 - survives every error it can: logs it once with the loop's name (a repeat only as a count,
   once a minute), waits out a backoff, and goes round again;
 - ends the process (exit code ``EXIT_LOOP_DIED``) on what it cannot handle: a Redis that
-  refuses our credentials or permissions, a bad configuration, or errors other than an outage
-  that keep coming for ``give_up_s``. Its supervisor (``up``, ``worker``, compose, systemd)
-  restarts it. Never a live process with a dead loop;
+  refuses our credentials or permissions, a bad configuration, a pool with no connection to
+  give for ``EXHAUSTED_GIVE_UP_S`` (connections lost for good: no waiting brings them back,
+  and a process without them serves nothing while it looks alive), or errors other than an
+  outage that keep coming for ``give_up_s``. Its supervisor (``up``, ``worker``, compose,
+  systemd) restarts it. Never a live process with a dead loop;
 - beats: after each round that went through, at most every third of its interval, it writes
   its beat to Redis (beat.lua, server time), which ``pending-actions health`` checks.
 
-A ``Pulse`` per process keeps its beats alive; a killed process's beats expire with it, so
-health looks only at live processes."""
+A ``Pulse`` per process keeps its beats alive. A process that stops cleanly says so
+(``Beats.stopped``): gone at once. One killed or hung stops pulsing: ``health`` reports it as
+stopped (unhealthy) until its beats expire, ``PROC_TTL_MS`` after its last one, unless its
+supervisor has started its successor."""
 
 from __future__ import annotations
 
@@ -31,12 +35,18 @@ from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.errors import ConfigError, Forbidden, RedisFull
 from pending_actions.broker.failures import translate
+from pending_actions.broker.pooling import is_exhausted
 
 log = logging.getLogger("pending_actions.loops")
 
 EXIT_LOOP_DIED = 3  # a loop met an error it cannot handle; restart the process
-PULSE_S = 1.0  # a process whose pulse is 3 s late is gone; health skips it
-PROC_TTL_MS = 10_000  # a process that stopped pulsing this long ago is gone
+PULSE_S = 1.0  # a process whose pulse is 3 s late has stopped: health says so
+# a process that stopped pulsing without saying it stops (killed, hung) is reported by health
+# as stopped, unhealthy, until its beats expire this long after its last one; then it is gone
+PROC_TTL_MS = 60_000
+# a loop that has found no free connection in its pool this long ends its process: by then the
+# process's pool has dropped out of the live ones (POOL_TTL_MS, 10 s by default)
+EXHAUSTED_GIVE_UP_S = 15.0
 
 Fatal = Callable[[str, BaseException], None]
 
@@ -70,13 +80,18 @@ def is_outage(exc: BaseException) -> bool:
 class Beats:
     """This process's beats: who it is, and the client and scripts to write them with."""
 
-    def __init__(self, ctx: Any, proc: str, role: str) -> None:
+    def __init__(self, ctx: Any, proc: str, role: str, supervisor: str = "") -> None:
+        """``supervisor``: the process that restarts this one when it dies (``worker`` for
+        its dramatiq processes), whose live successor of it makes its death no longer news."""
         self.ctx = ctx
         self.proc = proc
         self.info = orjson.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                  "role": role})
+                                  "role": role, "supervisor": supervisor})
         self.last: dict[str, float] = {}
         self.lock = threading.Lock()
+        # held while a beat is written: once ``stopped`` holds it, no beat brings them back
+        self.writing = threading.Lock()
+        self.closed = False
 
     def beat(self, loop: str, every_s: float, force: bool = False) -> None:
         """Write ``loop``'s beat unless it wrote one less than a third of its interval ago.
@@ -87,12 +102,29 @@ class Beats:
                 return
             self.last[loop] = now
         try:
-            self.ctx.scripts.beat(self.proc, loop=loop, every_ms=int(every_s * 1000),
-                                  ttl_ms=PROC_TTL_MS, info=self.info).run()
+            with self.writing:
+                if not self.closed:
+                    self.ctx.scripts.beat(self.proc, loop=loop, every_ms=int(every_s * 1000),
+                                          ttl_ms=PROC_TTL_MS, info=self.info).run()
         except Exception as exc:  # a beat must never stop its loop
             log.debug("beat of %s not written: %s", loop, exc)
             with self.lock:
                 self.last.pop(loop, None)
+
+    def stopped(self) -> None:
+        """This process stops cleanly: its beats go, and no loop still winding down writes
+        them again, so that ``health`` counts it gone, not stopped. (Redis away: it shows as
+        stopped until its beats expire.)"""
+        keys = self.ctx.keys
+        with self.writing:
+            self.closed = True
+        try:
+            pipe = self.ctx.client.pipeline(transaction=False)
+            pipe.delete(keys.beats(self.proc))
+            pipe.zrem(keys.beat_procs, self.proc)
+            pipe.execute()
+        except Exception as exc:
+            log.warning("could not say that %s stops: %s", self.proc, exc)
 
 
 class Loop:
@@ -103,7 +135,8 @@ class Loop:
     def __init__(self, name: str, step: Callable[[], object], stop: threading.Event, *,
                  every_s: float, pause_s: float = 0.0, beats: Beats | None = None,
                  on_fatal: Fatal | None = None, give_up_s: float = 300.0,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None,
+                 exhausted_give_up_s: float = EXHAUSTED_GIVE_UP_S) -> None:
         self.name = name
         self.step = step
         self.stop = stop
@@ -112,6 +145,7 @@ class Loop:
         self.beats = beats
         self.on_fatal = on_fatal or exit_process
         self.give_up_s = give_up_s
+        self.exhausted_give_up_s = exhausted_give_up_s
         self.backoff = backoff or Backoff(first=0.05, cap=5.0)
         self.rounds = 0
         self.errors = 0
@@ -137,13 +171,14 @@ class Loop:
                 continue
             self.rounds += 1
             self.backoff.reset()
-            self._failing_since, self._said = None, None
+            self._failing_since, self._exhausted_since, self._said = None, None, None
             if self.beats is not None:
                 self.beats.beat(self.name, self.every_s)
             if self.pause_s:
                 self.stop.wait(self.pause_s)
 
     _failing_since: float | None = None  # first of the non-outage errors in a row
+    _exhausted_since: float | None = None  # first of the rounds in a row without a connection
     _said: tuple[type, str] | None = None
     _repeats = 0
     _said_at = 0.0
@@ -156,7 +191,14 @@ class Loop:
             return False
         self.errors += 1
         now = time.monotonic()
-        outage = is_outage(exc)
+        if is_exhausted(exc):
+            self._exhausted_since = self._exhausted_since or now
+            if now - self._exhausted_since > self.exhausted_give_up_s:
+                self.on_fatal(self.name, exc)
+                return False
+        else:
+            self._exhausted_since = None
+        outage = is_outage(exc) and not is_exhausted(exc)
         if not outage:
             self._failing_since = self._failing_since or now
             if now - self._failing_since > self.give_up_s:
@@ -167,6 +209,9 @@ class Loop:
             self._said, self._repeats, self._said_at = what, 0, now
             if outage:
                 log.warning("%s: %s; retrying", self.name, translate(exc))
+            elif is_exhausted(exc):
+                log.error("%s: %s; retrying (the process ends if this lasts %gs)", self.name,
+                          exc, self.exhausted_give_up_s)
             else:
                 log.error("%s: %s: %s; retrying", self.name, type(exc).__name__, exc,
                           exc_info=exc)

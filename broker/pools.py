@@ -19,27 +19,20 @@ import orjson
 import redis
 
 from pending_actions.broker.keys import Keys
+from pending_actions.broker.lua import source
 
 
 def pool_id(names: list[str] | tuple[str, ...]) -> str:
     return hashlib.sha1(",".join(sorted(names)).encode()).hexdigest()[:10]
 
 
-def _server_ms(client: redis.Redis) -> int:
-    # one clock for writers and readers on different hosts: the server's
-    sec, usec = client.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
 def heartbeat(client: redis.Redis, keys: Keys, pool: str, names: list[str], instance: str,
               ttl_ms: int) -> None:
-    now = _server_ms(client)
-    pipe = client.pipeline(transaction=False)
-    pipe.hset(keys.pools, pool, orjson.dumps(sorted(names)))
-    pipe.zadd(keys.pool_live, {f"{pool}/{instance}": now + ttl_ms})
-    # members of processes that died long ago; their pool's names stay (tiny, and shared)
-    pipe.zremrangebyscore(keys.pool_live, "-inf", now - 10 * ttl_ms)
-    pipe.execute()
+    """register.lua, for a pool made live by hand (the tests'): a worker process registers
+    through its ``Scripts.register``, which sends the script's flags where Redis reads them.
+    Sent without them, as a producer sends scripts: on any Redis, and while it is full."""
+    client.eval(source("register", flags=False), 2, keys.pools, keys.pool_live, pool,
+                orjson.dumps(sorted(names)), f"{pool}/{instance}", ttl_ms)
 
 
 def leave(client: redis.Redis, keys: Keys, pool: str, instance: str) -> None:
@@ -84,6 +77,13 @@ def parse_live(replies: list[Any]) -> Live:
 
 def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def queue_write_check(pipe: Any, keys: Keys) -> None:
+    """Queue a write that changes nothing (a score for existing members only: none) and that
+    Redis refuses, as every write that may grow memory, while it is full: where no live worker
+    has a handler, its reply (OOM) tells a Redis that is full, which is then what to say."""
+    pipe.execute_command("ZADD", keys.pool_live, "XX", 0, "")
 
 
 def read_live(client: redis.Redis, keys: Keys) -> Live:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
+import orjson
 import redis
 import redis.asyncio
 
@@ -207,14 +208,15 @@ class Scripts:
              message: bytes | None, expect_id: str = "", by: str = "",
              conflict_reply: bytes = b"", expired_reply: bytes = b"",
              entry: bytes | str = b"", claimant: str = "", here: int = 0,
-             approver: str = "", revision: int | None = None,
+             trace: str = "", approver: str = "", revision: int | None = None,
              patched: str = "") -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself. ``entry``: the request's
         id in its partition's request stream, acked by the script (b"": the caller acks).
         ``claimant`` and ``here``: the caller runs the attempt itself, in a worker of pool
         number ``here`` (1-based in ``live``), when the target can go there: the lease is then
-        claimed for ``claimant`` in the take (``Taken.claimed``)."""
+        claimed for ``claimant`` in the take (``Taken.claimed``). ``trace``: the take's
+        context, kept in the lease (``broker/tracing.py``)."""
         k, s = self._k, self._s
         p = k.partition(session)
         keys = arg.TakeKeys.__new__(
@@ -223,7 +225,7 @@ class Scripts:
             inflight=k.inflight(session), hist=k.history(session),
             marker=k.request_marker(session, req), replies=k.reply(session, req),
             leases=k.leases(p), expiries=k.expiries(p), expired=k.expired(session),
-            requests=k.requests(p))
+            requests=k.requests(p), dead=k.dead(session))
         args = arg.TakeArgs.__new__(
             arg.TakeArgs, req=req, action=action, token=token, dispatch_ms=s.dispatch_timeout_ms,
             marker_ttl_s=marker_ttl_s, maxlen=s.history_maxlen, reason=reason, extra=extra,
@@ -232,7 +234,7 @@ class Scripts:
             expect_id=expect_id, by=by, conflict_reply=conflict_reply,
             expired_reply=expired_reply, memory_ms=s.expired_memory_s * 1000, entry=entry,
             group=RESOLVER_GROUP, claimant=claimant, lease_ms=s.lease_ms,
-            own_pool=here if claimant else 0, approver=approver,
+            own_pool=here if claimant else 0, trace=trace, approver=approver,
             revision="" if revision is None else str(revision), patched=patched)
         return self._call("take", keys if message is None else keys + self._task_queues(p, live),
                           args, partial(Taken.decode, session=session))
@@ -345,7 +347,7 @@ class Scripts:
                 arg.ReaddKeys, inflight=k.inflight(session), stack=k.stack(session),
                 directive=k.directive(session), actions=k.actions(session),
                 state=k.state(session), hist=k.history(session), replies=k.reply(session, req),
-                leases=leases),
+                leases=leases, dead=k.dead(session)),
             arg.ReaddArgs.__new__(
                 arg.ReaddArgs, token=token, last_error=last_error, reply=reply,
                 reply_ttl_s=s.reply_ttl_s, maxlen=s.history_maxlen, action_id=action_id,
@@ -404,6 +406,24 @@ class Scripts:
         """The session's stack, if still the older list, into the zset (head first)."""
         return self._call("upgrade_stack", arg.UpgradeStackKeys(stack=self._k.stack(session)),
                           arg.NoArgs(), int)
+
+    def sweep(self, session: str) -> Call[int]:
+        """Put back the lease index entries of the session's leases that lack one."""
+        k = self._k
+        return self._call(
+            "sweep",
+            arg.LeaseKeys(inflight=k.inflight(session), leases=k.leases(k.partition(session))),
+            arg.SweepArgs(session=session), int)
+
+    def register(self, *, pool: str, names: list[str], instance: str,
+                 ttl_ms: int) -> Call[int]:
+        """Keep ``instance``, a worker process of ``pool`` (its handler ``names``), live for
+        ``ttl_ms`` (``broker/pools.py``)."""
+        k = self._k
+        return self._call(
+            "register", arg.RegisterKeys(pools=k.pools, live=k.pool_live),
+            arg.RegisterArgs(pool=pool, names=orjson.dumps(sorted(names)),
+                             member=f"{pool}/{instance}", ttl_ms=ttl_ms), int)
 
     def beat(self, proc: str, *, loop: str, every_ms: int, ttl_ms: int,
              info: bytes) -> Call[int]:

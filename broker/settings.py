@@ -54,6 +54,10 @@ class Settings(BaseSettings):
         description="how long a finished session's history and tenant claim are kept")
     housekeeping_s: float = Field(default=10.0, gt=0,
                                   description="how often a page of sessions is retired")
+    sweep_s: float = Field(
+        default=600.0, gt=0,
+        description="how long one pass of the slow sweep of in-flight state takes: a lease "
+                    "whose index entry was lost is recovered within about this (and its lease)")
     expired_memory_s: int = Field(
         default=86_400, ge=1,
         description="how long a resolve(expect_id=) of an expired action is told it expired")
@@ -70,6 +74,10 @@ class Settings(BaseSettings):
     policy_check_s: float = Field(
         default=30.0, gt=0,
         description="how often a resolve worker checks Redis's eviction policy again")
+    supervisor: str | None = Field(
+        default=None,
+        description="set by `worker` and `up` for the dramatiq processes they start: their "
+                    "name, whose restart of one that died `health` counts as its successor")
     worker_processes: int = Field(default=1, ge=1)
     worker_threads: int = Field(default=8, ge=1)
     block_ms: int = Field(default=5_000, ge=10, le=10_000,

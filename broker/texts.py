@@ -45,6 +45,17 @@ def dead_lettered(action: str, action_id: str, stalls: int) -> str:
             f"worker was lost {stalls} times.")
 
 
+def parked(why: object) -> str:
+    """A record the resolve needed does not parse: moved aside (park.lua), nothing run."""
+    return f"Could not resolve: {why}; it was moved to the session's dead letters"
+
+
+def spec_missing(action: str, action_id: str) -> str:
+    """An action whose spec was gone when it was to run or go back: dead-lettered."""
+    return (f"{_verb(action)} failed: {action_id} was moved to the dead-letter list: its "
+            "record (spec) is missing.")
+
+
 def no_worker(action: str, action_id: str, name: str | None) -> str:
     """No live worker has the handler the target needs: nothing was taken."""
     needs = f"its handler {name!r}" if name else "any handler"

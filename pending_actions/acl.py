@@ -28,7 +28,7 @@ PRODUCER_SCRIPTS = ("stage", "reserve", "set_slot", "clear_slot", "pending", "pe
 # (mark_policy: housekeeping raises the partitions' markers of a policy set half way)
 WORKER_SCRIPTS = ("take", "begin", "unclaim", "renew", "finalize", "readd", "recover", "expire",
                   "mark_expiries", "beat", "park", "retire", "upgrade", "upgrade_stack",
-                  "mark_policy")
+                  "register", "sweep", "mark_policy")
 POLICY_SCRIPTS = ("set_policy", "mark_policy")
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "producer": PRODUCER_SCRIPTS, "worker": WORKER_SCRIPTS, "serve": PRODUCER_SCRIPTS,
@@ -44,11 +44,12 @@ CONNECTION = ("hello", "ping", "client|setname")
 RUNNING = ("eval", "evalsha", "script|load", "multi", "exec", "discard", "wait", "time")
 # producers/ (the Python clients): look at a batch's sessions (HGET their owner records, EXISTS
 # their keys), mark a session a slot was set in (HSETNX), send a resolve request (XADD) and
-# wait for its reply (BLPOP), check that a live worker has the handler (ZRANGE, HGETALL), read
-# sessions, history, dead letters, stats (ids come from reserve.lua, a session's claim and
-# tenant index from stage.lua)
+# wait for its reply (BLPOP), check that a live worker has the handler (ZRANGE, HGETALL; where
+# none has, a ZADD that changes nothing tells a Redis that is full), read sessions, history,
+# dead letters, stats (ids come from reserve.lua, a session's claim and tenant index from
+# stage.lua)
 CLIENT = ("exists", "hsetnx", "xadd", "blpop", "get", "hget", "hgetall", "hvals", "hlen",
-          "hscan", "lrange", "llen", "xrevrange", "xlen", "zrange", "zcard", "zcount")
+          "hscan", "lrange", "llen", "xrevrange", "xlen", "zrange", "zcard", "zcount", "zadd")
 # the views across sessions (ls --all --tenant, dead --all --tenant, the inbox): a tenant's
 # index in each partition (SSCAN) and the owner records of its members (HMGET). Not SCAN: the
 # operator's --unowned views and `repair`, which SCAN, need a user of their own
@@ -56,11 +57,13 @@ VIEWS = ("sscan", "hmget")
 # serve's /metrics: the event feed it counts from, and the consumers of the streams
 METRICS = ("xread", "xinfo|consumers")
 # workers/: the request and task streams (consumer groups; a task's dead stream, XLEN while a
-# queue drains, DEL of a purged one), the webhook feed, the pool registry (HSET, ZADD, ZREM at
-# a clean stop), recovery (ZRANGE of the lease and expiry indexes, MGET of their marks, HGET
-# of a lease), housekeeping (its record and lock, HSCAN of the sessions hashes), the key upgrade
-# at start (TYPE, SMEMBERS of an older index, SADD to the tenant indexes, the layout mark), and
-# INFO (run id, eviction policy, version)
+# queue drains, DEL of a purged one), the webhook feed, the pool registry (ZREM at a clean
+# stop; register.lua keeps it), recovery (ZRANGE of the lease and expiry indexes, MGET of their
+# marks, HGET of a lease), housekeeping (its record and lock, HSCAN of the sessions hashes), the
+# sweep of in-flight state (its record and lock, SCAN for the inflight hashes), beats (DEL, ZREM
+# at a clean stop), the key upgrade at start (TYPE, SMEMBERS of an older index, SADD to the
+# tenant indexes, the layout mark), and INFO (run id, eviction policy, version, the key count a
+# sweep's pages are sized by)
 WORKER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "xadd", "xread",
           "xrevrange", "xlen", "del", "hset", "hget", "hgetall", "hdel", "hlen", "hscan", "zadd",
           "zrem", "zrange", "zrangebyscore", "zremrangebyscore", "mget", "get", "set", "sscan",
@@ -97,11 +100,13 @@ def patterns(role: str, keys: Keys, version: str = "7") -> list[str]:
 
 def script_commands(names: tuple[str, ...]) -> set[str]:
     """Every command the scripts ``names`` run inside Redis (the part of the prelude each uses
-    included), read from their text."""
+    included), read from their text: as sent with Redis 7's flags and without them (to 6.2,
+    and by producers), where one flagged allow-oom begins with a write of its own."""
     from pending_actions.broker.scripts import source
 
-    return {m.lower() for name in names
-            for m in re.findall(r"(?:redis\.p?call|call_on)\('([A-Za-z]+)'", source(name))}
+    return {m.lower() for name in names for flags in (True, False)
+            for m in re.findall(r"(?:redis\.p?call|call_on)\('([A-Za-z]+)'",
+                                source(name, flags))}
 
 
 def commands(role: str, select: bool = False) -> list[str]:

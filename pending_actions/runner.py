@@ -6,7 +6,6 @@ SIGTERM (see ``procs``), and dramatiq passes it on to its worker processes."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -19,7 +18,7 @@ from pathlib import Path
 import orjson
 from dramatiq.cli import RET_IMPORT, RET_PIDFILE
 
-from pending_actions.broker import backoff
+from pending_actions.broker import backoff, tracing
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ConfigError
 from pending_actions.broker.loops import EXIT_LOOP_DIED
@@ -119,6 +118,7 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
     parse_urls(settings.webhook_urls)
     check_handler_modules(settings, modules)
     check_mcp_upstreams(settings)
+    tracing.setup("pending-actions-worker")  # the resolve worker's spans; from OTEL_* alone
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -151,6 +151,9 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
     if settings.mcp_upstreams:  # with the --mcp-upstream options (pending_actions.mcp.worker)
         env["PENDING_ACTIONS_MCP_UPSTREAMS"] = orjson.dumps(settings.mcp_upstreams).decode()
     command = dramatiq_command(modules, settings, int(shutdown_s * 1000))
+    name = ResolveWorker.new_name()
+    # the dramatiq processes name this one as the process that restarts them (health)
+    env["PENDING_ACTIONS_SUPERVISOR"] = name
 
     def spawn() -> Child:
         # its own process group (procs), out of reach of a terminal's Ctrl-C: dramatiq takes a
@@ -173,7 +176,7 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
     try:
         # where the dramatiq processes serve the requests themselves (workers/local.py), this
         # one recovers, keeps house and upgrades
-        resolver = ResolveWorker(ctx, task_broker(ctx), on_fatal=on_fatal,
+        resolver = ResolveWorker(ctx, task_broker(ctx), name, on_fatal=on_fatal,
                                  serve=not serves_locally(settings)).start()
     except BaseException:
         proc.stop(shutdown_s + 5)
@@ -200,8 +203,7 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
     proc.terminate()  # dramatiq lets running handlers finish, bounded
     resolver.shutdown()
     proc.stop(shutdown_s + 5)
-    with contextlib.suppress(Exception):
-        ctx.client.delete(ctx.keys.beats(resolver.name))  # stopped: not a dead loop
+    resolver.beats.stopped()  # gone, not a process that stopped beating
     return died[0] if died else code
 
 

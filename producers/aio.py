@@ -14,6 +14,7 @@ import redis.asyncio
 from redis.asyncio.cluster import PipelineCommand
 from redis.exceptions import AskError
 
+from pending_actions.broker import tracing
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, async_producer_client
 from pending_actions.broker.errors import ConfigError, RedisUnavailable
@@ -147,7 +148,8 @@ class AsyncPendingActions:
 
     # --- the methods of PendingActions -----------------------------------------------------
     async def stage_many(self, actions: Iterable[dict[str, Any]]) -> list[str]:
-        return await self._run(self.core.stage_many(actions))
+        with tracing.current(tracing.STAGE, {}):
+            return await self._run(self.core.stage_many(actions))
 
     async def stage(self, *, session: str, tool: str, label: str, apply: str,
                     reject: str | None = None, payload: dict[str, Any] | None = None,
@@ -179,8 +181,9 @@ class AsyncPendingActions:
                       edit: dict[str, Any] | None = None,
                       expect_id: str | None = None, by: str | None = None,
                       approver: str | None = None, revision: int | None = None) -> Result:
-        return await self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                                 expect_id, by, approver, revision))
+        with tracing.current(tracing.RESOLVE, {}):
+            return await self._run(self.core.resolve(session, action, reason, extra, timeout,
+                                                     edit, expect_id, by, approver, revision))
 
     async def set_policy(self, document: dict[str, Any] | str, tenant: str = DEFAULT_TENANT,
                          by: str | None = None) -> int:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from pending_actions.broker import connection
+from pending_actions.broker import connection, tracing
 from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
@@ -151,7 +151,8 @@ class PendingActions:
         """Stage many actions in a few round trips: each dict has the keyword arguments of
         ``stage``. Every action is checked before anything is staged; in each session they go
         on the stack in the order given (so the last one given is the head)."""
-        return self._run(self.core.stage_many(actions))
+        with tracing.current(tracing.STAGE, {}):
+            return self._run(self.core.stage_many(actions))
 
     def stage(self, *, session: str, tool: str, label: str, apply: str,
               reject: str | None = None, payload: dict[str, Any] | None = None,
@@ -201,8 +202,9 @@ class PendingActions:
         the model's): it counts as that person's approval of an action its policy asks people
         for. ``revision``: go through only if the target's payload is still at that revision
         (the number of people's edits)."""
-        return self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                           expect_id, by, approver, revision))
+        with tracing.current(tracing.RESOLVE, {}):
+            return self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
+                                               expect_id, by, approver, revision))
 
     # --- policies --------------------------------------------------------------------------
     def set_policy(self, document: dict[str, Any] | str, tenant: str = DEFAULT_TENANT,

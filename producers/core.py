@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from pending_actions.broker import texts
+from pending_actions.broker import texts, tracing
 from pending_actions.broker.errors import InvalidInput
 from pending_actions.broker.models import (
     ActionState,
@@ -88,18 +88,24 @@ class Core(Staging):
                 patched = None
         wait = float(timeout or self.settings.resolve_timeout_s)
         req = uuid.uuid4().hex
+        tracing.annotate({tracing.SESSION: session, tracing.ACTION: given.action})
         # every field is checked above (req is ours): no model to validate it again
         request = ResolveRequest.encode(req, session, given.action, given.reason, given.extra,
                                         int(wait * 1000), int((time.time() + wait) * 1000),
-                                        expect_id, by, edit, approver, revision, patched)
+                                        expect_id, by, edit, tracing.carried(),
+                                        approver, revision, patched)
         requests = self.keys.requests(self.keys.partition(session))
         got = yield Wait(self.keys.reply(session, req), wait,
                          first=lambda p: p.execute_command("XADD", requests, "*",
                                                            ResolveRequest.FIELD, request))
         if got is None:
             details = base_details(given.action, given.reason, given.extra)
-            return text_result(texts.timed_out(wait), details, is_error=True)
-        return Result.model_validate_json(got)
+            result = text_result(texts.timed_out(wait), details, is_error=True)
+        else:
+            result = Result.model_validate_json(got)
+        if result.is_error:
+            tracing.errored(result.text.partition("\n")[0][:200])
+        return result
 
     def _check_edit(self, session: str, edit: dict[str, Any],
                     expect_id: str | None) -> Plan[tuple[str, int, str]]:

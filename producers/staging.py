@@ -18,13 +18,14 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker import texts
+from pending_actions.broker import texts, tracing
 from pending_actions.broker.errors import (
     Damaged,
     Denied,
     Forbidden,
     InvalidInput,
     PendingActionsError,
+    RedisFull,
     UnknownHandler,
     Unowned,
 )
@@ -40,7 +41,7 @@ from pending_actions.broker.models import (
     spec_json,
 )
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
-from pending_actions.broker.pools import Live, parse_live, queue_live
+from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
 from pending_actions.broker.replies import Staged, StageRefusal
 from pending_actions.broker.rules import Verdict
 from pending_actions.broker.scripts import Call, Queued, Scripts, Slot, ToStage
@@ -139,13 +140,14 @@ class Staging(PolicyPlans):
                 "fingerprint": fingerprint, "payload_schema": checked_schema, "tenant": tenant}
 
     @staticmethod
-    def _spec(fields: dict[str, Any], action_id: str) -> dict[str, Any]:
-        """The spec's fields (``spec_json`` stores them), ``ttl`` kept for stage.lua."""
+    def _spec(fields: dict[str, Any], action_id: str, trace: str | None) -> dict[str, Any]:
+        """The spec's fields (``spec_json`` stores them), ``ttl`` kept for stage.lua; ``trace``:
+        the context it is staged in (``tracing.carried()``), kept with it."""
         now = time.time()
         ttl = fields["ttl"]
         return {**fields, "id": action_id, "created_at": now,
-                "expires_at": None if ttl is None else now + ttl, "verdict": None,
-                "policy": None}
+                "expires_at": None if ttl is None else now + ttl, "trace": trace,
+                "verdict": None, "policy": None}
 
     def _prepare(self, checked: list[dict[str, Any]], check_owners: bool) -> Plan[list[int]]:
         """Every handler name the validated specs use is live in some worker (the view of live
@@ -203,9 +205,14 @@ class Staging(PolicyPlans):
             raise translate(failed[0]) from failed[0]
         if reread:
             self._live, self._live_at = parse_live(live), time.monotonic()
-        for field, name in pairs:
-            if not self._live.has(name):
-                raise UnknownHandler(field, name)
+        missing = next(((f, n) for f, n in pairs if not self._live.has(n)), None)
+        if missing is not None:
+            # workers that dropped out while Redis refused writes: say that Redis is full
+            [check] = yield Batch(functools.partial(queue_write_check, keys=k),
+                                  raise_on_error=False)
+            if isinstance(check, Exception) and isinstance(translate(check), RedisFull):
+                raise translate(check) from check
+            raise UnknownHandler(*missing)
         for (session, tenant), owner, keys in zip(owners, looked[::2], looked[1::2],
                                                   strict=True):
             if isinstance(owner, bytes) and owner and owner.decode() != tenant:
@@ -256,8 +263,10 @@ class Staging(PolicyPlans):
         # only for a batch over several sessions, none of which may be staged when one is
         # refused
         seqs = yield from self._prepare(checked, len({f["session"] for f in checked}) > 1)
-        specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}")
+        trace = tracing.carried()  # the stage span's, when its caller traces
+        specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}", trace)
                  for seq, f in zip(seqs, checked, strict=True)]
+        tracing.staged(specs)
         answers = yield from self._stage_specs(specs)
         for _try in range(self.POLICY_TRIES - 1):
             # decided by a version of the policy the partition no longer has (or before this
@@ -419,7 +428,7 @@ class Staging(PolicyPlans):
                  reject: object) -> Plan[str]:
         fields = self.validate(session, slot, tool, label, apply, reject, None)
         seq, = yield from self._prepare([fields], True)  # set_slot.lua knows no tenant
-        spec = self._spec(fields, f"{slot}:{tool}:{seq}")
+        spec = self._spec(fields, f"{slot}:{tool}:{seq}", tracing.carried())
         k = self.keys
 
         def queue(pipe: Any) -> None:

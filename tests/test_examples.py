@@ -1,6 +1,7 @@
 """The Python examples of the README ("From Python") and of docs/python.md (up to its Handlers
-section: a handler runs inside a worker, not on its own; its policies too) and the example agent loop run as
-written, against a Redis of their own and a real worker with the example handlers."""
+section: a handler runs inside a worker, not on its own; its policies too) and the example
+agent loop run as written, against a Redis of their own and a real worker with the example
+handlers."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ process. Beats go to a real Redis."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +14,8 @@ from redis import exceptions as rx
 
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ConfigError
-from pending_actions.broker.loops import Beats, Loop
+from pending_actions.broker.loops import PROC_TTL_MS, Beats, Loop
+from pending_actions.broker.pooling import PoolExhausted
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 
@@ -92,4 +94,31 @@ def test_a_loop_beats_to_redis(ctx: Context, rc: redis.Redis) -> None:
     run_steps(ctx, [])
     beat = rc.hget(ctx.keys.beats("proc-test"), "test")
     assert beat is not None and b'"every":5000' in beat
-    assert 0 < rc.pttl(ctx.keys.beats("proc-test")) <= 10_000  # gone with its process
+    # gone with its process: reported as stopped until then, if it never said it stops
+    assert 0 < rc.pttl(ctx.keys.beats("proc-test")) <= PROC_TTL_MS
+
+
+def test_a_pool_without_connections_for_long_ends_the_process(ctx: Context) -> None:
+    """No connection to be had from the pool, round after round: connections lost for good
+    (waiting brings none back), so the process ends for its supervisor to start afresh; a
+    pool that has one again in time is survived, and starts the count afresh."""
+    stop = threading.Event()
+    fatal: list[str] = []
+    rounds: list[str] = ["exhausted", "exhausted", "ok", "exhausted"]
+
+    def step() -> None:
+        if not rounds:
+            raise PoolExhausted("no free Redis connection")
+        if rounds.pop(0) == "exhausted":
+            raise rx.MaxConnectionsError("Too many connections")
+
+    def on_fatal(name: str, exc: BaseException) -> None:
+        fatal.append(f"{name}: {exc}")
+        stop.set()
+
+    loop = Loop("starved", step, stop, every_s=5, on_fatal=on_fatal, exhausted_give_up_s=0.3)
+    loop.backoff.first = loop.backoff.cap = 0.05
+    started = time.monotonic()
+    loop.run()
+    assert fatal == ["starved: no free Redis connection"] and loop.rounds == 1
+    assert time.monotonic() - started >= 0.3  # the count began again after the round that went

@@ -60,14 +60,17 @@ def test_a_policy_change_under_load_decides_each_stage_by_one_version(
         deployment: Deployment) -> None:
     pa, rc = deployment.pa, deployment.rc
     tenant, prefix = f"l-{uuid.uuid4().hex[:8]}", f"load-{uuid.uuid4().hex[:6]}"
-    versions = {1: ("ask", None), 2: ("allow", None), 3: ("deny", "frozen")}
+    # each version's decision as the feed shows it (a plain allow it leaves unsaid)
+    versions = {1: ("ask", 1), 2: ("ask", 2), 3: ("deny", 0)}
 
     def document(v: int) -> dict[str, object]:
-        decision, reason = versions[v]
+        decision, approvals = versions[v]
         rule: dict[str, object] = {"name": f"v{v}", "match": {"tool": "deploy"},
                                    "decision": decision}
-        if reason:
-            rule["reason"] = reason
+        if approvals:
+            rule["approvals"] = approvals
+        else:
+            rule["reason"] = "frozen"
         return {"rules": [rule]}
 
     assert pa.set_policy(document(1), tenant=tenant) == 1
@@ -91,7 +94,7 @@ def test_a_policy_change_under_load_decides_each_stage_by_one_version(
                 continue
             version = int(f[b"policy"])
             decision = f.get(b"decision", b"deny").decode()
-            assert decision == versions[version][0], (version, f)
+            assert (decision, int(f.get(b"approvals", 0))) == versions[version], (version, f)
             assert f[b"rule"] == f"v{version}".encode()
             seen[p].append(version)
             counted += 1
@@ -101,6 +104,6 @@ def test_a_policy_change_under_load_decides_each_stage_by_one_version(
     assert {v for order in seen.values() for v in order} == {1, 2, 3}
     for session in {f"{prefix}{i}-{n}" for i in range(3) for n in range(8)}:
         for a in pa.pending(session):
-            assert a.policy is not None and a.policy["decision"] == versions[
-                a.policy["version"]][0]
+            assert a.policy is not None and (a.policy["decision"], a.policy["approvals"]) == \
+                versions[a.policy["version"]]
     assert orjson.loads(orjson.dumps(pa.get_policy(tenant)))["version"] == 3

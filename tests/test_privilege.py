@@ -34,6 +34,7 @@ from pending_actions_harness.supervise import WorkerProcess
 from tests.serve.conftest import Server
 from tests.serve.test_webhooks import SECRET, Receiver
 from tests.support.faults import FAST, K, cluster
+from tests.support.load import wait_healthy
 from tests.support.procs import TEST_ENV, worker_env
 from tests.support.replies import byte_list
 from tests.support.roles import (
@@ -48,7 +49,6 @@ from tests.support.roles import (
     users,
 )
 from tests.support.unchanged import redis_unchanged
-from tests.test_hardening import wait_healthy
 
 
 def cli(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ import dramatiq
 import redis
 from dramatiq.middleware import CurrentMessage
 
-from pending_actions.broker import pools
+from pending_actions.broker import pools, tracing
 from pending_actions.broker.connection import is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import WorkerEvent, announce
@@ -93,17 +93,26 @@ class Registration(dramatiq.Middleware):
         try:
             pools.leave(ctx.client, ctx.keys, self.pool, self.instance)
             announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.STOPPING)
-            ctx.client.delete(ctx.keys.beats(beats.proc))  # gone: not a dead loop
         except redis.RedisError:
             log.warning("could not announce shutdown; Redis is unavailable")
+        beats.stopped()  # gone, not a process that stopped beating
 
     def _publish(self) -> None:
-        pools.heartbeat(ctx.client, ctx.keys, self.pool, self.names, self.instance,
-                        ctx.settings.pool_ttl_ms)
+        # register.lua runs while Redis is full (allow-oom): a pool must never look gone then
+        ctx.scripts.register(pool=self.pool, names=self.names, instance=self.instance,
+                             ttl_ms=ctx.settings.pool_ttl_ms).run()
         if self.first:
             announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.READY, pool=self.pool,
                      handlers=",".join(self.names))
         self.first = False
+
+
+class FlushSpans(dramatiq.Middleware):
+    """A dramatiq process ends without running ``atexit`` hooks (multiprocessing's exit), so
+    its spans still held are sent here, once its threads have stopped."""
+
+    def after_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        tracing.flush()
 
 
 def serve_pool(broker: Any, pool: str) -> None:
@@ -125,12 +134,15 @@ def serve_pool(broker: Any, pool: str) -> None:
         broker.declare_queue(pool_queue(base, pool))
 
 
-beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq")
+tracing.setup("pending-actions-worker")  # this process's spans; from OTEL_* alone
+beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq",
+              ctx.settings.supervisor or "")
 early_claims = EarlyClaims(ctx)
 broker = task_broker(ctx)
 broker.add_middleware(Registration())
 broker.add_middleware(CurrentMessage())
 broker.add_middleware(HandBack(early_claims))
+broker.add_middleware(FlushSpans())
 dramatiq.set_broker(broker)
 renewer = attempt.Renewer(ctx, beats)
 
@@ -144,7 +156,8 @@ renewer = attempt.Renewer(ctx, beats)
 def run_attempt(**fields: Any) -> None:
     message = CurrentMessage.get_current_message()
     early = early_claims.take(message.message_id) if message is not None else None
-    attempt.run_attempt(ctx, renewer, TaskMessage.from_kwargs(fields), _settle(message), early)
+    attempt.run_attempt(ctx, renewer, TaskMessage.from_kwargs(fields), _settle(message), early,
+                        message.message_timestamp if message is not None else None)
 
 
 def _settle(message: Any) -> attempt.Settle | None:

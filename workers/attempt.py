@@ -18,7 +18,7 @@ import redis
 from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
-from pending_actions.broker import failpoints, texts
+from pending_actions.broker import failpoints, texts, tracing
 from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
 from pending_actions.broker.connection import NotReplicated, acked
 from pending_actions.broker.context import Context
@@ -136,20 +136,25 @@ Settle = Callable[[Any], None]  # queues the task message's own ack on the outco
 
 
 def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
-                settle: Settle | None = None, early: Claimed | None = None) -> str:
+                settle: Settle | None = None, early: Claimed | None = None,
+                queued_at_ms: int | None = None) -> str:
     """Returns what happened, for logs and tests: applied, discarded, failed, stale, duplicate,
     parked. ``settle``, when given, rides on the outcome's round trip (the task's ack).
-    ``early``: the claim the consumer thread sent for this task (``workers/early.py``)."""
+    ``early``: the claim the consumer thread sent for this task (``workers/early.py``).
+    ``queued_at_ms``: when its task message was made (the span's time in the queue)."""
     attempt = Attempt(ctx, renewer, task, settle, early)
+    started = tracing.now_ns()
     begun = attempt.claim()
     if not isinstance(begun, Begun):  # nothing to run
         return begun
-    try:
-        ran = attempt.run(begun)
-        outcome, done = attempt.conclude(begun, ran)
-    finally:
-        renewer.discard(task.token)
-    return outcome.value if done else attempt.refused_late(begun, outcome)
+    with tracing.handling(task.action, begun, started, queued_at_ms) as span:
+        try:
+            ran = attempt.run(begun)
+            outcome, done = attempt.conclude(begun, ran)
+        finally:
+            renewer.discard(task.token)
+        span.ended(outcome if done else Event.LATE_REFUSED, ran.error)
+        return outcome.value if done else attempt.refused_late(begun, outcome)
 
 
 class Attempt:
@@ -204,8 +209,12 @@ class Attempt:
             return "duplicate"
         assert begun.lease is not None
         if begun.status is BeginStatus.GONE:
-            reply = text_result(texts.REPLACED, base_details(task.action, task.reason,
-                                                             task.extra), is_error=True)
+            # a slot's target replaced meanwhile; an action's spec gone (readd.lua then
+            # dead-letters it: it cannot go back)
+            text = (texts.spec_missing(task.action, begun.lease.id)
+                    if begun.lease.kind == "action" else texts.REPLACED)
+            reply = text_result(text, base_details(task.action, task.reason, task.extra),
+                                is_error=True)
             self._record(ctx.scripts.readd(
                 task.session, token=task.token, req=task.req, last_error="replaced",
                 reply=reply.to_json(), action_id=begun.lease.id, attempt=begun.lease.attempt))
@@ -340,10 +349,12 @@ def _unreadable(ctx: Context, task: TaskMessage, exc: Exception) -> str:
 
 class Ran(NamedTuple):
     """A handler's run: its result, and how it ended: ``returned`` (what it returned, an error
-    result included), ``raised`` (pending again) or ``stale`` (it raised Stale)."""
+    result included), ``raised`` (pending again) or ``stale`` (it raised Stale), with what it
+    raised (for its span)."""
 
     result: Result
     how: Literal["returned", "raised", "stale"]
+    error: BaseException | None = None
 
 
 class Conclusion(NamedTuple):
@@ -404,11 +415,11 @@ def _call(view: PendingAction, spec: Spec, task: TaskMessage, key: str) -> Ran:
         return returned(value)
     except Stale as exc:
         return Ran(text_result(texts.stale(str(exc) or "the preview is out of date"), details,
-                               is_error=True), "stale")
+                               is_error=True), "stale", exc)
     except ToolError as exc:
-        return Ran(text_result(str(exc), details, is_error=True), "raised")
+        return Ran(text_result(str(exc), details, is_error=True), "raised", exc)
     except (Exception, Interrupt) as exc:
         message = str(exc) or type(exc).__name__
         log.info("handler %s for %s failed: %s", name, spec.id, message)
         return Ran(text_result(texts.handler_failed(action, message), details, is_error=True),
-                   "raised")
+                   "raised", exc)

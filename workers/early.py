@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -38,31 +39,43 @@ from pending_actions.workers.tasks import ACTOR_NAME
 log = logging.getLogger("pending_actions.early")
 
 
+def _back(held: list[Any], idle: list[Any], drop: bool = False) -> None:
+    """The connection in ``held`` (if still there) back on its idle list; ``drop``: first
+    disconnected (answers left unread on it would be the next user's), to connect again on
+    its next use. Never dropped for good: these connections are counted against the pool's
+    bound, so one lost at each cut connection would end with a process that cannot get one."""
+    conn = held.pop() if held else None
+    if conn is not None:
+        if drop:
+            conn.disconnect()
+        idle.append(conn)
+
+
 class _Answers:
     """The answers to one write of claims, read in order by whichever thread needs one first;
-    the connection goes back to its idle list once all are read (dropped if it failed)."""
+    the connection goes back to its idle list once all are read, or disconnected when reading
+    failed, or when the answers are dropped unread (a claim whose task never ran here)."""
 
     def __init__(self, conn: Any, n: int, idle: list[Any]) -> None:
-        self.conn: Any = conn
+        self.held: list[Any] = [conn]  # empty once the connection is back
         self.n = n
         self.idle = idle
         self.got: list[Any] = []
         self.lock = threading.Lock()
+        weakref.finalize(self, _back, self.held, idle, True)
 
     def get(self, i: int) -> Any:
         """The i-th answer (an error as its exception); None when it cannot be read."""
         with self.lock:
-            while len(self.got) <= i and self.conn is not None:
+            while len(self.got) <= i and self.held:
                 try:
-                    self.got.extend(read_replies(self.conn, 1))
-                except BaseException as exc:  # unread answers would be the next user's
-                    self.conn.disconnect()
-                    self.conn = None
+                    self.got.extend(read_replies(self.held[0], 1))
+                except BaseException as exc:
+                    _back(self.held, self.idle, drop=True)
                     if not isinstance(exc, Exception):
                         raise  # a thread interrupted (dramatiq's time limit, shutdown)
-            if self.conn is not None and len(self.got) == self.n:
-                self.idle.append(self.conn)
-                self.conn = None
+            if self.held and len(self.got) == self.n:
+                _back(self.held, self.idle)
             return self.got[i] if i < len(self.got) else None
 
 
@@ -174,7 +187,7 @@ class EarlyClaims:
         try:
             conn.send_packed_command(conn.pack_commands(batch.commands))
         except BaseException:
-            conn.disconnect()
+            _back([conn], idle, drop=True)
             raise
         answers = _Answers(conn, len(claims), idle)
         for i, c in enumerate(claims):

@@ -4,8 +4,9 @@ partitions' expiry indexes.
 
 The scripts that make, renew and end a lease write its index entry in the same atomic step,
 so a lease never exists without its entry, even on a Redis that lost the tail of its data or
-on a replica promoted by a failover (a script replicates as one transaction): no sweep of the
-sessions is ever needed."""
+on a replica promoted by a failover (a script replicates as one transaction). An entry deleted
+by hand is put back by the slow sweep of in-flight state (``workers/sweep.py``), a page each
+round here."""
 
 from __future__ import annotations
 
@@ -13,15 +14,18 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+import redis
 from pydantic import ValidationError
 
-from pending_actions.broker import texts
+from pending_actions.broker import texts, tracing
 from pending_actions.broker.connection import is_cluster, server_info
 from pending_actions.broker.context import Context
+from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.events import Event
-from pending_actions.broker.failures import poison_of
+from pending_actions.broker.failures import poison_of, translate
 from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import NOTHING_DUE, Keys
 from pending_actions.broker.models import Lease, Spec
@@ -31,6 +35,7 @@ from pending_actions.broker.results import base_details, text_result
 from pending_actions.workers.poison import park_poison
 from pending_actions.workers.policies import raise_markers
 from pending_actions.workers.retention import Retirement
+from pending_actions.workers.sweep import Sweep
 
 log = logging.getLogger("pending_actions.resolver")
 
@@ -54,6 +59,7 @@ class Recovery:
         every = s.policy_check_s
         self.next_check = time.monotonic() + random.uniform(0, every)  # spread out
         self.retire = Retirement(ctx)
+        self.sweep = Sweep(ctx)
         self.next_markers = 0.0
         # expiries members found in flight past their ttl -> (partition, when to look again,
         # ms). Their entry keeps its score, the expiry that every reader checks, so the due
@@ -77,13 +83,24 @@ class Recovery:
         if time.monotonic() >= self.next_check:
             self.next_check = time.monotonic() + self.ctx.settings.policy_check_s
             check_policy(server_info(self.ctx.client, "memory"))
-        self.retire.step()
+        for chore in (self.retire.step, self.sweep.step):
+            try:
+                chore()
+            except redis.RedisError as exc:
+                # housekeeping waits for memory (its round's lock is a write Redis refuses
+                # then); recovery itself goes on, and the loop with it, beating
+                if not isinstance(translate(exc), RedisFull):
+                    raise
         if time.monotonic() >= self.next_markers:
             # a policy set that stopped before raising every partition's marker is finished
             # here (each resolve worker, every housekeeping round: a read of the index and of
             # the markers; mark_policy.lua never lowers one)
             self.next_markers = time.monotonic() + self.ctx.settings.housekeeping_s
-            raise_markers(self.ctx)
+            try:
+                raise_markers(self.ctx)
+            except redis.RedisError as exc:
+                if not isinstance(translate(exc), RedisFull):  # waits for memory, as above
+                    raise
 
     def _now_ms(self) -> int:
         sec, usec = self.ctx.client.time()
@@ -138,14 +155,22 @@ class Recovery:
                 found = poison_of(reply)
                 if found is None:
                     raise reply
-                park_poison(ctx, session, found)  # the next read recovers the lease
+                # parked: a lease that does not parse, and the next read finds its action
+                # back; an action's counters or spec, and the action is dead-lettered, its
+                # lease ended and its resolver told
+                req, told = "", b""
+                if lease is not None:
+                    req, told = lease.req, self._replies(session, lease)(texts.parked(found))
+                park_poison(ctx, session, found, req, told)
                 continue
             got = got_q.get(replies_all)
             if lease is None or got.outcome in (RecoverOutcome.GONE, RecoverOutcome.LIVE):
                 continue
             recovered += 1
-            log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
-                        got.outcome.name.lower().replace("_", " "))
+            with tracing.recovering(lease, session, got.outcome is RecoverOutcome.DEAD_LETTERED,
+                                    got.outcome is not RecoverOutcome.UNSTARTED):
+                log.warning("lease of %s attempt %d expired: %s", lease.id, lease.attempt,
+                            got.outcome.name.lower().replace("_", " "))
             if got.outcome in _FEED:  # a stall, or the last one: on the feed
                 publish(feed, ctx.keys, _FEED[got.outcome], session=session, id=lease.id,
                         attempt=lease.attempt, by=lease.by)
@@ -249,17 +274,20 @@ class Recovery:
             log.warning("session %s: unreadable lease %s parked (%s)", session, token, reason)
             return None
 
-    def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
-        raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
+    def _replies(self, session: str, lease: Lease,
+                 raw: Any = None) -> Callable[[str], bytes]:
+        """The error reply with a given text for the resolver waiting on ``lease``."""
         try:
             spec = Spec.read(raw, lease.id, session) if raw else None
         except ValidationError:
             spec = None  # parked by the worker that next begins it
         details = base_details(lease.action, lease.reason, lease.extra_value, spec)
+        return lambda text: text_result(text, details, is_error=True).to_json()
 
-        def reply(text: str) -> bytes:
-            return text_result(text, details, is_error=True).to_json()
-
-        return (reply(texts.worker_lost(lease.action, lease.attempt, lease.id)),
-                reply(texts.dead_lettered(lease.action, lease.id, self.ctx.settings.max_stalls)),
+    def _recovery_replies(self, session: str, lease: Lease) -> tuple[bytes, bytes, bytes]:
+        raw: Any = self.ctx.client.hget(self.ctx.keys.actions(session), lease.id)
+        reply = self._replies(session, lease, raw)
+        dead = (texts.spec_missing(lease.action, lease.id) if raw is None and lease.kind == "action"
+                else texts.dead_lettered(lease.action, lease.id, self.ctx.settings.max_stalls))
+        return (reply(texts.worker_lost(lease.action, lease.attempt, lease.id)), reply(dead),
                 reply(texts.never_started(lease.action, lease.attempt, lease.id)))

@@ -19,7 +19,7 @@ import redis
 from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
-from pending_actions.broker import failpoints, texts
+from pending_actions.broker import failpoints, texts, tracing
 from pending_actions.broker.connection import is_cluster, pipeline, read_group
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
@@ -61,7 +61,7 @@ class ResolveWorker:
         (``workers/local.py``); ``beats``: that process's."""
         self.ctx = ctx
         self.tasks = tasks
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.name = name or self.new_name()
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.on_fatal = on_fatal
@@ -78,6 +78,11 @@ class ResolveWorker:
         # on one Redis each thread reads every partition's stream in one call
         self.groups = ([[p] for p in every] if is_cluster(ctx.client)
                        else [every] * ctx.settings.resolve_threads)
+
+    @staticmethod
+    def new_name() -> str:
+        """A resolve worker's name (its consumer names and its beats start with it)."""
+        return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> ResolveWorker:
@@ -256,6 +261,7 @@ class ResolveWorker:
         calls = []
         # in a dramatiq process, the first takes claim for its free worker threads
         claims = Claims(self.local, view, len(requests))
+        traced = tracing.Takes([request for _e, request in requests])  # a span per take
         for i, ((stream, entry_id), request) in enumerate(requests):
             lease = uuid.uuid4()
             token = lease.hex
@@ -280,8 +286,8 @@ class ResolveWorker:
                 conflict_reply=conflict, expired_reply=gone,
                 entry=entry_id if self._acked_by_take(stream, request) else b"",
                 claimant=claims.claimant(i, request, token), here=claims.here,
-                approver=request.approver or "", revision=request.revision,
-                patched=request.patched or ""))
+                trace=traced.trace(i), approver=request.approver or "",
+                revision=request.revision, patched=request.patched or ""))
         if not calls:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call
@@ -303,6 +309,7 @@ class ResolveWorker:
                 failpoints.hit("after-local-take", ctx.client, ctx.keys)
         finally:
             claims.done(out)
+            traced.done(out)
         return out
 
     def _acked_by_take(self, stream: str, request: ResolveRequest) -> bool:

@@ -1,8 +1,10 @@
 -- park: move a record of a session that does not parse (a spec, its counters, a lease) out of
 -- the way, onto the session's dead-letter list with its raw bytes and the reason, so that the
--- session and every other one carry on. Never loses an action: parking a spec dead-letters the
--- action itself (with its raw spec); parking a lease puts the action it held back where it was
--- (found as the one spec neither stacked, in a slot, nor held by another lease).
+-- session and every other one carry on. Never loses an action: parking a spec or its counters
+-- dead-letters the action itself (with its raw spec, and its raw counters), and ends every
+-- lease that holds it, so that it is nowhere else (not pending, not in flight: one outcome);
+-- parking a lease puts the action it held back where it was (found as the one spec neither
+-- stacked, in a slot, nor held by another lease).
 -- KEYS[1] actions (hash)  KEYS[2] state (hash)  KEYS[3] inflight (hash)
 -- KEYS[4] stack (zset: the lowest score is the head)
 -- KEYS[5] directive (string)  KEYS[6] standing (string)  KEYS[7] dead (list)
@@ -26,16 +28,32 @@ if redis.call('HGET', hash, field) ~= raw then
 end
 local now = now_ms()
 local id = what == 'lease' and '' or field
+local parked = {id = id, reason = 'unreadable ' .. what .. ': ' .. reason, poison = what,
+  field = field, raw = raw_text, at = now}
+-- parked counters keep their action's spec beside them: its own JSON text when it is JSON (as
+-- recover.lua keeps it: cjson would write an empty object as []), else as a string
+local spec = what == 'state' and redis.call('HGET', actions, id)
+local spec_json = false
+if spec then
+  local ok, decoded = pcall(cjson.decode, spec)
+  spec_json = ok and type(decoded) == 'table'
+  if not spec_json then parked.spec = spec end
+end
 redis.call('HDEL', hash, field)
-if what == 'spec' then
+if what ~= 'lease' then
+  redis.call('HDEL', actions, id)
   redis.call('HDEL', state, id)
   redis.call('ZREM', stack, id)
   for _, slot in ipairs({directive, standing}) do
     if redis.call('GET', slot) == id then redis.call('DEL', slot) end
   end
-  if token ~= '' then
-    redis.call('HDEL', inflight, token)
-    redis.call('ZREM', leases, session .. '/' .. token)
+  local held = redis.call('HGETALL', inflight)
+  for i = 1, #held, 2 do
+    local ok, lease = pcall(cjson.decode, held[i + 1])
+    if held[i] == token or (ok and type(lease) == 'table' and lease.id == id) then
+      redis.call('HDEL', inflight, held[i])
+      redis.call('ZREM', leases, session .. '/' .. held[i])
+    end
   end
 elseif what == 'lease' then
   redis.call('ZREM', leases, session .. '/' .. field)
@@ -61,8 +79,10 @@ elseif what == 'lease' then
     end
   end
 end
-redis.call('LPUSH', dead, cjson.encode({id = id, reason = 'unreadable ' .. what ..
-  ': ' .. reason, poison = what, field = field, raw = raw_text, at = now}))
+parked.id = id
+local entry = cjson.encode(parked)
+if spec_json then entry = string.sub(entry, 1, -2) .. ',"spec":' .. spec .. '}' end
+redis.call('LPUSH', dead, entry)
 if reply ~= '' then
   redis.call('RPUSH', replies, reply)
   redis.call('EXPIRE', replies, reply_ttl_s)

@@ -34,9 +34,10 @@ end
 
 -- Redis keeps what a script wrote before an error stopped it, so a script reads and checks
 -- everything before its first write, and stops with POISON (nothing changed) on a record that
--- does not parse: the caller parks it (park.lua) and carries on
+-- does not parse: the caller parks it (park.lua) and carries on. A string (level 0: no
+-- position), which failure() passes on as the reply's text
 local function poison(what, key, field)
-  error({err = 'POISON ' .. what .. ' ' .. key .. ' ' .. (field or '')})
+  error('POISON ' .. what .. ' ' .. key .. ' ' .. (field or ''), 0)
 end
 
 -- redis.call on one key, stopping with POISON (naming the key) when it holds another type.
@@ -49,7 +50,7 @@ local function call_on(cmd, key, ...)
     if string.find(reply.err, 'WRONGTYPE', 1, true) then
       poison('type', key, redis.call('TYPE', key).ok)
     end
-    error(reply)
+    error(reply.err, 0)
   end
   return reply
 end
@@ -105,9 +106,19 @@ local function check_types(expected)
   end
 end
 
--- an action's counters {attempts, stalls, last_error}, decoded (POISON when they do not parse)
+-- an action's counters {attempts, stalls, last_error}, decoded, and their raw text (nil when
+-- the state hash has none: NEW_STATE); POISON when they do not parse as counters (numbers, and
+-- a string or nothing as the error), as Python reads them
 local function counters(state_key, id)
-  return json_field('state', state_key, id) or cjson.decode(NEW_STATE)
+  local st, raw = json_field('state', state_key, id)
+  if not st then return cjson.decode(NEW_STATE), nil end
+  for _, n in ipairs({'attempts', 'stalls'}) do
+    if st[n] ~= nil and type(st[n]) ~= 'number' then poison('state', state_key, id) end
+  end
+  if st.last_error ~= nil and st.last_error ~= cjson.null and type(st.last_error) ~= 'string' then
+    poison('state', state_key, id)
+  end
+  return st, raw
 end
 
 -- the counters of a leased attempt, as its claim answers them: take keeps an action's counters
@@ -117,6 +128,14 @@ local function lease_counters(state_key, lease)
   local st = lease.counted == false and cjson.decode(NEW_STATE) or counters(state_key, lease.id)
   st.attempts = lease.attempt
   return st
+end
+
+-- dead-letter an action whose spec is missing (deleted by hand, lost by a Redis that lost
+-- writes): its id, on a stack or in a lease, is all that is left of it. Nothing can run; the
+-- dead letters and the history say what became of it, so that no action vanishes unseen
+local function spec_missing(dead, hist, maxlen, id, now)
+  redis.call('LPUSH', dead, cjson.encode({id = id, reason = 'spec missing', at = now}))
+  history(hist, maxlen, EVENT.DEAD_LETTERED, 'id', id, 'reason', 'spec missing')
 end
 
 -- whether an action staged with a ttl is past it at server time ``now`` (ms): from that moment
@@ -138,4 +157,16 @@ local function end_expired(actions, state, expiries, member, expired, hist, maxl
   redis.call('ZADD', expired, now, id)
   redis.call('ZREMRANGEBYSCORE', expired, '-inf', now - tonumber(memory_ms))
   history(hist, maxlen, EVENT.EXPIRED, 'id', id, 'expires_at', at)
+end
+
+-- the error reply of an error raised in a script (by Lua, by a redis.call, by poison()),
+-- starting with its code (POISON, OOM, WRONGTYPE, ERR for Lua's own): broker/lua.py runs every
+-- script inside pcall and returns this, so the caller reads the same reply from Redis 6.2 and
+-- 7 (6.2's own handler fails on an error raised as a table, "attempt to concatenate", and puts
+-- where a command failed before its text: "@user_script: 3: -OOM ...\r\n")
+local function failure(raised)
+  local text = type(raised) == 'table' and raised.err or tostring(raised)
+  text = string.gsub(string.gsub(text, '^@user_script: %d+: %-', ''), '%s+$', '')
+  if not string.find(text, '^%u[%u_]* ') then text = 'ERR ' .. text end
+  return redis.error_reply(text)
 end

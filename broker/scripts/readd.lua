@@ -4,16 +4,18 @@
 -- KEYS[1] inflight (hash)  KEYS[2] stack (zset: the lowest score is the head)
 -- KEYS[3] directive (string)
 -- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)  KEYS[7] reply (list)
--- KEYS[8] the partition's lease index (zset)
+-- KEYS[8] the partition's lease index (zset)  KEYS[9] dead (list)
 -- ARGV[1] lease token  ARGV[2] error text  ARGV[3] reply JSON  ARGV[4] reply ttl s
 -- ARGV[5] history maxlen  ARGV[6] action id  ARGV[7] attempt
 -- ARGV[8] index member "<session>/<token>"
--- KEYS[3] is only ever SET NX, which no type refuses.
+-- KEYS[3] is only ever SET NX, which no type refuses. An action (not a slot's target) whose
+-- spec went while it was in flight is dead-lettered ("spec missing"): it cannot go back.
 -- Returns: 1 when re-added, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
 local inflight, stack, directive, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local state, hist, replies, leases = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local state, hist, replies, leases, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local token, last_error, reply, reply_ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local maxlen, action_id, attempt, member = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+redis.replicate_commands()
 local lease = json_field('lease', inflight, token)
 if not lease then
   history(hist, maxlen, EVENT.LATE_REFUSED, 'id', action_id, 'attempt', attempt,
@@ -23,12 +25,14 @@ end
 local kept = call_on('HEXISTS', actions, lease.id) == 1
 local st = kept and counters(state, lease.id)  -- POISON before the first write
 -- the history entry is the first write; every other key written is checked before it
-check_types({[stack] = 'zset', [replies] = 'list', [leases] = 'zset'})
+check_types({[stack] = 'zset', [replies] = 'list', [leases] = 'zset', [dead] = 'list'})
 history(hist, maxlen, EVENT.FAILED, 'id', lease.id, 'attempt', lease.attempt,
   'request', lease.req, 'error', last_error, by_of(lease))
 redis.call('HDEL', inflight, token)
 redis.call('ZREM', leases, member)
-if kept and lease.kind == 'action' then
+if not kept and lease.kind == 'action' then
+  spec_missing(dead, hist, maxlen, lease.id, now_ms())
+elseif kept and lease.kind == 'action' then
   push_head(stack, {lease.id})
 elseif kept and lease.kind == 'directive' then
   -- a newer directive set meanwhile wins; the failed one is dropped

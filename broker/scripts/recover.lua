@@ -12,8 +12,8 @@
 -- ARGV[8] last_error when returned after a stall  ARGV[9] last_error when no worker started it
 -- ARGV[10] index member "<session>/<token>"
 -- Returns: {outcome, deadline ms}, outcome one of RECOVER: GONE (no such lease: finished or
--- recovered already), RETURNED, DEAD_LETTERED, UNSTARTED, or LIVE (nothing done; the deadline
--- says when to look again).
+-- recovered already), RETURNED, DEAD_LETTERED (also an action whose spec is missing: it
+-- cannot go back), UNSTARTED, or LIVE (nothing done; the deadline says when to look again).
 local inflight, stack, directive, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local state, hist, dead, replies, leases = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local token, max_stalls, reply_ttl_s, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -66,6 +66,9 @@ if spec then
       redis.call('HDEL', state, lease.id)
     end
   end
+elseif lease.kind == 'action' then
+  outcome = RECOVER.DEAD_LETTERED
+  redis.call('LPUSH', dead, cjson.encode({id = lease.id, reason = 'spec missing', at = now}))
 end
 local reply_of = {[RECOVER.RETURNED] = returned_reply, [RECOVER.DEAD_LETTERED] = dead_reply,
                   [RECOVER.UNSTARTED] = unstarted_reply}

@@ -10,7 +10,8 @@
 -- KEYS[11] the partition's expiries (zset "<session>/<id>" -> expiry ms)
 -- KEYS[12] expired (zset)
 -- KEYS[13] the partition's request stream (the request is acked here when ARGV[20] is set)
--- KEYS[14..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
+-- KEYS[14] dead (list): a stacked id whose spec is missing is dead-lettered there
+-- KEYS[15..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
 --            ARGV[14] is empty: the caller enqueues on a broker of its own)
 -- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
 -- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
@@ -34,10 +35,11 @@
 --          the lease is claimed here for that claimant (running, as begin.lua would) and no
 --          task is enqueued
 -- ARGV[23] running lease ms (with ARGV[22])  ARGV[24] the caller's pool number (0: none)
--- ARGV[25] approver: the person whose resolve this is ("" for none: the model's)
--- ARGV[26] revision: the target's revision the caller saw ("" for unsaid): another one
+-- ARGV[25] the take's trace context ("" for none), kept opaque in the lease (broker/tracing.py)
+-- ARGV[26] approver: the person whose resolve this is ("" for none: the model's)
+-- ARGV[27] revision: the target's revision the caller saw ("" for unsaid): another one
 --          changes nothing (REVISED)
--- ARGV[27] patched: with an approval that edits, the composed JSON Merge Patch of the
+-- ARGV[28] patched: with an approval that edits, the composed JSON Merge Patch of the
 --          original payload to the edited one, as JSON text ("" for none)
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
@@ -66,18 +68,20 @@
 -- started it, whose task is enqueued again; the same claim when it claimed for ARGV[22];
 -- NONE again), else DUP.
 -- A stacked action past its ttl is gone for take as for every reader: passed over, and ended
--- here (history "expired") when it lay above the target.
+-- here (history "expired") when it lay above the target. So is a stacked id whose spec is
+-- missing, dead-lettered here ("spec missing", history "dead-lettered").
 local directive, stack, standing, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local state, inflight, hist, marker = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local replies, leases, expiries, expired, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local streams_at = 14
+local dead = KEYS[14]
+local streams_at = 15
 local req, action, token, dispatch_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local marker_ttl_s, maxlen, reason, extra = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local none_reply, reply_ttl_s, session, routes_json = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local pool_count, message, expect_id, by = ARGV[13], ARGV[14], ARGV[15], ARGV[16]
 local conflict_reply, expired_reply, memory_ms, entry = ARGV[17], ARGV[18], ARGV[19], ARGV[20]
 local group, claimant, lease_ms, own_pool = ARGV[21], ARGV[22], ARGV[23], ARGV[24]
-local approver, revision, patched = ARGV[25], ARGV[26], ARGV[27]
+local trace, approver, revision, patched = ARGV[25], ARGV[26], ARGV[27], ARGV[28]
 redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(routes_json)
@@ -250,8 +254,7 @@ if expect_id ~= '' and id ~= expect_id then
 end
 local st, counted
 if id then
-  st, counted = json_field('state', state, id)  -- POISON here changes nothing
-  st = st or cjson.decode(NEW_STATE)
+  st, counted = counters(state, id)  -- POISON here changes nothing
 end
 -- people's approvals of an ask target (read and decided before anything is written)
 local approved_by
@@ -304,8 +307,9 @@ local claimed = id ~= nil and claimant ~= '' and pool == here
 
 -- what this path writes after its first write (each path below starts with a call_on write)
 local expected = {}
-if skipped > 0 then  -- expired entries above the target end here: their history, the memory
-  expected[state], expected[hist], expected[expired] = 'hash', 'stream', 'zset'
+if skipped > 0 then  -- entries above the target end here: their history, the memory
+  expected[state], expected[hist], expected[expired], expected[dead] = 'hash', 'stream', 'zset',
+    'list'
 end
 if not id then
   check(expected)
@@ -331,6 +335,8 @@ if skipped > 0 then
     if redis.call('HEXISTS', actions, x) == 1 then
       end_expired(actions, state, expiries, session .. '/' .. x, expired, hist, maxlen,
         memory_ms, x, now)
+    else
+      spec_missing(dead, hist, maxlen, x, now)
     end
   end
 end
@@ -357,7 +363,7 @@ local lease = cjson.encode({
   action = action, deadline = deadline, state = claimed and 'running' or 'dispatched',
   claimant = claimed and claimant or nil, reason = reason, extra = extra, by = by,
   counted = counted ~= nil or kind ~= 'action' or approved_by ~= nil,
-  approved_by = approved_by})
+  approved_by = approved_by, trace = trace ~= '' and trace or nil})
 redis.call('HSET', inflight, token, lease)
 redis.call('ZADD', leases, deadline, session .. '/' .. token)
 ack()

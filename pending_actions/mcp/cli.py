@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from pending_actions.broker import tracing
 from pending_actions.broker.errors import ConfigError, PendingActionsError
 from pending_actions.broker.models import DEFAULT_TENANT, check_session, check_tenant
 from pending_actions.broker.settings import Settings
@@ -36,6 +37,7 @@ def _run(main: Callable[[], Awaitable[None]]) -> None:
     """``main`` on an event loop; a refusal it raises (in a task group too) is one line."""
     import anyio
 
+    tracing.setup("pending-actions-mcp")  # from the OTEL_* variables alone
     try:
         anyio.run(main)
     except BaseExceptionGroup as group:

@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 import click
 
+from pending_actions.broker import tracing
 from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
 from pending_actions.cli.base import Obj, fail
 from pending_actions.serve.auth import ROLES, Tokens
@@ -46,6 +47,7 @@ def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None,
         side = None if metrics_port is None else listen.bind(metrics_host, metrics_port)
     except ConfigError as exc:
         fail(exc)
+    tracing.setup("pending-actions-serve")  # from the OTEL_* variables alone
     app = create_app(obj.client(), resolve_timeout)
     click.echo(f"serving on http://{host}:{port}/", err=True)
     if side is not None:

@@ -78,10 +78,12 @@ def boom(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
 @handler("t.flaky")
 def flaky(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
           idempotency_key: str) -> str:
-    """Fails while the attempt number is at most payload["fail_times"]."""
+    """Fails while the attempt number is at most payload["fail_times"]: a ToolError, or with
+    payload["crash"] any other error (which the worker logs)."""
     record("t.flaky", action, reason, extra, idempotency_key)
     if action.attempts <= int(action.payload.get("fail_times", 1)):
-        raise ToolError(f"flaky failure on attempt {action.attempts}")
+        error = RuntimeError if action.payload.get("crash") else ToolError
+        raise error(f"flaky failure on attempt {action.attempts}")
     return f"flaky ok on attempt {action.attempts}"
 
 

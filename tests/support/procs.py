@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pending_actions_harness.supervise import WorkerProcess
 
 TEST_ENV = {"PENDING_ACTIONS_WORKER_THREADS": "8", "PENDING_ACTIONS_BLOCK_MS": "1000",
@@ -16,5 +18,8 @@ def worker_env(url: str, **overrides: str) -> dict[str, str]:
 
 class Worker(WorkerProcess):
     def __init__(self, url: str, handlers: str = "tests.support.handlers",
-                 overrides: dict[str, str] | None = None) -> None:
-        super().__init__(url, handlers, overrides, env=TEST_ENV)
+                 overrides: dict[str, str] | None = None, env: dict[str, str] | None = None,
+                 log_path: Path | None = None) -> None:
+        """``env``: more variables (OTEL_*, say); ``log_path``: where its output goes."""
+        super().__init__(url, handlers, overrides, env={**TEST_ENV, **(env or {})},
+                         log_path=log_path)

@@ -3,9 +3,9 @@ refused, compared. A refusal that writes anything (an index entry, a feed entry,
 shows up as a diff naming the key.
 
 Keys that change on their own while a deployment idles (worker heartbeats, the live-handler
-registry, housekeeping's cursor and lock) are left out (``live``); pass ``ignore`` to leave
-out more. Values are read per type (never DUMP: a stream's DUMP carries its consumers' seen
-times, which a blocked reader moves without writing anything)."""
+registry, housekeeping's and the sweep's cursors and locks) are left out (``live``); pass
+``ignore`` to leave out more. Values are read per type (never DUMP: a stream's DUMP carries its
+consumers' seen times, which a blocked reader moves without writing anything)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ Snapshot = dict[bytes, tuple[str, Any]]
 
 def live(keys: Keys | None = None) -> Callable[[bytes], bool]:
     """The keys a running deployment rewrites by itself: worker registrations and heartbeats,
-    lifecycle events, housekeeping's cursor and lock, the layout mark (of ``keys``, the
-    default prefix's when not given)."""
+    lifecycle events, housekeeping's and the in-flight sweep's cursors and locks, the layout
+    mark (of ``keys``, the default prefix's when not given)."""
     keys = keys or Keys()
     exact = {k.encode() for k in (keys.pools, keys.pool_live, keys.workers, keys.beat_procs,
-                                  keys.housekeeping, keys.housekeeping_lock, keys.layout)}
+                                  keys.housekeeping, keys.housekeeping_lock, keys.layout,
+                                  keys.sweep, keys.sweep_lock)}
     beats = keys.beats("").encode()
     return lambda key: key in exact or key.startswith(beats)
 
