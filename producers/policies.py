@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any, cast
 
 import orjson
 
-from pending_actions.broker.errors import Damaged, InvalidInput
+from pending_actions.broker import texts
+from pending_actions.broker.errors import Damaged, Denied, InvalidInput
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.models import DEFAULT_TENANT, check_tenant
+from pending_actions.broker.models import DEFAULT_TENANT, ResolveRequest, check_tenant, spec_json
 from pending_actions.broker.payloads import check_json
 from pending_actions.broker.rules import Policy, Verdict, read_document
-from pending_actions.broker.scripts import Scripts
+from pending_actions.broker.scripts import Scripts, ToStage
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, Run
 
@@ -80,6 +82,27 @@ class PolicyPlans:
         return policy.decide(tool=tool, apply=apply, label=label, session=session,
                              payload=payload)
 
+    def to_stage(self, s: dict[str, Any], verdict: Verdict | None) -> ToStage:
+        """One action of a stage.lua call, with what ``verdict`` decided for it."""
+        ttl_ms = None if s["ttl"] is None else int(s["ttl"] * 1000)
+        base = (s["id"], spec_json(s), ttl_ms, f"{s['created_at']:.3f}")
+        if verdict is None:
+            return ToStage(*base)
+        rule = verdict.rule or ""
+        if verdict.decision == "deny":
+            return ToStage(*base, "deny", rule, verdict.reason or "")
+        if verdict.decision == "ask":
+            return ToStage(*base, "ask", rule, str(verdict.approvals))
+        if not verdict.auto:
+            return ToStage(*base, "allow", rule)
+        # applied at once: the lease and the resolve request are written by stage.lua itself
+        req, token = uuid.uuid4().hex, uuid.uuid4().hex
+        wait_ms = self.settings.dispatch_timeout_ms
+        request = ResolveRequest.encode(req, s["session"], "apply", texts.auto_reason(rule), None,
+                                        wait_ms, int(time.time() * 1000) + wait_ms, s["id"],
+                                        f"policy:{rule}", None)
+        return ToStage(*base, "auto", rule, token.encode() + request, req)
+
     def get_policy(self, tenant: str = DEFAULT_TENANT) -> Plan[dict[str, Any] | None]:
         check_tenant(tenant)
         raw, = yield Batch(lambda p: p.hget(self.keys.policy(tenant), "current"))
@@ -107,3 +130,15 @@ class PolicyPlans:
         calls = [self.scripts.mark_policy(p, tenant=tenant, version=version)
                  for p in range(self.keys.partitions)]
         yield Batch(lambda pipe: [c.on(pipe) for c in calls])
+
+
+def raise_denied(specs: list[dict[str, Any]]) -> None:
+    """Raise ``Denied`` when a stage's policy denied any of its specs (the others staged)."""
+    denied = [s for s in specs if s["verdict"] is not None and s["verdict"].decision == "deny"]
+    if denied:
+        first: Verdict = denied[0]["verdict"]
+        gone = {s["id"] for s in denied}
+        raise Denied(first.reason, first.rule,
+                     [{"id": s["id"], "rule": s["verdict"].rule, "reason": s["verdict"].reason}
+                      for s in denied],
+                     [None if s["id"] in gone else s["id"] for s in specs])

@@ -11,17 +11,15 @@ from __future__ import annotations
 import functools
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
 
-from pending_actions.broker import texts, tracing
+from pending_actions.broker import tracing
 from pending_actions.broker.errors import (
     Damaged,
-    Denied,
     Forbidden,
     InvalidInput,
     PendingActionsError,
@@ -34,7 +32,6 @@ from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import (
     DEFAULT_TENANT,
     TOOL_RE,
-    ResolveRequest,
     check_handler_name,
     check_session,
     check_tenant,
@@ -43,11 +40,10 @@ from pending_actions.broker.models import (
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
 from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
 from pending_actions.broker.replies import Staged, StageRefusal
-from pending_actions.broker.rules import Verdict
-from pending_actions.broker.scripts import Call, Queued, Scripts, Slot, ToStage
+from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Chunks, Plan
-from pending_actions.producers.policies import PolicyPlans
+from pending_actions.producers.policies import PolicyPlans, raise_denied
 
 MAX_FINGERPRINT_CHARS = 1_000
 
@@ -282,15 +278,7 @@ class Staging(PolicyPlans):
         if refused:
             self._refused(*refused[0], others=len({g[0]["session"] for g, a in answers
                                                   if a.refused is None}))
-        denied = [s for s in specs if s["verdict"] is not None
-                  and s["verdict"].decision == "deny"]
-        if denied:
-            first: Verdict = denied[0]["verdict"]
-            gone = {s["id"] for s in denied}
-            raise Denied(first.reason, first.rule,
-                         [{"id": s["id"], "rule": s["verdict"].rule,
-                           "reason": s["verdict"].reason} for s in denied],
-                         [None if s["id"] in gone else s["id"] for s in specs])
+        raise_denied(specs)
         return [s["id"] for s in specs]
 
     def _stage_specs(self, specs: list[dict[str, Any]]
@@ -358,32 +346,12 @@ class Staging(PolicyPlans):
                 payload=s["payload"])
             s["verdict"] = verdict
             s["policy"] = None if verdict is None else verdict.stamp()
-            staged.append(self._to_stage(s, verdict))
+            staged.append(self.to_stage(s, verdict))
         return self.scripts.stage(
             group[0]["session"], tenant=tenant, indexed=tenant != DEFAULT_TENANT,
             at=f"{time.time():.3f}", actions=staged, policy_version=version,
             marker_ttl_s=self.settings.reply_ttl_s + self.settings.dispatch_timeout_ms // 1000
             + 60)
-
-    def _to_stage(self, s: dict[str, Any], verdict: Verdict | None) -> ToStage:
-        ttl_ms = None if s["ttl"] is None else int(s["ttl"] * 1000)
-        base = (s["id"], spec_json(s), ttl_ms, f"{s['created_at']:.3f}")
-        if verdict is None:
-            return ToStage(*base)
-        rule = verdict.rule or ""
-        if verdict.decision == "deny":
-            return ToStage(*base, "deny", rule, verdict.reason or "")
-        if verdict.decision == "ask":
-            return ToStage(*base, "ask", rule, str(verdict.approvals))
-        if not verdict.auto:
-            return ToStage(*base, "allow", rule)
-        # applied at once: the lease and the resolve request are written by stage.lua itself
-        req, token = uuid.uuid4().hex, uuid.uuid4().hex
-        wait_ms = self.settings.dispatch_timeout_ms
-        request = ResolveRequest.encode(req, s["session"], "apply", texts.auto_reason(rule), None,
-                                        wait_ms, int(time.time() * 1000) + wait_ms, s["id"],
-                                        f"policy:{rule}", None)
-        return ToStage(*base, "auto", rule, token.encode() + request, req)
 
     def _calls(self, groups: list[list[dict[str, Any]]]) -> list[Call[Staged]]:
         """A transaction's stage.lua calls, one per session."""

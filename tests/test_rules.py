@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pending_actions.broker.errors import InvalidInput
-from pending_actions.broker.rules import BadGlob, Glob, Policy, read_document, translate
+from pending_actions.broker.globs import BadGlob, Glob, translate
+from pending_actions.broker.rules import Policy, read_document
 
 ALPHABET = "ab.*?[]!-/\\"
 
