@@ -268,3 +268,26 @@ def test_keys_of_policies() -> None:
     assert k.policy_markers(3).endswith("}:policies")
     with pytest.raises(PendingActionsError):
         raise pending_actions.Denied("r", None)
+
+
+def test_a_denied_or_auto_stage_sent_again_records_nothing_twice(
+        pa: PendingActions, rc: redis.Redis, session: str, tenant: str) -> None:
+    """stage.lua sent twice with the same arguments (a retry after a lost reply): a denied
+    action is recorded denied once (its denial marker), an auto one applied once (its request's
+    marker): the second call changes nothing at all."""
+    pa.stage(session=session, tool="edit", label="warm", apply="t.ok", tenant=tenant)
+    core = pa.core
+    for tool, payload, outcome in (("shell", {"cmd": "rm x", "env": "prod"}, "denied"),
+                                   ("read_file", {}, "applied")):
+        fields = core.validate(session, "action", tool, "L", "t.ok", None, payload,
+                               tenant=tenant)
+        spec = core._spec(fields, f"pending-action:{tool}:{uuid.uuid4().int % 10**12 * 16}",
+                          None)
+        call = core._call([spec])
+        assert call.run().depths == [1]
+        wait_history(rc, session, outcome)
+        with redis_unchanged(rc):
+            assert call.run().depths == [0]
+    assert [e["event"] for e in history(rc, session)].count("denied") == 1
+    assert len([r for r in runs(rc, session)
+                if r["id"].startswith("pending-action:read_file")]) == 1
