@@ -334,5 +334,11 @@ def test_proxy_calls_are_decided_by_the_tenants_policy(url: str, pa: PendingActi
             assert action.policy is not None and action.policy["rule"] == "careful-reads"
             held = await proxy.call_tool("resolve", {"action": "apply", "reason": "go"})
             assert held.is_error and "Needs approval:" in text(held)
+            # the model cannot name itself a person: resolve takes no approver
+            assert "approver" not in PARAMETERS["properties"]
+            sneaky = await proxy.call_tool("resolve", {"action": "apply", "reason": "go",
+                                                       "approver": "alice"})
+            assert sneaky.is_error and "invalid approver: not an argument" in text(sneaky)
+            assert len(pa.pending(session)) == 1 and pa.pending(session)[0].approved_by == []
 
     anyio.run(body)
