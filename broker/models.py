@@ -105,7 +105,7 @@ class Spec(BaseModel):
     apply: str
     reject: str | None = None
     expires_at: float | None = None
-    # what the tenant's policy decided at stage ({rule, decision, version, approvals?, auto?},
+    # what the tenant's policy decided at stage ({rule, decision, approvals, version, auto?},
     # broker/rules.py Verdict.stamp): flat, and ahead of the payload, where take.lua reads it
     policy: dict[str, Any] | None = None
     payload: dict[str, Any] = Field(default_factory=dict)

@@ -96,10 +96,9 @@ class Verdict:
         return _stamp(self)
 
     def _stamp(self) -> dict[str, Any]:
+        # approvals always (0 but for ask): the shape CONTRACT section 8 shows
         out: dict[str, Any] = {"rule": self.rule, "decision": self.decision,
-                               "version": self.version}
-        if self.decision == "ask":
-            out["approvals"] = self.approvals
+                               "approvals": self.approvals, "version": self.version}
         if self.auto:
             out["auto"] = True
         return out
