@@ -112,9 +112,10 @@ def needs_approval(action_id: str, label: str, rule: str | None, tenant: str, ne
             "approver=NAME by your runtime. Nothing was changed; you may discard it.")
 
 
-def approved(k: int, n: int, approved_by: list[str], again: bool) -> str:
-    """A person's approval that was not the last one needed."""
-    first = f"{approved_by[-1]} had approved already. " if again else ""
+def approved(k: int, n: int, approved_by: list[str], again: str | None) -> str:
+    """A person's approval that was not the last one needed (``again``: the approver, who had
+    approved already: it counts once)."""
+    first = f"{again} had approved already. " if again else ""
     return (f"Approved {k} of {n}: {', '.join(approved_by)}. {first}It waits for {n - k} more "
             "approval(s) before it is applied.")
 

@@ -34,6 +34,7 @@ POLICY = {"default": "allow", "rules": [
      "decision": "deny", "reason": "deleting in prod is not for agents"},
     ASK2,
     {"name": "one-person", "match": {"tool": "config"}, "decision": "ask"},
+    {"name": "three-people", "match": {"tool": "launch"}, "decision": "ask", "approvals": 3},
     {"name": "reads", "match": {"tool": "read_*"}, "decision": "allow", "auto": True},
 ]}
 
@@ -129,7 +130,7 @@ def test_ask_refuses_the_model_and_applies_on_two_peoples_approval(
     first = pa.resolve(session=session, action="apply", reason="ok", approver="alice")
     assert not first.is_error and first.text.startswith("Approved 1 of 2"), first.text
     again = pa.resolve(session=session, action="apply", reason="ok", approver="alice")
-    assert again.text.startswith("Approved 1 of 2") and "had approved already" in again.text
+    assert again.text.startswith("Approved 1 of 2") and "alice had approved already" in again.text
     assert pa.pending(session)[0].approved_by == ["alice"]
     assert runs(rc, session) == []
     done = pa.resolve(session=session, action="apply", reason="ok", approver="bob")
@@ -141,6 +142,19 @@ def test_ask_refuses_the_model_and_applies_on_two_peoples_approval(
     taken = [e for e in events if e["event"] == "taken"]
     assert (taken[-1]["approved_by"], taken[-1]["by"]) == ("alice,bob", "bob")
     assert [e["by"] for e in events if e["event"] == "applied"] == ["bob"]
+
+
+def test_a_second_approval_by_the_same_person_counts_once(
+        pa: PendingActions, rc: redis.Redis, session: str, tenant: str) -> None:
+    pa.stage(session=session, tool="launch", label="Launch", apply="t.ok", tenant=tenant)
+    for name, said in (("alice", "Approved 1 of 3: alice."),
+                       ("bob", "Approved 2 of 3: alice, bob."),
+                       ("alice", "Approved 2 of 3: alice, bob. alice had approved already.")):
+        got = pa.resolve(session=session, action="apply", reason="ok", approver=name)
+        assert got.text.startswith(said), got.text
+    assert [e["by"] for e in history(rc, session) if e["event"] == "approved"] == ["alice", "bob"]
+    assert pa.resolve(session=session, action="apply", reason="ok",
+                      approver="carol").text.startswith("applied")
 
 
 def test_the_model_may_discard_what_it_may_not_apply(

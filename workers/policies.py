@@ -34,7 +34,8 @@ def answer(request: ResolveRequest, got: Taken) -> Result:
         return text_result(texts.needs_approval(spec.id, spec.label, policy.get("rule"),
                                                 spec.tenant, need, names), details,
                            is_error=True)
-    return text_result(texts.approved(len(names), need, names, not got.recorded), details)
+    again = None if got.recorded else request.approver
+    return text_result(texts.approved(len(names), need, names, again), details)
 
 
 def raise_markers(ctx: Context) -> int:
