@@ -305,3 +305,34 @@ def test_a_denied_or_auto_stage_sent_again_records_nothing_twice(
     assert [e["event"] for e in history(rc, session)].count("denied") == 1
     assert len([r for r in runs(rc, session)
                 if r["id"].startswith("pending-action:read_file")]) == 1
+
+
+def test_the_asyncio_client_sets_reads_and_stages_by_policies(
+        deployment: Deployment, session: str) -> None:
+    import asyncio
+
+    from pending_actions.producers import AsyncPendingActions
+
+    tenant = f"a-{uuid.uuid4().hex[:8]}"
+
+    async def body() -> None:
+        async with AsyncPendingActions.from_url(deployment.url, resolve_timeout_s=30) as apa:
+            assert await apa.set_policy(POLICY, tenant=tenant) == 1
+            got = await apa.get_policy(tenant)
+            assert got is not None and got["document"] == POLICY
+            verdict = await apa.decide(session=session, tool="deploy", apply="t.ok", label="D",
+                                       payload={}, tenant=tenant)
+            assert verdict is not None and (verdict.decision, verdict.rule) == ("ask",
+                                                                                "two-people")
+            with pytest.raises(pending_actions.Denied):
+                await apa.stage(session=session, tool="shell", label="x", apply="t.ok",
+                                payload={"cmd": "rm a", "env": "prod"}, tenant=tenant)
+            await apa.stage(session=session, tool="deploy", label="D", apply="t.ok",
+                            tenant=tenant)
+            held = await apa.resolve(session=session, action="apply", reason="r")
+            assert held.text.startswith("Needs approval:")
+            first = await apa.resolve(session=session, action="apply", reason="r",
+                                      approver="alice")
+            assert first.text.startswith("Approved 1 of 2")
+
+    asyncio.run(body())
