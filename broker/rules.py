@@ -40,6 +40,7 @@ GLOB_FIELDS = ("tool", "apply", "label", "session")
 MATCH_KEYS = (*GLOB_FIELDS, "payload")
 RULE_KEYS = ("name", "match", "decision", "reason", "approvals", "auto")
 DOCUMENT_KEYS = ("default", "rules")
+AUTO_BY = "policy:"  # the ``by`` of what a policy applies at once: ``policy:<rule>``
 
 
 @dataclass(frozen=True)

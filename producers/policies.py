@@ -18,7 +18,7 @@ from pending_actions.broker.errors import Damaged, Denied, InvalidInput
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, ResolveRequest, check_tenant, spec_json
 from pending_actions.broker.payloads import check_json
-from pending_actions.broker.rules import Policy, Verdict, read_document
+from pending_actions.broker.rules import AUTO_BY, Policy, Verdict, read_document
 from pending_actions.broker.scripts import Scripts, ToStage
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, Run
@@ -100,7 +100,7 @@ class PolicyPlans:
         wait_ms = self.settings.dispatch_timeout_ms
         request = ResolveRequest.encode(req, s["session"], "apply", texts.auto_reason(rule), None,
                                         wait_ms, int(time.time() * 1000) + wait_ms, s["id"],
-                                        f"policy:{rule}", None)
+                                        AUTO_BY + rule, None)
         return ToStage(*base, "auto", rule, token.encode() + request, req)
 
     def get_policy(self, tenant: str = DEFAULT_TENANT) -> Plan[dict[str, Any] | None]:

@@ -13,6 +13,7 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.models import ResolveRequest, Result
 from pending_actions.broker.replies import Taken, TakeStatus
 from pending_actions.broker.results import base_details, text_result
+from pending_actions.broker.rules import AUTO_BY
 
 log = logging.getLogger("pending_actions.resolver")
 
@@ -36,6 +37,14 @@ def answer(request: ResolveRequest, got: Taken) -> Result:
                            is_error=True)
     again = None if got.recorded else request.approver
     return text_result(texts.approved(len(names), need, names, again), details)
+
+
+def is_auto(request: ResolveRequest) -> bool:
+    """A request stage.lua added for an action its policy applies at once (``by:
+    policy:<rule>``): its lease exists already. In a dramatiq process serving requests
+    (LOCAL_DISPATCH) its take must claim nothing: the hand-off to a local thread would carry
+    another message under the message id of the task the take enqueues for that lease."""
+    return request.by is not None and request.by.startswith(AUTO_BY)
 
 
 def raise_markers(ctx: Context) -> int:

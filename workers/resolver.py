@@ -40,7 +40,7 @@ from pending_actions.broker.results import (
 )
 from pending_actions.workers.local import Claims, LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
-from pending_actions.workers.policies import answer
+from pending_actions.workers.policies import answer, is_auto
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.taskbroker import StreamsBroker
 from pending_actions.workers.tasks import TaskMessage, encoded_task, pool_queue
@@ -285,7 +285,10 @@ class ResolveWorker:
                 expect_id=request.expect_id or "", by=request.by or "",
                 conflict_reply=conflict, expired_reply=gone,
                 entry=entry_id if self._acked_by_take(stream, request) else b"",
-                claimant=claims.claimant(i, request, token), here=claims.here,
+                # an auto request's lease was written at stage: its take dispatches that lease
+                # (a redelivered request's path) and never claims for this process
+                claimant="" if is_auto(request) else claims.claimant(i, request, token),
+                here=claims.here,
                 trace=traced.trace(i), approver=request.approver or "",
                 revision=request.revision, patched=request.patched or ""))
         if not calls:
