@@ -33,6 +33,10 @@ from pending_actions.workers.tasks import serves_locally, task_broker
 log = logging.getLogger("pending_actions")
 
 
+# see dramatiq_command
+WORKER_FORK_TIMEOUT_MS = 1000
+
+
 def dramatiq_command(modules: list[str], settings: Settings, shutdown_ms: int) -> list[str]:
     return [
         sys.executable, "-m", "dramatiq", "pending_actions.workers.actors",
@@ -41,6 +45,11 @@ def dramatiq_command(modules: list[str], settings: Settings, shutdown_ms: int) -
         "--processes", str(settings.worker_processes),
         "--threads", str(settings.worker_threads),
         "--worker-shutdown-timeout", str(shutdown_ms),
+        # dramatiq's main process waits this long for each worker process to say it booted,
+        # and a worker says so only after its consumers started: one that a handler kills in
+        # between (a task already queued for it) held the main process, and so every restart,
+        # for the default 30 s. We start no fork processes, which is all the wait is for.
+        "--worker-fork-timeout", str(WORKER_FORK_TIMEOUT_MS),
         "--path", os.getcwd(),
     ]
 
