@@ -11,9 +11,11 @@ import uuid
 from pathlib import Path
 
 import orjson
+import pytest
 
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
+from tests.conftest import Deployment, both
 from tests.support.procs import worker_env
 
 POLICY = {"default": "ask", "rules": [
@@ -27,14 +29,19 @@ POLICY = {"default": "ask", "rules": [
 ]}
 
 
+@pytest.fixture(params=["single", "cluster"])
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    return both(request)
+
+
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pending_actions", *args], env=worker_env(url),
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
-def test_set_show_and_test_explain_precedence(redis_server: object, pa: PendingActions,
+def test_set_show_and_test_explain_precedence(deployment: Deployment, pa: PendingActions,
                                               tmp_path: Path) -> None:
-    url = pa.settings.redis_url or ""
+    url = deployment.url
     t = f"c-{uuid.uuid4().hex[:8]}"
     path = tmp_path / "policy.json"
     path.write_bytes(orjson.dumps(POLICY))

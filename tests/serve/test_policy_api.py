@@ -1,4 +1,5 @@
-"""Policies over HTTP, against the real server process, Redis and worker: ``GET/PUT
+"""Policies over HTTP, against the real server process, Redis (one server and the test cluster)
+and worker: ``GET/PUT
 /v1/policy`` for admin tokens only (approver and producer tokens get 403, Redis unchanged), a
 bad document is a 400 naming the rule and the field, approver tokens are counted as approvals
 (two people through the API apply once, by the second), an older revision is a 409, and the
@@ -9,13 +10,14 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
-import redis
 
 from pending_actions.broker.errors import Denied
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
+from tests.conftest import Deployment
 from tests.serve.conftest import Server
 from tests.support.runs import runs
 from tests.support.unchanged import redis_unchanged
@@ -25,8 +27,27 @@ POLICY = {"default": "allow", "rules": [
     {"name": "no-rm", "match": {"tool": "shell"}, "decision": "deny", "reason": "no shell"}]}
 
 
-def test_policy_routes_are_for_admins(server: Server, pa: PendingActions, tokens: Tokens,
-                                      rc: redis.Redis) -> None:
+@pytest.fixture(scope="module")
+def cluster_server(clustered: Deployment) -> Iterator[Server]:
+    s = Server(clustered.url).wait_ready()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=["single", "cluster"])
+def on(request: pytest.FixtureRequest) -> tuple[Server, PendingActions, Tokens]:
+    """serve, a client and the token store, on one Redis or on the test cluster."""
+    if request.param == "single":
+        server: Server = request.getfixturevalue("server")
+        return server, request.getfixturevalue("pa"), request.getfixturevalue("tokens")
+    deployment: Deployment = request.getfixturevalue("clustered")
+    return (request.getfixturevalue("cluster_server"), deployment.pa,
+            Tokens(deployment.pa.client, deployment.pa.ctx.keys))
+
+
+def test_policy_routes_are_for_admins(on: tuple[Server, PendingActions, Tokens]) -> None:
+    server, pa, tokens = on
+    rc = pa.client
     t = f"t-{uuid.uuid4().hex[:8]}"
     admin, _ = tokens.create(t, "admin")
     approver, _ = tokens.create(t, "approver")
@@ -55,8 +76,9 @@ def _name(tokens: Tokens, token: str) -> str:
     return who.name
 
 
-def test_approver_tokens_are_counted_as_approvals(server: Server, pa: PendingActions,
-                                                  tokens: Tokens) -> None:
+def test_approver_tokens_are_counted_as_approvals(
+        on: tuple[Server, PendingActions, Tokens]) -> None:
+    server, pa, tokens = on
     t = f"t-{uuid.uuid4().hex[:8]}"
     pa.set_policy(POLICY, tenant=t)
     alice, _ = tokens.create(t, "approver", name=f"alice-{uuid.uuid4().hex[:4]}")
