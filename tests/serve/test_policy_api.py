@@ -1,9 +1,8 @@
-"""Policies over HTTP, against the real server process, Redis (one server and the test cluster)
-and worker: ``GET/PUT
-/v1/policy`` for admin tokens only (approver and producer tokens get 403, Redis unchanged), a
-bad document is a 400 naming the rule and the field, approver tokens are counted as approvals
-(two people through the API apply once, by the second), an older revision is a 409, and the
-metrics count denials and approvals per rule."""
+"""Policies over HTTP, against the real server process, Redis (one server and the test
+cluster) and worker: ``GET/PUT /v1/policy`` for admin tokens only (approver and producer tokens
+get 403, Redis unchanged), a bad document is a 400 naming the rule and the field, approver
+tokens are counted as approvals (two people through the API apply once, by the second), an
+older revision is a 409, and the metrics count denials and approvals per rule."""
 
 from __future__ import annotations
 
