@@ -29,6 +29,10 @@ class StageKeys(NamedTuple):
     expiries: str
     expiries_due: str
     feed: str
+    policies: str
+    inflight: str
+    leases: str
+    requests: str
 
 
 class StageArgs(NamedTuple):
@@ -38,6 +42,29 @@ class StageArgs(NamedTuple):
     indexed: str
     feed_maxlen: int
     at: str
+    policy_version: str
+    dispatch_ms: int
+    marker_ttl_s: int
+    denial_ttl_s: int
+
+
+class SetPolicyKeys(NamedTuple):
+    doc: str
+    current: str
+
+
+class SetPolicyArgs(NamedTuple):
+    tenant: str
+    rest: bytes
+
+
+class MarkPolicyKeys(NamedTuple):
+    markers: str
+
+
+class MarkPolicyArgs(NamedTuple):
+    tenant: str
+    version: int
 
 
 class ReserveKeys(NamedTuple):
@@ -140,6 +167,9 @@ class TakeArgs(NamedTuple):
     lease_ms: int
     own_pool: int
     trace: str
+    approver: str
+    revision: str
+    patched: str
 
 
 class ExpireKeys(NamedTuple):
@@ -346,7 +376,9 @@ class Signature(NamedTuple):
 
 
 SIGNATURES: dict[str, Signature] = {
-    "stage": Signature(StageKeys, StageArgs, args_tail="quads_at"),
+    "stage": Signature(StageKeys, StageArgs, keys_tail="markers_at", args_tail="actions_at"),
+    "set_policy": Signature(SetPolicyKeys, SetPolicyArgs),
+    "mark_policy": Signature(MarkPolicyKeys, MarkPolicyArgs),
     "reserve": Signature(ReserveKeys, ReserveArgs),
     "set_slot": Signature(SlotKeys, SetSlotArgs),
     "clear_slot": Signature(SlotKeys, ClearSlotArgs),

@@ -70,3 +70,20 @@ class Damaged(PendingActionsError):
     """Redis holds state the service cannot trust, altered or deleted outside it (an id
     counter set back or lost); refused rather than risk handing out an id twice. The message
     names the key and the mend."""
+
+
+class Denied(PendingActionsError):
+    """A stage a tenant's policy refused: nothing of it is pending, its session's history
+    records ``denied``. ``reason`` is the rule's (what the model reads), ``rule`` its name (None:
+    the policy's default); with ``stage_many``, ``denied`` lists every denied action ({id, rule,
+    reason}) and ``ids`` the ids in the order given, None where denied (the others were
+    staged)."""
+
+    def __init__(self, reason: str | None, rule: str | None,
+                 denied: list[dict[str, str | None]] | None = None,
+                 ids: list[str | None] | None = None) -> None:
+        by = f"policy rule {rule!r}" if rule else "the policy's default"
+        super().__init__(f"Denied: {reason or 'not allowed'} ({by})")
+        self.reason, self.rule = reason, rule
+        self.denied = denied or []
+        self.ids = ids or []

@@ -54,6 +54,10 @@ class Event(StrEnum):
     PARKED = "parked"  # park.lua: a record that does not parse moved to the dead list, raw
     EXPIRED = "expired", Fate.END  # expire.lua or take.lua: past its ttl; no handler ran
     STALE = "stale", Fate.END  # finalize.lua: the handler raised Stale; consumed, not applied
+    # stage.lua: a policy rule denied the action; nothing was staged (it never was pending)
+    DENIED = "denied", Fate.END
+    # take.lua: a person's approval of an ask action that needs more; it stays pending
+    APPROVED = "approved"
 
     @property
     def ends(self) -> bool:

@@ -126,6 +126,12 @@ class Keys:
         ``expired_memory_s``: lets a late ``resolve(expect_id=)`` be told why."""
         return self._s(session, "expired")
 
+    def denial(self, session: str, action_id: str) -> str:
+        """STRING with a TTL (``reply_ttl_s``): the spec of an action a policy denied, written by
+        the stage.lua call that recorded the denial, so that the same call sent again (a lost
+        reply) records nothing twice."""
+        return self._s(session, f"denied:{action_id}")
+
     def request_marker(self, session: str, request_id: str) -> str:
         """STRING with a TTL: a resolve request already taken (dedupes redelivered requests)."""
         return self._s(session, f"req:{request_id}")
@@ -199,6 +205,13 @@ class Keys:
         staged) and an outcome's entry rides in the round trip of the script that made it. A
         session's own history stays the record; this is a feed."""
         return self._p(partition, "events")
+
+    def policy_markers(self, partition: int) -> str:
+        """HASH tenant -> the version of its policy this partition's stages are checked against
+        (stage.lua refuses a stage decided by another): raised by ``pa.set_policy`` after it
+        writes the version (mark_policy.lua, never lowered), and by housekeeping when a set
+        stopped half way. No field: the tenant has no policy here."""
+        return self._p(partition, "policies")
 
     def task_queue(self, partition: int, pool: str) -> str:
         """STREAM of handler tasks of this partition for the workers of ``pool``."""
@@ -307,6 +320,24 @@ class Keys:
         """STREAM: the one event feed across partitions of versions before ``events``. Read by
         nothing now; an operator may delete it (docs/operations.md)."""
         return f"{self.prefix}:{{events}}"
+
+    # --- policies: a prefix of their own, ``<prefix>-policy``, which the producer and worker
+    # Redis users may only read (docs/threat-model.md); one slot, ``{policies}``
+    @property
+    def policy_prefix(self) -> str:
+        return f"{self.prefix}-policy"
+
+    def policy(self, tenant: str) -> str:
+        """HASH of every version of a tenant's policy: ``version`` -> the last number, ``<N>`` ->
+        version N's record JSON {version, set_at, by, document}, ``current`` -> the newest
+        record (one HGET reads it). Written by set_policy.lua only."""
+        return f"{self.policy_prefix}:{{policies}}:t:{tenant}"
+
+    @property
+    def policy_index(self) -> str:
+        """HASH tenant -> its current policy version, written with the version (set_policy.lua):
+        what housekeeping raises the partitions' markers to."""
+        return f"{self.policy_prefix}:{{policies}}:index"
 
     @property
     def webhooks_dead(self) -> str:

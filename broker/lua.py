@@ -24,7 +24,7 @@ from pending_actions.broker.replies import (
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
     "recover", "pending", "peek", "expire", "beat", "park", "retire", "reserve", "upgrade",
-    "upgrade_stack", "mark_expiries", "register", "sweep",
+    "upgrade_stack", "mark_expiries", "register", "sweep", "set_policy", "mark_policy",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -42,6 +42,9 @@ FLAGS: dict[str, str] = {
     "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom", "upgrade": "",
     "upgrade_stack": "", "mark_expiries": "allow-oom", "register": "allow-oom",
     "sweep": "allow-oom",
+    # a new policy version is refused while Redis is full; the markers of one set are raised
+    # regardless, so that a version written is a version in force
+    "set_policy": "", "mark_policy": "allow-oom",
 }
 # the enums a script may name (e.g. EVENT.TAKEN), each name written into the text Redis runs
 # as its value: a table built at every call cost ~3.5 us of a take's ~90 us in Redis

@@ -29,21 +29,28 @@ class StageRefusal(IntEnum):
     FOREIGN = -1  # the session belongs to another tenant
     UNOWNED = -2  # no owner record, but keys of its own: its record was lost
     COLLISION = -3  # an id holds another spec already: its partition's counter was set back
+    POLICY = -4  # decided by another version of the tenant's policy than the partition's
 
 
 class Staged(NamedTuple):
     """stage.lua, for one session's actions: each one's stack depth right after its push (0:
     its id held this very spec already, a retried call whose first try went through), or the
-    refusal (``collided``: the id that holds another spec)."""
+    refusal (``collided``: the id that holds another spec; with POLICY, ``version``: the
+    partition's version of the tenant's policy, "" for none)."""
 
     depths: list[int]
     refused: StageRefusal | None = None
     collided: str = ""
+    version: str = ""
 
     @classmethod
     def decode(cls, raw: Any) -> Staged:
         if raw and int(raw[0]) < 0:
-            return cls([], StageRefusal(int(raw[0])), _text(raw[1]) if len(raw) > 1 else "")
+            refused = StageRefusal(int(raw[0]))
+            more = _text(raw[1]) if len(raw) > 1 else ""
+            if refused is StageRefusal.POLICY:
+                return cls([], refused, version=more)
+            return cls([], refused, more)
         return cls([int(x) for x in raw])
 
 
@@ -99,6 +106,12 @@ class TakeStatus(StrEnum):
     CONFLICT = "conflict"  # expect_id is not the target: nothing taken, take.lua replied
     DUP = "dup"  # the request was taken before and its lease is started or gone
     NO_WORKER = "no-worker"  # no live worker has the handler the target needs; nothing taken
+    # an ask target and no approver (the model's apply): nothing changed, the worker replies
+    NEEDS_APPROVAL = "needs-approval"
+    # a person's approval recorded (or one given before: ``recorded`` False, nothing changed);
+    # more are needed, nothing taken
+    APPROVED = "approved"
+    REVISED = "revised"  # the request's revision is not the target's: nothing changed
 
 
 class Taken(NamedTuple):
@@ -106,7 +119,9 @@ class Taken(NamedTuple):
     before (a redelivery), and the number (1-based) of the pool its task went to. With
     NO_WORKER, the target's id and the handler no live pool has ("" when it needs none but
     there is no live pool at all). ``claimed``: when the take claimed the attempt for the
-    caller's own worker, begin.lua's answer as it would come (decoded where it runs)."""
+    caller's own worker, begin.lua's answer as it would come (decoded where it runs). With
+    NEEDS_APPROVAL, APPROVED and REVISED, the target's id, spec and counters (after the
+    approval), and whether the script changed anything (``recorded``: then it acked too)."""
 
     status: TakeStatus
     id: str = ""
@@ -118,10 +133,17 @@ class Taken(NamedTuple):
     handler: str = ""
     spec: Spec | None = None
     claimed: list[Any] | None = None
+    counters: ActionState | None = None
+    recorded: bool = False
 
     @classmethod
     def decode(cls, raw: Any, session: str) -> Taken:
         status = TakeStatus(_text(raw[0]))
+        if status in (TakeStatus.NEEDS_APPROVAL, TakeStatus.APPROVED, TakeStatus.REVISED):
+            action_id = _text(raw[1])
+            return cls(status, action_id, spec=Spec.read(raw[2], action_id, session),
+                       counters=ActionState.model_validate_json(raw[3]),
+                       recorded=len(raw) > 4 and _text(raw[4]) == "1")
         if status is TakeStatus.NO_WORKER:
             action_id = _text(raw[1])
             return cls(status, action_id, handler=_text(raw[2]),

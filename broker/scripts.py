@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import orjson
 import redis
@@ -44,6 +44,22 @@ __all__ = ["FLAGS", "LUA_TABLES", "NAMES", "Call", "Queued", "Scripts", "Slot", 
            "prelude", "source"]
 R = TypeVar("R")
 Slot = Literal["directive", "standing"]
+
+
+class ToStage(NamedTuple):
+    """One action of a stage.lua call: its id, spec JSON, ttl in ms (None: none), created_at
+    for the feed, and what the policy decided ("" without one; allow, ask, deny or auto), by
+    which rule ("" for the default), and ``more``: a deny's reason, an ask's approvals, an
+    auto's lease token followed by its request's JSON (whose id is ``req``)."""
+
+    id: str
+    spec: bytes
+    ttl_ms: int | None
+    created: str
+    decision: str = ""
+    rule: str = ""
+    more: str | bytes = ""
+    req: str = ""
 
 _SET = {"directive": Event.DIRECTIVE_SET, "standing": Event.STANDING_SET}
 _CLEARED = {"directive": Event.DIRECTIVE_CLEARED, "standing": Event.STANDING_CLEARED}
@@ -86,24 +102,49 @@ class Scripts:
 
     # --- producers -------------------------------------------------------------------------
     def stage(self, session: str, *, tenant: str, indexed: bool, at: str,
-              actions: list[tuple[str, bytes, int | None, str]]) -> Call[Staged]:
-        """``actions``: (id, spec JSON, ttl in ms or None, created_at for the feed) of one
-        session, in the order given. ``indexed``: the tenant keeps an index of its sessions;
-        ``at``: the time of the feed's entries."""
-        k = self._k
+              actions: list[ToStage], policy_version: str = "",
+              marker_ttl_s: int = 0) -> Call[Staged]:
+        """``actions`` of one session, in the order given, decided by ``policy_version`` of the
+        tenant's policy ("" for none). ``indexed``: the tenant keeps an index of its sessions;
+        ``at``: the time of the feed's entries; ``marker_ttl_s``: an auto request's marker's."""
+        k, s = self._k, self._s
         p = k.partition(session)
+        markers = [k.request_marker(session, a.req) if a.decision == "auto"
+                   else k.denial(session, a.id) for a in actions
+                   if a.decision in ("auto", "deny")]
         return self._call(
             "stage",
-            arg.StageKeys(stack=k.stack(session), actions=k.actions(session),
-                          hist=k.history(session), sessions=k.sessions(p),
-                          tenants=k.tenant_index(p, tenant), expiries=k.expiries(p),
-                          expiries_due=k.expiries_due(p), feed=k.events(p)),
-            [*arg.StageArgs(maxlen=self._s.history_maxlen, tenant=tenant, session=session,
-                            indexed="1" if indexed else "", feed_maxlen=feed_cap(k), at=at),
-             *(x for action_id, spec, ttl_ms, created in actions
-               for x in (action_id, spec, "" if ttl_ms is None else ttl_ms, created))],
+            [*arg.StageKeys(stack=k.stack(session), actions=k.actions(session),
+                            hist=k.history(session), sessions=k.sessions(p),
+                            tenants=k.tenant_index(p, tenant), expiries=k.expiries(p),
+                            expiries_due=k.expiries_due(p), feed=k.events(p),
+                            policies=k.policy_markers(p), inflight=k.inflight(session),
+                            leases=k.leases(p), requests=k.requests(p)), *markers],
+            [*arg.StageArgs(maxlen=s.history_maxlen, tenant=tenant, session=session,
+                            indexed="1" if indexed else "", feed_maxlen=feed_cap(k), at=at,
+                            policy_version=policy_version, dispatch_ms=s.dispatch_timeout_ms,
+                            marker_ttl_s=marker_ttl_s or s.reply_ttl_s,
+                            denial_ttl_s=s.reply_ttl_s),
+             *(x for a in actions
+               for x in (a.id, a.spec, "" if a.ttl_ms is None else a.ttl_ms, a.created,
+                         a.decision, a.rule, a.more))],
             Staged.decode,
         )
+
+    def set_policy(self, tenant: str, *, rest: bytes) -> Call[int]:
+        """A new version of ``tenant``'s policy; ``rest``: its record's JSON after the version
+        (``,"set_at":...}``). Returns the version."""
+        k = self._k
+        return self._call("set_policy", arg.SetPolicyKeys(doc=k.policy(tenant),
+                                                          current=k.policy_index),
+                          arg.SetPolicyArgs(tenant=tenant, rest=rest), int)
+
+    def mark_policy(self, partition: int, *, tenant: str, version: int) -> Call[bool]:
+        """Raise the partition's marker of ``tenant``'s policy to ``version``."""
+        return self._call("mark_policy",
+                          arg.MarkPolicyKeys(markers=self._k.policy_markers(partition)),
+                          arg.MarkPolicyArgs(tenant=tenant, version=version),
+                          lambda raw: bool(int(raw)))
 
     def reserve(self, partition: int, *, size: int, floor: int = 0) -> Call[int]:
         """``size`` values of the partition's id counter: the block's last one, or -1 when the
@@ -167,7 +208,8 @@ class Scripts:
              message: bytes | None, expect_id: str = "", by: str = "",
              conflict_reply: bytes = b"", expired_reply: bytes = b"",
              entry: bytes | str = b"", claimant: str = "", here: int = 0,
-             trace: str = "") -> Call[Taken]:
+             trace: str = "", approver: str = "", revision: int | None = None,
+             patched: str = "") -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself. ``entry``: the request's
         id in its partition's request stream, acked by the script (b"": the caller acks).
@@ -192,7 +234,8 @@ class Scripts:
             expect_id=expect_id, by=by, conflict_reply=conflict_reply,
             expired_reply=expired_reply, memory_ms=s.expired_memory_s * 1000, entry=entry,
             group=RESOLVER_GROUP, claimant=claimant, lease_ms=s.lease_ms,
-            own_pool=here if claimant else 0, trace=trace)
+            own_pool=here if claimant else 0, trace=trace, approver=approver,
+            revision="" if revision is None else str(revision), patched=patched)
         return self._call("take", keys if message is None else keys + self._task_queues(p, live),
                           args, partial(Taken.decode, session=session))
 

@@ -18,7 +18,7 @@ class Settings(BaseSettings):
         description="Broker for handler tasks: redis:// (default: redis_url) or amqp://.",
     )
     key_prefix: str = Field(default="pa", pattern=r"^[A-Za-z0-9_.-]{1,32}$",
-                            description="prefix of every key; never ending in -auth")
+                            description="prefix of every key; never ending in -auth or -policy")
     queue: str = Field(default="pending-actions", description="dramatiq queue of handler runs")
     partitions: int = Field(
         default=16, ge=1, le=1024,
@@ -110,6 +110,10 @@ class Settings(BaseSettings):
         # keys of a deployment "x" on the same Redis
         if value.endswith("-auth"):
             raise ValueError("must not end in -auth (the auth keys' prefix is KEY_PREFIX-auth)")
+        # the same for the policies, which producer and worker users may only read
+        if value.endswith("-policy"):
+            raise ValueError("must not end in -policy (the policies' prefix is "
+                             "KEY_PREFIX-policy)")
         return value
 
     def require_url(self) -> str:

@@ -93,3 +93,34 @@ def worker_lost_error(attempt: int) -> str:
 
 def never_started_error(attempt: int) -> str:
     return f"no worker started attempt {attempt}"
+
+
+# --- policies and people ---------------------------------------------------------------------
+def auto_reason(rule: str) -> str:
+    """The reason an action applied by its policy (``auto``) gives its handler."""
+    return f"allowed by policy rule {rule!r}, applied automatically"
+
+
+def needs_approval(action_id: str, label: str, rule: str | None, tenant: str, need: int,
+                   approved_by: list[str]) -> str:
+    """The model's apply of an action its policy reserves for people (``ask``)."""
+    by = f"policy rule {rule!r}" if rule else "the policy's default"
+    so_far = f" ({len(approved_by)} given: {', '.join(approved_by)})" if approved_by else ""
+    return (f"Needs approval: {label} ({action_id}) is reserved for people by {by}. It needs "
+            f"{need - len(approved_by)} more approval(s) of {need}{so_far}, from people of "
+            f"tenant {tenant!r}: an approver token in the inbox (serve), or a resolve with "
+            "approver=NAME by your runtime. Nothing was changed; you may discard it.")
+
+
+def approved(k: int, n: int, approved_by: list[str], again: str | None) -> str:
+    """A person's approval that was not the last one needed (``again``: the approver, who had
+    approved already: it counts once)."""
+    first = f"{again} had approved already. " if again else ""
+    return (f"Approved {k} of {n}: {', '.join(approved_by)}. {first}It waits for {n - k} more "
+            "approval(s) before it is applied.")
+
+
+def revised(action_id: str, seen: int | None, current: int) -> str:
+    """resolve(revision=...) of an action people edited since."""
+    return (f"revision: {action_id} is at revision {current} (people edited its payload), not "
+            f"{seen}; nothing was changed. Look at it again before you decide.")

@@ -8,6 +8,7 @@ The public names live here; the parts are ``pending_actions.broker`` (what both 
 from pending_actions.broker.errors import (
     ConfigError,
     Damaged,
+    Denied,
     Forbidden,
     InvalidInput,
     PendingActionsError,
@@ -36,6 +37,7 @@ __all__ = [
     "AsyncPendingActions",
     "ConfigError",
     "Damaged",
+    "Denied",
     "Forbidden",
     "InvalidInput",
     "PendingAction",

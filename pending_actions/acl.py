@@ -21,13 +21,18 @@ from pending_actions.broker.keys import Keys
 
 # the scripts each role runs (tests/test_privilege.py checks these against the calls in the
 # code of each role, and that every script has a role)
-PRODUCER_SCRIPTS = ("stage", "reserve", "set_slot", "clear_slot", "pending", "peek")
+# (the clients' set_policy and mark_policy too: pa.set_policy is a client method; a producer's
+# user may run them, but its key pattern lets it only read the policies, so it sets none)
+PRODUCER_SCRIPTS = ("stage", "reserve", "set_slot", "clear_slot", "pending", "peek",
+                    "set_policy", "mark_policy")
+# (mark_policy: housekeeping raises the partitions' markers of a policy set half way)
 WORKER_SCRIPTS = ("take", "begin", "unclaim", "renew", "finalize", "readd", "recover", "expire",
                   "mark_expiries", "beat", "park", "retire", "upgrade", "upgrade_stack",
-                  "register", "sweep")
+                  "register", "sweep", "mark_policy")
+POLICY_SCRIPTS = ("set_policy", "mark_policy")
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "producer": PRODUCER_SCRIPTS, "worker": WORKER_SCRIPTS, "serve": PRODUCER_SCRIPTS,
-    "auth": ()}
+    "auth": POLICY_SCRIPTS}
 
 # The commands each role's code sends itself, by what sends them (found by running each role's
 # work as a user allowed everything, with MONITOR, and by reading the paths no run takes).
@@ -62,7 +67,7 @@ METRICS = ("xread", "xinfo|consumers")
 WORKER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "xadd", "xread",
           "xrevrange", "xlen", "del", "hset", "hget", "hgetall", "hdel", "hlen", "hscan", "zadd",
           "zrem", "zrange", "zrangebyscore", "zremrangebyscore", "mget", "get", "set", "sscan",
-          "scard", "srem", "sadd", "smembers", "scan", "exists", "type", "info")
+          "scard", "srem", "sadd", "smembers", "scan", "exists", "type", "info", "hmget")
 # the token store (serve/auth.py): look a token up, create, revoke, list, and the one move of
 # an older version's keys (WATCH, read, MULTI/EXEC)
 AUTH = ("hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hvals", "del", "watch", "unwatch",
@@ -72,17 +77,25 @@ PLAIN: dict[str, tuple[str, ...]] = {
     "producer": (*CONNECTION, *RUNNING, *CLIENT, *VIEWS),
     "worker": (*CONNECTION, *RUNNING, *WORKER),
     "serve": (*CONNECTION, *RUNNING, *CLIENT, *VIEWS, *METRICS, *AUTH),
-    "auth": (*CONNECTION, *AUTH),
+    # and `policy set/show/test`: a policy's versions (HGET), its scripts
+    "auth": (*CONNECTION, *AUTH, *RUNNING),
 }
 ROLES = tuple(PLAIN)
 
 
-def patterns(role: str, keys: Keys) -> list[str]:
+def patterns(role: str, keys: Keys, version: str = "7") -> list[str]:
     """The key patterns of ``role``: the deployment's prefix, and for serve and the auth user
-    the auth prefix (for the auth user, also the older token keys it moves)."""
-    ours, auth = f"~{keys.prefix}:*", f"~{keys.auth_prefix}:*"
-    return {"producer": [ours], "worker": [ours], "serve": [ours, auth],
-            "auth": [auth, f"~{keys.legacy_token_names}", f"~{keys.legacy_tokens}"]}[role]
+    the auth prefix (for the auth user, also the older token keys it moves). The policies'
+    prefix: read-only for producers and workers (Redis 7's ``%R~``; 6.2 has no read-only
+    pattern, so there they may write it too: docs/threat-model.md), read-write for serve and
+    the auth user, which also writes the partitions' markers of a policy's version."""
+    ours, auth, policy = f"~{keys.prefix}:*", f"~{keys.auth_prefix}:*", \
+        f"~{keys.policy_prefix}:*"
+    read_policy = f"%R{policy}" if int(version.split(".")[0]) >= 7 else policy
+    return {"producer": [ours, read_policy], "worker": [ours, read_policy],
+            "serve": [ours, auth, policy],
+            "auth": [auth, f"~{keys.legacy_token_names}", f"~{keys.legacy_tokens}", policy,
+                     f"~{keys.prefix}:{{*}}:policies"]}[role]
 
 
 def script_commands(names: tuple[str, ...]) -> set[str]:
@@ -101,17 +114,19 @@ def commands(role: str, select: bool = False) -> list[str]:
 
 
 def acl_rules(role: str, prefix: str = "pa", password: str = "<password>",
-              select: bool = False) -> list[str]:
+              select: bool = False, version: str = "7") -> list[str]:
     """The rules, in order: no command but those named, no key outside the role's patterns,
     no pub/sub. Deliberately absent: FLUSH*, KEYS, CONFIG, DEBUG, CLIENT KILL, MONITOR,
     SHUTDOWN and every other @dangerous command but INFO (workers read the run id and the
-    eviction policy). Redis 6.2 and 7 read them alike (no selectors, no %R~).
+    eviction policy). For Redis 7 (``version``) the policies are read-only to producers and
+    workers (``%R~``); 6.2 reads no such pattern, and its rules grant them as any key.
 
     ``select``: the deployment's database is not 0, so its clients send SELECT. Key patterns
     hold in every database alike, so a user with SELECT reaches its prefix in all of them: it
     is granted only where needed, and deployments on one Redis stay apart by KEY_PREFIX."""
     keys = Keys(prefix)
-    return ["on", f">{password}", "resetkeys", *patterns(role, keys), "resetchannels", "-@all",
+    return ["on", f">{password}", "resetkeys", *patterns(role, keys, version), "resetchannels",
+            "-@all",
             *(f"+{c}" for c in commands(role, select))]
 
 
@@ -119,8 +134,12 @@ def acl_rules(role: str, prefix: str = "pa", password: str = "<password>",
 @click.option("--role", type=click.Choice(ROLES), required=True)
 @click.option("--user", help="User name [default: pa-ROLE].")
 @click.option("--password", default="<password>", show_default=True)
+@click.option("--redis-version", type=click.Choice(["7", "6.2"]),
+              help="The server the rules are for [default: asked of --redis-url's server, "
+                   "else 7]: 6.2 has no read-only key pattern.")
 @click.pass_obj
-def acl(obj: Any, role: str, user: str | None, password: str) -> None:
+def acl(obj: Any, role: str, user: str | None, password: str,
+        redis_version: str | None) -> None:
     """Print the Redis ACL SETUSER command for a least-privilege user of ROLE: a producer
     (an agent runtime staging and resolving, `mcp` over stdio; the operators' views), a worker
     (`pending-actions worker`), serve (the HTTP API, and `mcp --transport http`: they check
@@ -132,9 +151,28 @@ def acl(obj: Any, role: str, user: str | None, password: str) -> None:
     name = user or f"pa-{role}"
     settings = obj.settings()
     select = bool(settings.redis_url and url_options(settings.redis_url).options.get("db"))
-    rules = acl_rules(role, settings.key_prefix, password, select)
+    rules = acl_rules(role, settings.key_prefix, password, select,
+                      redis_version or _server_version(settings.redis_url))
     obj.out({"user": name, "rules": rules},
             " ".join(_quoted(w) for w in ("ACL", "SETUSER", name, *rules)))
+
+
+def _server_version(url: str | None) -> str:
+    """The major version of the server at ``url`` ("7" when there is none to ask, or it does
+    not answer: said on stderr)."""
+    if not url:
+        return "7"
+    from pending_actions.broker.connection import producer_client, server_info
+
+    try:
+        info = server_info(producer_client(url), "server")
+        found = [info] if "redis_version" in info else list(info.values())
+        return "6.2" if min(int(str(i["redis_version"]).split(".")[0]) for i in found) < 7 \
+            else "7"
+    except Exception as exc:  # any failure to ask: the default, said
+        click.echo(f"note: could not ask {url.split('@')[-1]} its version ({type(exc).__name__});"
+                   " rules for Redis 7 (--redis-version 6.2 for 6.2)", err=True)
+        return "7"
 
 
 def _quoted(word: str) -> str:

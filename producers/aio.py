@@ -21,6 +21,7 @@ from pending_actions.broker.errors import ConfigError, RedisUnavailable
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
+from pending_actions.broker.rules import Verdict
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions_async
@@ -178,10 +179,23 @@ class AsyncPendingActions:
     async def resolve(self, *, session: str, action: str, reason: str,
                       extra: dict[str, Any] | None = None, timeout: float | None = None,
                       edit: dict[str, Any] | None = None,
-                      expect_id: str | None = None, by: str | None = None) -> Result:
+                      expect_id: str | None = None, by: str | None = None,
+                      approver: str | None = None, revision: int | None = None) -> Result:
         with tracing.current(tracing.RESOLVE, {}):
-            return await self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                                     expect_id, by))
+            return await self._run(self.core.resolve(session, action, reason, extra, timeout,
+                                                     edit, expect_id, by, approver, revision))
+
+    async def set_policy(self, document: dict[str, Any] | str, tenant: str = DEFAULT_TENANT,
+                         by: str | None = None) -> int:
+        return await self._run(self.core.set_policy(document, tenant, by))
+
+    async def decide(self, *, session: str, tool: str, apply: str, label: str,
+                     payload: dict[str, Any], tenant: str = DEFAULT_TENANT) -> Verdict | None:
+        return await self._run(self.core.decide(session=session, tool=tool, apply=apply,
+                                                label=label, payload=payload, tenant=tenant))
+
+    async def get_policy(self, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
+        return await self._run(self.core.get_policy(tenant))
 
     async def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:
         return await self._run(self.core.pending(session, limit))

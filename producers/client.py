@@ -17,6 +17,7 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
 from pending_actions.broker.pools import LiveView
+from pending_actions.broker.rules import Verdict
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions
 from pending_actions.broker.urls import url_options
@@ -190,16 +191,39 @@ class PendingActions:
     def resolve(self, *, session: str, action: str, reason: str,
                 extra: dict[str, Any] | None = None, timeout: float | None = None,
                 edit: dict[str, Any] | None = None, expect_id: str | None = None,
-                by: str | None = None) -> Result:
+                by: str | None = None, approver: str | None = None,
+                revision: int | None = None) -> Result:
         """Apply or discard the session's current target and wait for the outcome.
 
         ``edit``: a JSON Merge Patch for the payload, applied before the handler runs (apply
         only; checked against the action's schema). ``expect_id``: go through only if that id
         is the target, else an error naming ``expect_id`` and nothing changes. ``by``: who
-        resolves, recorded in the session's history."""
+        resolves, recorded in the session's history. ``approver``: a person's resolve (never
+        the model's): it counts as that person's approval of an action its policy asks people
+        for. ``revision``: go through only if the target's payload is still at that revision
+        (the number of people's edits)."""
         with tracing.current(tracing.RESOLVE, {}):
             return self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                               expect_id, by))
+                                               expect_id, by, approver, revision))
+
+    # --- policies --------------------------------------------------------------------------
+    def set_policy(self, document: dict[str, Any] | str, tenant: str = DEFAULT_TENANT,
+                   by: str | None = None) -> int:
+        """Set ``tenant``'s policy (a dict, or a JSON/YAML text; docs/policies.md): checked,
+        kept as a new version beside the earlier ones, in force for every stage from then on.
+        Returns the version."""
+        return self._run(self.core.set_policy(document, tenant, by))
+
+    def decide(self, *, session: str, tool: str, apply: str, label: str,
+               payload: dict[str, Any], tenant: str = DEFAULT_TENANT) -> Verdict | None:
+        """What the tenant's policy in force decides for such an action (None: it has none),
+        without staging it."""
+        return self._run(self.core.decide(session=session, tool=tool, apply=apply,
+                                          label=label, payload=payload, tenant=tenant))
+
+    def get_policy(self, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
+        """The tenant's current policy: {version, set_at, by, document}; None without one."""
+        return self._run(self.core.get_policy(tenant))
 
     # --- reading ---------------------------------------------------------------------------
     def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:

@@ -21,6 +21,7 @@ from pending_actions.broker.models import (
     Spec,
     check_session,
     merge_patch,
+    patch_between,
 )
 from pending_actions.broker.payloads import check_json, check_payload
 from pending_actions.broker.pools import parse_live, queue_live
@@ -44,7 +45,8 @@ class Core(Staging):
     # --- resolving -------------------------------------------------------------------------
     def resolve(self, session: str, action: object, reason: object, extra: object,
                 timeout: object, edit: object = None, expect_id: object = None,
-                by: object = None) -> Plan[Result]:
+                by: object = None, approver: object = None,
+                revision: object = None) -> Plan[Result]:
         check_session(session)
         given = ResolveInput.parse(action, reason, extra)
         if len(given.reason) > self.settings.max_reason_chars:
@@ -61,20 +63,37 @@ class Core(Staging):
             raise InvalidInput("expect_id", "must be an action id")
         if by is not None and (not isinstance(by, str) or not BY_RE.match(by)):
             raise InvalidInput("by", "must be 1-128 characters of A-Z a-z 0-9 . _ : @ -")
+        if approver is not None:
+            if not isinstance(approver, str) or not BY_RE.match(approver):
+                raise InvalidInput("approver", "must be 1-128 characters of A-Z a-z 0-9 . _ : @ -")
+            if by is not None and by != approver:
+                raise InvalidInput("by", "a person's resolve is by its approver")
+            by = approver
+        if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int)
+                                     or revision < 0):
+            raise InvalidInput("revision", "must be a revision number (0 or more)")
+        patched = None
         if edit is not None:
             if not isinstance(edit, dict):
                 raise InvalidInput("edit", "must be a JSON Merge Patch object")
             check_json(edit, "edit", self.settings.max_payload_bytes)
             if given.action != "apply":
                 raise InvalidInput("edit", "only an apply can edit the payload")
-            expect_id = yield from self._check_edit(session, edit, expect_id)
+            expect_id, seen, patched = yield from self._check_edit(session, edit, expect_id)
+            if revision is not None and revision != seen:
+                raise InvalidInput("revision", f"{expect_id} is at revision {seen}, not "
+                                   f"{revision}; nothing was changed")
+            revision = seen  # the edit goes only with the payload it was checked against
+            if approver is None:
+                patched = None
         wait = float(timeout or self.settings.resolve_timeout_s)
         req = uuid.uuid4().hex
         tracing.annotate({tracing.SESSION: session, tracing.ACTION: given.action})
         # every field is checked above (req is ours): no model to validate it again
         request = ResolveRequest.encode(req, session, given.action, given.reason, given.extra,
                                         int(wait * 1000), int((time.time() + wait) * 1000),
-                                        expect_id, by, edit, tracing.carried())
+                                        expect_id, by, edit, tracing.carried(),
+                                        approver, revision, patched)
         requests = self.keys.requests(self.keys.partition(session))
         got = yield Wait(self.keys.reply(session, req), wait,
                          first=lambda p: p.execute_command("XADD", requests, "*",
@@ -89,29 +108,36 @@ class Core(Staging):
         return result
 
     def _check_edit(self, session: str, edit: dict[str, Any],
-                    expect_id: str | None) -> Plan[str]:
-        """An edit is checked here, against the target it will meet, and goes only with that
-        target: the request carries its id as ``expect_id`` (the caller's own when given)."""
-        target = yield from self._target(session)
-        if target is None:
+                    expect_id: str | None) -> Plan[tuple[str, int, str]]:
+        """An edit is checked here, against the target it will meet (its payload as people
+        edited it so far), and goes only with that target and revision: the request carries
+        its id as ``expect_id`` (the caller's own when given) and the revision seen. Returns
+        those and the patch from the staged payload to the edited one (JSON text)."""
+        found = yield from self._target(session)
+        if found is None:
             raise InvalidInput("edit", "there is no pending action to edit")
+        target, st = found
         if expect_id is not None and expect_id != target.id:
             raise InvalidInput("expect_id", f"{expect_id} is not the current target "
                                f"({target.id} is); nothing was changed")
-        edited = merge_patch(target.payload, edit)
+        shown = merge_patch(target.payload, st.patch) if st.patch is not None else target.payload
+        edited = merge_patch(shown, edit)
         check_json(edited, "edit", self.settings.max_payload_bytes, "the edited payload is ")
         check_payload(edited, target.payload_schema, "edit")
-        return target.id
+        return target.id, st.revision, orjson.dumps(patch_between(target.payload, edited)).decode()
 
-    def _target(self, session: str) -> Plan[Spec | None]:
+    def _target(self, session: str) -> Plan[tuple[Spec, ActionState] | None]:
         got: Peeked = yield Run(self.scripts.peek(session))
         if got.directive is not None:
-            return got.directive
+            return got.directive, ActionState()
         if got.head is None:
             return None
         head = got.head
-        raw, = yield Batch(lambda p: p.hget(self.keys.actions(session), head))
-        return Spec.read(raw, head, session) if raw else None
+        raw, st = yield Batch(lambda p: (p.hget(self.keys.actions(session), head),
+                                         p.hget(self.keys.state(session), head)))
+        if not raw:
+            return None
+        return Spec.read(raw, head, session), ActionState.model_validate_json(st or b"{}")
 
     # --- reading ---------------------------------------------------------------------------
     def pending(self, session: str, limit: int = 1000) -> Plan[list[PendingAction]]:

@@ -22,6 +22,7 @@ from pending_actions.broker.errors import (
     Damaged,
     Forbidden,
     InvalidInput,
+    PendingActionsError,
     RedisFull,
     UnknownHandler,
     Unowned,
@@ -42,6 +43,7 @@ from pending_actions.broker.replies import Staged, StageRefusal
 from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Chunks, Plan
+from pending_actions.producers.policies import PolicyPlans, raise_denied
 
 MAX_FINGERPRINT_CHARS = 1_000
 
@@ -70,7 +72,10 @@ def _by_session(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
-class Staging:
+class Staging(PolicyPlans):
+    # tries of a session's stage decided by a version of its tenant's policy that changed
+    # meanwhile (stage.lua refuses it, the client reads the new version and decides again)
+    POLICY_TRIES = 3
     # ids reserved per partition a block at a time (reserve.lua): a stage is then one script
     # call, and ids stay unique without a counter hit per stage (an unused rest of a block is
     # skipped, never reused)
@@ -93,6 +98,7 @@ class Staging:
         self._lock = threading.Lock()
         self._live = Live()
         self._live_at = -1e9
+        PolicyPlans.__init__(self)
 
     def validate(self, session: object, kind: str, tool: object, label: object, apply: object,
                  reject: object, payload: object, ttl: object = None, fingerprint: object = None,
@@ -136,7 +142,8 @@ class Staging:
         now = time.time()
         ttl = fields["ttl"]
         return {**fields, "id": action_id, "created_at": now,
-                "expires_at": None if ttl is None else now + ttl, "trace": trace}
+                "expires_at": None if ttl is None else now + ttl, "trace": trace,
+                "verdict": None, "policy": None}
 
     def _prepare(self, checked: list[dict[str, Any]], check_owners: bool) -> Plan[list[int]]:
         """Every handler name the validated specs use is live in some worker (the view of live
@@ -256,6 +263,28 @@ class Staging:
         specs = [self._spec(f, f"pending-action:{f['tool']}:{seq}", trace)
                  for seq, f in zip(seqs, checked, strict=True)]
         tracing.staged(specs)
+        answers = yield from self._stage_specs(specs)
+        for _try in range(self.POLICY_TRIES - 1):
+            # decided by a version of the policy the partition no longer has (or before this
+            # client saw the tenant's): nothing of that session changed; decided again
+            again = [(g, a) for g, a in answers if a.refused is StageRefusal.POLICY]
+            if not again:
+                break
+            for group, got in again:
+                yield from self.load_policy(group[0]["tenant"], got.version)
+            answers = [(g, a) for g, a in answers if a.refused is not StageRefusal.POLICY]
+            answers += yield from self._stage_specs([s for g, _a in again for s in g])
+        refused = [(group, got) for group, got in answers if got.refused is not None]
+        if refused:
+            self._refused(*refused[0], others=len({g[0]["session"] for g, a in answers
+                                                  if a.refused is None}))
+        raise_denied(specs)
+        return [s["id"] for s in specs]
+
+    def _stage_specs(self, specs: list[dict[str, Any]]
+                     ) -> Plan[list[tuple[list[dict[str, Any]], Staged]]]:
+        """Every spec decided by its tenant's policy as this client knows it and sent: each
+        session's stage.lua call and its answer."""
         answers: list[tuple[list[dict[str, Any]], Staged]] = []
         if self.settings.replica_wait and self.cluster:
             # WAIT covers one connection, so one master: with it on a cluster a batch goes a
@@ -272,11 +301,7 @@ class Staging:
                 self.keys.stack(specs[0]["session"]))
             for groups, got in zip(grouped, got_all, strict=True):
                 answers += zip(groups, got, strict=True)
-        refused = [(group, got) for group, got in answers if got.refused is not None]
-        if refused:
-            self._refused(*refused[0], others=len({g[0]["session"] for g, a in answers
-                                                  if a.refused is None}))
-        return [s["id"] for s in specs]
+        return answers
 
     def _refused(self, group: list[dict[str, Any]], got: Staged, others: int) -> None:
         """Raise what stage.lua's refusal of a session's actions means (nothing of that
@@ -288,6 +313,11 @@ class Staging:
             raise _foreign(session)
         if got.refused is StageRefusal.UNOWNED:
             raise _unowned(session, k.sessions(k.partition(session)))
+        if got.refused is StageRefusal.POLICY:
+            raise PendingActionsError(
+                f"the policy of tenant {group[0]['tenant']!r} changed {self.POLICY_TRIES} times "
+                f"while this stage was decided; nothing was staged in session {session!r}: "
+                "stage again")
         p = k.partition(session)
         value = int(got.collided.rpartition(":")[2]) // k.partitions
         with self._lock:
@@ -300,14 +330,28 @@ class Staging:
                       f"session{also}. Its next ids start past that one: stage again")
 
     def _call(self, group: list[dict[str, Any]]) -> Call[Staged]:
-        """One stage.lua call for a session's actions, which also writes their feed entries
-        and, for a new session, its owner record and tenant index."""
+        """One stage.lua call for a session's actions, each decided by its tenant's policy as
+        this client knows it (the spec keeps the decision), which also writes their feed
+        entries and, for a new session, its owner record and tenant index."""
         tenant = group[0]["tenant"]
+        version = self.policy_version(tenant)
+        policy = self.policy_of(tenant, version)
+        if version and policy is None:  # another thread's load cleared the cache: read again
+            raise PendingActionsError(f"the policy of tenant {tenant!r} is not at hand; "
+                                      "nothing was staged: stage again")
+        staged = []
+        for s in group:
+            verdict = None if policy is None else policy.decide(
+                tool=s["tool"], apply=s["apply"], label=s["label"], session=s["session"],
+                payload=s["payload"])
+            s["verdict"] = verdict
+            s["policy"] = None if verdict is None else verdict.stamp()
+            staged.append(self.to_stage(s, verdict))
         return self.scripts.stage(
             group[0]["session"], tenant=tenant, indexed=tenant != DEFAULT_TENANT,
-            at=f"{time.time():.3f}",
-            actions=[(s["id"], spec_json(s), None if s["ttl"] is None else int(s["ttl"] * 1000),
-                      f"{s['created_at']:.3f}") for s in group])
+            at=f"{time.time():.3f}", actions=staged, policy_version=version,
+            marker_ttl_s=self.settings.reply_ttl_s + self.settings.dispatch_timeout_ms // 1000
+            + 60)
 
     def _calls(self, groups: list[list[dict[str, Any]]]) -> list[Call[Staged]]:
         """A transaction's stage.lua calls, one per session."""

@@ -18,10 +18,11 @@ from pending_actions_harness.soak import Histories
 
 def test_each_event_says_what_it_means_for_its_action() -> None:
     # the outcomes and ends as they were written out by hand before they came from the enum
+    # (and denied, which policies added: a stage refused, never pending)
     assert [e.value for e in OUTCOMES] == ["applied", "discarded", "failed", "late-refused",
-                                           "dead-lettered", "expired", "stale"]
+                                           "dead-lettered", "expired", "stale", "denied"]
     assert {e.value for e in ENDINGS} == {"applied", "discarded", "expired", "stale",
-                                         "dead-lettered"}
+                                         "dead-lettered", "denied"}
     assert {e for e in Event if e.fate is Fate.RETRY} == {Event.FAILED, Event.LATE_REFUSED}
     # a stream entry's event is a plain string, found in them as it is
     assert "late-refused" in OUTCOMES and "applied" in ENDINGS and "taken" not in OUTCOMES

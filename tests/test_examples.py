@@ -1,6 +1,7 @@
 """The Python examples of the README ("From Python") and of docs/python.md (up to its Handlers
-section: a handler runs inside a worker, not on its own) and the example agent loop run as
-written, against a Redis of their own and a real worker with the example handlers."""
+section: a handler runs inside a worker, not on its own; its policies too) and the example
+agent loop run as written, against a Redis of their own and a real worker with the example
+handlers."""
 
 from __future__ import annotations
 
@@ -54,12 +55,13 @@ def run_python(code: str, url: str, cwd: Path, *args: str) -> subprocess.Complet
 
 def test_the_docs_show_the_async_client_and_the_file_edit() -> None:
     blocks = example_blocks()
-    assert len(blocks) == 3, "each example below has its expected output"
+    assert len(blocks) == 4, "each example below has its expected output"
     assert any("AsyncPendingActions" in b for b in blocks)
     assert any("propose_edit" in b and "Stale" in b for b in blocks)
+    assert any("approver=" in b and "Denied" in b for b in blocks)
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_example_runs_as_written(examples_redis: EmbeddedRedis, examples_worker: Worker,
                                  tmp_path: Path, index: int) -> None:
     code = example_blocks()[index]
@@ -71,6 +73,7 @@ def test_example_runs_as_written(examples_redis: EmbeddedRedis, examples_worker:
         ["--- a/notes.txt", "+hello world", "Wrote notes.txt (12 bytes) hello world",
          "Stale: notes.txt changed since the preview", "{'content': 'hello there\\n'} "
          "hello there"],
+        ["never\nNeeds approval:\nApproved 1 of 2\nApplied Deploy: ok"],
     ][index]
     for needle in expected:
         assert needle in out.stdout, out.stdout

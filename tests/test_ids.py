@@ -24,6 +24,7 @@ from pending_actions.broker.errors import Damaged, RedisFull
 from pending_actions.broker.models import spec_json
 from pending_actions.broker.pools import heartbeat
 from pending_actions.broker.replies import StageRefusal
+from pending_actions.broker.scripts import ToStage
 from pending_actions.procs import ROOT
 from pending_actions.producers import AsyncPendingActions, PendingActions
 from tests.support.faults import K, cluster
@@ -168,17 +169,17 @@ def test_a_retry_is_told_from_a_collision(server: tuple[Any, redis.Redis]) -> No
                                 "reject": None, "payload": {}, "kind": "action",
                                 "tenant": "default", "created_at": 1.0}
         first = pa.ctx.scripts.stage("retry", tenant="default", indexed=False, at="2.000",
-                                     actions=[("pending-action:t:16", spec_json(spec), None,
-                                               "1.000")])
+                                     actions=[ToStage("pending-action:t:16", spec_json(spec),
+                                                       None, "1.000")])
         assert first.run().depths == [1]
         with redis_unchanged(rc):
             assert first.run().depths == [0]
             other = pa.ctx.scripts.stage(
                 "retry", tenant="default", indexed=False, at="3.000",
-                actions=[("pending-action:t:32", spec_json({**spec, "label": "M"}), None,
-                          "1.000"),
-                         ("pending-action:t:16", spec_json({**spec, "label": "N"}), None,
-                          "1.000")]).run()
+                actions=[ToStage("pending-action:t:32", spec_json({**spec, "label": "M"}), None,
+                                 "1.000"),
+                         ToStage("pending-action:t:16", spec_json({**spec, "label": "N"}), None,
+                                 "1.000")]).run()
         assert (other.refused, other.collided) == (StageRefusal.COLLISION,
                                                    "pending-action:t:16")
         assert [f[b"id"] for _e, f in entries(rc.xrange(K.events(K.partition("retry"))))] == \

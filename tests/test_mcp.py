@@ -301,3 +301,44 @@ def test_the_readme_configures_an_mcp_client_with_the_proxy() -> None:
     assert server["command"] == "pending-actions" and server["args"][0] == "mcp-proxy"
     assert "--mcp-upstream" in server["args"]
     assert "pending-actions worker" in section and "--mcp-upstream" in section
+
+
+def test_proxy_calls_are_decided_by_the_tenants_policy(url: str, pa: PendingActions,
+                                                       folder: Path, session: str) -> None:
+    """With a policy, it decides instead of the readOnlyHint: a denied write is refused with
+    the rule's reason and nothing runs or is staged; an allowed write goes straight through; a
+    read the policy asks people for is staged, with its decision on the action."""
+    tenant = f"mcp-{uuid.uuid4().hex[:6]}"
+    pa.set_policy({"rules": [
+        {"name": "no-secrets", "match": {"tool": "write_file", "payload": {"path": "*.key"}},
+         "decision": "deny", "reason": "keys are not written by agents"},
+        {"name": "writes", "match": {"tool": "write_file"}, "decision": "allow"},
+        {"name": "careful-reads", "match": {"tool": "read_file"}, "decision": "ask"}]},
+        tenant=tenant)
+    (folder / f"{session}-r.txt").write_text("secret-ish")
+
+    async def body() -> None:
+        async with connect(url, *proxy_args(session, folder, "--tenant", tenant)) as proxy:
+            refused = await proxy.call_tool("write_file", {"path": f"{session}.key",
+                                                           "text": "x"})
+            assert refused.is_error
+            assert text(refused) == ("Denied by policy rule no-secrets: keys are not written "
+                                     "by agents. Nothing was run.")
+            assert not (folder / f"{session}.key").exists() and pa.pending(session) == []
+            written = await proxy.call_tool("write_file", {"path": f"{session}.txt",
+                                                           "text": "hi"})
+            assert not written.is_error and (folder / f"{session}.txt").read_text() == "hi"
+            staged = await proxy.call_tool("read_file", {"path": f"{session}-r.txt"})
+            assert not staged.is_error and "nothing has happened yet" in text(staged)
+            [action] = pa.pending(session)
+            assert action.policy is not None and action.policy["rule"] == "careful-reads"
+            held = await proxy.call_tool("resolve", {"action": "apply", "reason": "go"})
+            assert held.is_error and "Needs approval:" in text(held)
+            # the model cannot name itself a person: resolve takes no approver
+            assert "approver" not in PARAMETERS["properties"]
+            sneaky = await proxy.call_tool("resolve", {"action": "apply", "reason": "go",
+                                                       "approver": "alice"})
+            assert sneaky.is_error and "invalid approver: not an argument" in text(sneaky)
+            assert len(pa.pending(session)) == 1 and pa.pending(session)[0].approved_by == []
+
+    anyio.run(body)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -38,6 +38,8 @@ from tests.support.load import wait_healthy
 from tests.support.procs import TEST_ENV, worker_env
 from tests.support.replies import byte_list
 from tests.support.roles import (
+    POLICY,
+    POLICY_TENANT,
     VERSIONS,
     mcp_work,
     producer_work,
@@ -256,6 +258,10 @@ def test_each_role_does_its_work_as_its_user(any_redis: EmbeddedRedis) -> None:
     server: Server | None = None
     try:
         rc.acl_log_reset()
+        policy = tmp_path_of(any_redis) / "policy.json"
+        policy.write_bytes(orjson.dumps(POLICY))
+        made = cli(url["auth"], "policy", "set", "--tenant", POLICY_TENANT, str(policy))
+        assert made.returncode == 0, made.stderr
         producer_work(url["producer"], rc)
         receiver.wait_for(lambda: any(e["event"] == "applied" for _p, e in receiver.accepted))
         deadline = time.monotonic() + 20  # p1 finished: retirement sets its history to expire
@@ -334,6 +340,42 @@ def test_a_producer_or_a_worker_cannot_reach_auth_data(any_redis: EmbeddedRedis,
     assert {K.tokens, K.token_names} <= keys, refusals(rc)
     who = Tokens(rc, K).lookup(token)
     assert who is not None and who.name == "alice" and len(Tokens(rc, K).all()) == 1
+
+
+def tmp_path_of(server: EmbeddedRedis) -> Path:
+    return Path(server.directory)
+
+
+@pytest.mark.parametrize("role", ["producer", "worker"])
+def test_policies_are_written_by_serve_and_auth_users_only(any_redis: EmbeddedRedis,
+                                                           role: str) -> None:
+    """On Redis 7 a producer's or a worker's user reads the policies (%R~) and cannot write
+    them: `policy set` is one line and exit 1, a command or a script writing them is refused,
+    Redis unchanged. On 6.2, which has no read-only key pattern, it can: docs/threat-model.md
+    says so, and this holds that line too."""
+    rc = redis.Redis.from_url(any_redis.url)
+    url = users(rc, any_redis.url)
+    path = tmp_path_of(any_redis) / "p.json"
+    path.write_bytes(orjson.dumps(POLICY))
+    assert cli(url["auth"], "policy", "set", "--tenant", "t1", str(path)).returncode == 0
+    client = redis.Redis.from_url(url[role])
+    assert client.hget(K.policy("t1"), "current") is not None  # it reads them
+    version = str(rc.info("server")["redis_version"])
+    if int(version.split(".")[0]) < 7:  # no read-only pattern: a known limit, said
+        assert client.hset(K.policy("t1"), "written-by", role) == 1
+        return
+    with redis_unchanged(rc):
+        got = cli(url[role], "policy", "set", "--tenant", "t1", str(path))
+        assert got.returncode == 1 and len(got.stderr.strip().splitlines()) == 1, got
+        assert "permission" in got.stderr and "Traceback" not in got.stderr, got.stderr
+        writes: list[Callable[[], object]] = [
+            lambda: client.hset(K.policy("t1"), "current", "{}"),
+            lambda: client.hdel(K.policy_index, "t1"), lambda: client.delete(K.policy("t1"))]
+        for write in writes:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                write()
+        with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no perm|can't access"):
+            client.eval(f"return redis.call('HSET', '{K.policy('t1')}', 'current', 'x')", 0)
 
 
 def test_tokens_of_an_older_version_move_once(tmp_path: Path) -> None:

@@ -126,3 +126,33 @@ def test_the_stage_path_refuses_and_reserves_the_same_on_redis_6(old_pa: Pending
     rc.set(k.seq(p), seq + 1000)
     rc.set(k.seq_mark(p), seq + 1000)
     assert [a.label for a in pa.pending(s)] == ["after", "secret"]
+
+
+def test_policies_work_on_redis_6(old_pa: PendingActions) -> None:
+    """stage.lua's version check, deny and auto, and take.lua's approvals, on 6.2."""
+    from pending_actions.broker.errors import Denied
+    from tests.support.unchanged import redis_unchanged
+
+    pa = old_pa
+    tenant, s = f"p6-{uuid.uuid4().hex[:6]}", f"r6p-{uuid.uuid4().hex[:8]}"
+    assert pa.set_policy({"rules": [
+        {"name": "two", "match": {"tool": "deploy"}, "decision": "ask", "approvals": 2},
+        {"name": "reads", "match": {"tool": "read"}, "decision": "allow", "auto": True},
+        {"name": "no-rm", "match": {"tool": "rm"}, "decision": "deny", "reason": "no"}]},
+        tenant=tenant) == 1
+    with pytest.raises(Denied, match="no"):
+        pa.stage(session=s, tool="rm", label="x", apply="t.ok", tenant=tenant)
+    since = tail_id(pa.client, pa.ctx.keys.history(s))
+    auto = pa.stage(session=s, tool="read", label="r", apply="t.ok", tenant=tenant)
+    applied = wait_for(pa, s, since, "applied")
+    assert (applied["id"], applied["by"]) == (auto, "policy:reads")
+    asked = pa.stage(session=s, tool="deploy", label="d", apply="t.ok", tenant=tenant)
+    with redis_unchanged(pa.client):
+        held = pa.resolve(session=s, action="apply", reason="r")
+    assert held.text.startswith("Needs approval:")
+    assert pa.resolve(session=s, action="apply", reason="r",
+                      approver="alice").text.startswith("Approved 1 of 2")
+    done = pa.resolve(session=s, action="apply", reason="r", approver="bob")
+    assert not done.is_error and pa.pending(s) == []
+    assert [e["by"] for e in pa.history(s) if e["event"] == "applied"] == ["policy:reads", "bob"]
+    assert asked != auto

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import orjson
 import redis
@@ -27,7 +27,16 @@ from pending_actions.broker.events import Event
 from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
 from pending_actions.broker.loops import Beats, Loop
-from pending_actions.broker.models import Lease, PendingAction, ResolveAction, Result, Spec
+from pending_actions.broker.models import (
+    ActionState,
+    Lease,
+    PendingAction,
+    ResolveAction,
+    Result,
+    Spec,
+    merge_patch,
+    patch_between,
+)
 from pending_actions.broker.payloads import check_payload
 from pending_actions.broker.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.results import base_details, from_handler, text_result
@@ -251,7 +260,7 @@ class Attempt:
         assert begun.spec is not None and begun.counters is not None and begun.lease is not None
         spec, task, scripts = begun.spec, self.task, self.ctx.scripts
         attempts, by = begun.counters.attempts, begun.lease.by
-        end = conclusion(ran, spec, task.action, task.edit)
+        end = conclusion(ran, spec, task.action, _edit(spec, begun.counters, task.edit))
         if end.readd:
             step = scripts.readd(task.session, token=task.token, req=task.req,
                                  last_error=ran.result.text, reply=ran.result.to_json(),
@@ -301,6 +310,17 @@ class Attempt:
         except NotReplicated as exc:
             self.recorded = self.recorded or bool(exc.result)
             raise
+
+
+def _edit(spec: Spec, st: ActionState, edit: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The patch the handler's payload was made with, for the history: this resolve's, people's
+    as approved (the state's), or both composed."""
+    if st.patch is None:
+        return edit
+    if edit is None:
+        return st.patch
+    return cast(dict[str, Any], patch_between(
+        spec.payload, merge_patch(merge_patch(spec.payload, st.patch), edit)))
 
 
 def _unreadable(ctx: Context, task: TaskMessage, exc: Exception) -> str:

@@ -33,6 +33,7 @@ from pending_actions.broker.policy import check_policy
 from pending_actions.broker.replies import ExpireOutcome, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.workers.poison import park_poison
+from pending_actions.workers.policies import raise_markers
 from pending_actions.workers.retention import Retirement
 from pending_actions.workers.sweep import Sweep
 
@@ -59,6 +60,7 @@ class Recovery:
         self.next_check = time.monotonic() + random.uniform(0, every)  # spread out
         self.retire = Retirement(ctx)
         self.sweep = Sweep(ctx)
+        self.next_markers = 0.0
         # expiries members found in flight past their ttl -> (partition, when to look again,
         # ms). Their entry keeps its score, the expiry that every reader checks, so the due
         # range goes on listing them: each is asked about again a lease later, not each round
@@ -88,6 +90,16 @@ class Recovery:
                 # housekeeping waits for memory (its round's lock is a write Redis refuses
                 # then); recovery itself goes on, and the loop with it, beating
                 if not isinstance(translate(exc), RedisFull):
+                    raise
+        if time.monotonic() >= self.next_markers:
+            # a policy set that stopped before raising every partition's marker is finished
+            # here (each resolve worker, every housekeeping round: a read of the index and of
+            # the markers; mark_policy.lua never lowers one)
+            self.next_markers = time.monotonic() + self.ctx.settings.housekeeping_s
+            try:
+                raise_markers(self.ctx)
+            except redis.RedisError as exc:
+                if not isinstance(translate(exc), RedisFull):  # waits for memory, as above
                     raise
 
     def _now_ms(self) -> int:

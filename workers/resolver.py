@@ -23,8 +23,9 @@ from pending_actions.broker import failpoints, texts, tracing
 from pending_actions.broker.connection import is_cluster, pipeline, read_group
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
-from pending_actions.broker.events import WorkerEvent, announce
+from pending_actions.broker.events import Event, WorkerEvent, announce
 from pending_actions.broker.failures import poison_of, translate
+from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import RESOLVER_GROUP
 from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop
 from pending_actions.broker.models import ResolveRequest
@@ -39,6 +40,7 @@ from pending_actions.broker.results import (
 )
 from pending_actions.workers.local import Claims, LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
+from pending_actions.workers.policies import answer, is_auto
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.taskbroker import StreamsBroker
 from pending_actions.workers.tasks import TaskMessage, encoded_task, pool_queue
@@ -229,9 +231,12 @@ class ResolveWorker:
             if not self.inline and got.status is TakeStatus.OK:
                 queue = pool_queue(ctx.settings.queue, seen.pools[got.pool - 1])
                 self.tasks.enqueue(TaskMessage.for_lease(request, got.token).to_message(queue))
-            if not self._acked_by_take(entry[0], request) or got.status is TakeStatus.NO_WORKER:
+            if not self._acked_by_take(entry[0], request) or got.status in UNACKED or (
+                    got.status is TakeStatus.APPROVED and not got.recorded):
                 acks.append(entry)
             outcomes.append(_outcome(got))
+        self._answer_people([(r, t) for (_e, r), t in zip(live, taken, strict=True)
+                             if isinstance(t, Taken) and t.status in PEOPLE])
         if acks:
             # after the takes, not beside them: a take Redis refused for memory leaves its
             # request pending, to be claimed again once memory is back; on another broker,
@@ -280,8 +285,12 @@ class ResolveWorker:
                 expect_id=request.expect_id or "", by=request.by or "",
                 conflict_reply=conflict, expired_reply=gone,
                 entry=entry_id if self._acked_by_take(stream, request) else b"",
-                claimant=claims.claimant(i, request, token), here=claims.here,
-                trace=traced.trace(i)))
+                # an auto request's lease was written at stage: its take dispatches that lease
+                # (a redelivered request's path) and never claims for this process
+                claimant="" if is_auto(request) else claims.claimant(i, request, token),
+                here=claims.here,
+                trace=traced.trace(i), approver=request.approver or "",
+                revision=request.revision, patched=request.patched or ""))
         if not calls:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call
@@ -346,6 +355,24 @@ class ResolveWorker:
             pipe.execute()
         return True
 
+    def _answer_people(self, answered: list[tuple[ResolveRequest, Taken]]) -> None:
+        """Reply to what take.lua decided about people's approvals (``policy.answer``), with
+        the feed entry of a recorded approval, in one round trip."""
+        if not answered:
+            return
+        ctx = self.ctx
+        pipe = ctx.client.pipeline(transaction=False)
+        for request, got in answered:
+            assert got.spec is not None and got.counters is not None
+            if got.status is TakeStatus.APPROVED and got.recorded:
+                publish(pipe, ctx.keys, Event.APPROVED, got.spec, by=request.approver,
+                        rule=(got.spec.policy or {}).get("rule") or "",
+                        approvals=len(got.counters.approved_by or []))
+            key = ctx.keys.reply(request.session, request.req)
+            pipe.rpush(key, answer(request, got).to_json())
+            pipe.expire(key, ctx.settings.reply_ttl_s)
+        pipe.execute()
+
     def _refuse(self, refused: list[tuple[ResolveRequest, Taken]]) -> None:
         """Tell each resolver at once that no live worker has its target's handler; nothing
         was taken, so the action stays where it was (not re-dispatched in a loop)."""
@@ -366,6 +393,12 @@ class ResolveWorker:
 
 def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+# what take.lua answers without acking the request: nothing changed
+UNACKED = frozenset({TakeStatus.NO_WORKER, TakeStatus.NEEDS_APPROVAL, TakeStatus.REVISED})
+# what the resolve worker replies to itself, take.lua having decided about approvals
+PEOPLE = frozenset({TakeStatus.NEEDS_APPROVAL, TakeStatus.REVISED, TakeStatus.APPROVED})
 
 
 def _outcome(taken: Taken) -> str:

@@ -26,6 +26,12 @@ local function add_task(key, message)
   redis.call('XADD', key, '*', 'm', message)
 end
 
+-- add a resolve request (a ResolveRequest's JSON) to a partition's request stream, under the
+-- field the resolve worker reads (ResolveRequest.FIELD in broker/models.py)
+local function add_request(key, request)
+  redis.call('XADD', key, '*', 'r', request)
+end
+
 -- Redis keeps what a script wrote before an error stopped it, so a script reads and checks
 -- everything before its first write, and stops with POISON (nothing changed) on a record that
 -- does not parse: the caller parks it (park.lua) and carries on. A string (level 0: no

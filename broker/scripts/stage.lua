@@ -8,7 +8,13 @@
 -- the tenant's index of the partition. Refused with nothing changed: a session of another
 -- tenant; a session with no owner record but keys of its own (its record was lost: another
 -- tenant must not take it over, an operator restores it); an id that holds another spec (its
--- counter was set back: the new action would replace or vanish behind an old one).
+-- counter was set back: the new action would replace or vanish behind an old one); actions
+-- decided by another version of the tenant's policy than this partition's marker names.
+-- What a policy decided for each action is carried out here (docs/design.md, Policies):
+-- allow and ask stage as usual; deny stages nothing, records `denied` (history and feed) and
+-- a denial marker; auto stores the spec on no stack, leases it (dispatched, attempt 1, by
+-- policy:<rule>), marks its request as taken and adds that request to the partition's request
+-- stream, whose take enqueues the task for the lease (a redelivered request's path).
 -- KEYS[1] stack (zset: the lowest score is the head)   KEYS[2] actions (hash)
 -- KEYS[3] history (stream)   KEYS[4] the partition's sessions (hash: session -> tenant)
 -- KEYS[5] the tenant's index in the partition (set of sessions; written only when indexed)
@@ -16,99 +22,197 @@
 --         ttl, read by every reader and by the sweep)
 -- KEYS[7] the expiries' mark (string, ms: none is due before it), lowered to a new expiry
 -- KEYS[8] the partition's event feed (stream)
+-- KEYS[9] the partition's policy markers (hash: tenant -> version)
+-- KEYS[10] inflight (hash)   KEYS[11] the partition's lease index (zset)
+-- KEYS[12] the partition's request stream
+-- KEYS[13..] one per action decided auto or deny, in the order given: its request's marker
+--            (auto) or its denial marker (deny)
 -- ARGV[1] history maxlen   ARGV[2] tenant   ARGV[3] session (the expiries member is
 -- "<session>/<id>")   ARGV[4] indexed: "1" when the tenant keeps an index, else ""
 -- ARGV[5] the feed's maxlen   ARGV[6] at: the feed entries' time (s)
--- ARGV[7..] four per action: its id ("pending-action:<tool>:<seq>"), its spec JSON, its ttl
+-- ARGV[7] the policy version the actions were decided by ("" for none)
+-- ARGV[8] dispatch timeout ms (an auto lease's)   ARGV[9] an auto request's marker ttl s
+-- ARGV[10] a denial marker's ttl s
+-- ARGV[11..] seven per action: its id ("pending-action:<tool>:<seq>"), its spec JSON, its ttl
 -- in ms or "" for none (the expiry is reckoned on the server's clock, so a client's clock can
--- be off without moving it), its created_at (s) for the feed
+-- be off without moving it), its created_at (s) for the feed, its decision ("" without a
+-- policy, allow, ask, deny, auto), the deciding rule ("" for the default), and: deny, the
+-- reason; ask, the approvals needed; auto, the lease token (32 hex digits) then the request's
+-- JSON; else ""
 -- Errors: POISON (a key of another type): nothing changed
--- Returns: one number per action: the stack depth right after its push, or 0 when its id
--- holds this very spec already (a retried call whose first try went through; nothing changed
--- for it). Refused, nothing changed at all: {STAGE.FOREIGN} (another tenant's session),
--- {STAGE.UNOWNED} (no owner record, keys of its own), {STAGE.COLLISION, id} (that id holds
--- another spec).
+-- Returns: one number per action: the stack depth right after its push (1 for deny and auto,
+-- pushed on no stack), or 0 when its id holds this very spec already (a retried call whose
+-- first try went through; nothing changed for it). Refused, nothing changed at all:
+-- {STAGE.FOREIGN} (another tenant's session), {STAGE.UNOWNED} (no owner record, keys of its
+-- own), {STAGE.COLLISION, id} (that id holds another spec), {STAGE.POLICY, version} (the
+-- partition's version of the tenant's policy, "" for none).
 local stack, actions, hist, sessions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local tenants, expiries, expiries_due, feed = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local policies, inflight, leases, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local markers_at = 13
 local maxlen, tenant, session, indexed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local feed_maxlen, at = ARGV[5], ARGV[6]
-local quads_at = 7
+local feed_maxlen, at, policy_version, dispatch_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local marker_ttl_s, denial_ttl_s = ARGV[9], ARGV[10]
+local actions_at = 11
+local WIDTH = 7
 redis.replicate_commands()
 
 local owner = call_on('HGET', sessions, session)
 if owner and owner ~= '' and owner ~= tenant then
   return {STAGE.FOREIGN}
 end
+local current = call_on('HGET', policies, tenant) or ''
+if current ~= policy_version then
+  return {STAGE.POLICY, current}
+end
 local claim = owner ~= tenant
-local ttl = false
-for i = quads_at + 2, #ARGV, 4 do
-  ttl = ttl or ARGV[i] ~= ''
+local ttl, auto = false, false
+local marker_of, m = {}, markers_at  -- an action's index in ARGV -> its marker key
+for i = actions_at, #ARGV, WIDTH do
+  ttl = ttl or ARGV[i + 2] ~= ''
+  local decision = ARGV[i + 4]
+  if decision == 'auto' or decision == 'deny' then
+    marker_of[i], m = KEYS[m], m + 1
+  end
+  if decision == 'auto' then  -- read before any write: a request that does not parse
+    auto = auto or {}        -- changes nothing
+    local ok, r = pcall(cjson.decode, string.sub(ARGV[i + 6], 33))
+    if not ok or type(r) ~= 'table' or type(r.req) ~= 'string' or type(r.reason) ~= 'string' then
+      return redis.error_reply('ERR stage: the auto request of ' .. ARGV[i] .. ' does not parse')
+    end
+    auto[i] = r
+  end
 end
 -- the keys written after the first write (the feed's; the actions hash checks its own type)
 local types = {[stack] = 'zset', [hist] = 'stream'}
 if ttl then types[expiries] = 'zset' end
 if claim and indexed ~= '' then types[tenants] = 'set' end
+if auto then types[inflight], types[leases], types[requests] = 'hash', 'zset', 'stream' end
 check_types(types)
 -- one HMGET and one HSET for the lot, not an HSETNX each: a command costs Redis far more to
 -- call from a script, and to write to the AOF, than its arguments do
 local ids = {}
-for i = quads_at, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
+for i = actions_at, #ARGV, WIDTH do ids[#ids + 1] = ARGV[i] end
 local there = call_on('HMGET', actions, unpack(ids))
 if not owner and redis.call('EXISTS', stack, actions, hist) > 0 then
   return {STAGE.UNOWNED}
 end
 local out, new, fields, fresh = {}, {}, {}, {}
 for k, id in ipairs(ids) do
-  local at_k = quads_at + 4 * (k - 1)  -- the id's index in ARGV
-  local spec = ARGV[at_k + 1]
+  local at_k = actions_at + WIDTH * (k - 1)  -- the id's index in ARGV
+  local spec, decision = ARGV[at_k + 1], ARGV[at_k + 4]
   local held = there[k] or fresh[id]
+  if decision == 'deny' then
+    held = held or call_on('GET', marker_of[at_k])
+  elseif decision == 'auto' and not held and call_on('GET', marker_of[at_k]) then
+    held = spec  -- its request was taken and the action is done: sent again, it is a no-op
+  end
   if held then
     if held ~= spec then return {STAGE.COLLISION, id} end
     out[k] = 0
   else
     fresh[id] = spec
     new[#new + 1] = at_k
-    fields[#fields + 1] = id
-    fields[#fields + 1] = spec
+    if decision ~= 'deny' then
+      fields[#fields + 1] = id
+      fields[#fields + 1] = spec
+    end
     out[k] = 1
   end
 end
 if #new == 0 then
   return out
 end
+-- ``base`` with what the policy decided for the action at ARGV[i] (for the history and the
+-- feed) and ``more`` appended: the fields of one entry
+local function with_decision(base, i, more)
+  local decision, rule = ARGV[i + 4], ARGV[i + 5]
+  if decision ~= '' then
+    for _, x in ipairs({'decision', decision == 'auto' and 'allow' or decision, 'rule', rule,
+                        'policy', policy_version}) do
+      base[#base + 1] = x
+    end
+    if decision == 'ask' then
+      base[#base + 1] = 'approvals'
+      base[#base + 1] = ARGV[i + 6]
+    elseif decision == 'auto' then
+      base[#base + 1] = 'auto'
+      base[#base + 1] = 'true'
+    end
+  end
+  for _, x in ipairs(more or {}) do base[#base + 1] = x end
+  return base
+end
 -- the feed's entries first: the first write checks its own key's type (POISON, nothing
 -- written), which saves a TYPE call on every stage
 for _, i in ipairs(new) do
-  append(feed, EVENT.STAGED, 'at', at, 'session', session, 'tenant', tenant, 'id', ARGV[i],
-    'tool', string.match(ARGV[i], '^pending%-action:(.+):%d+$') or '', 'kind', 'action',
-    'created_at', ARGV[i + 3])
+  local tool = string.match(ARGV[i], '^pending%-action:(.+):%d+$') or ''
+  if ARGV[i + 4] == 'deny' then
+    append(feed, EVENT.DENIED, 'at', at, 'session', session, 'tenant', tenant, 'id', ARGV[i],
+      'tool', tool, 'kind', 'action', 'created_at', ARGV[i + 3], 'rule', ARGV[i + 5],
+      'reason', ARGV[i + 6], 'policy', policy_version)
+  else
+    local fields = {'at', at, 'session', session, 'tenant', tenant, 'id', ARGV[i], 'tool',
+      tool, 'kind', 'action', 'created_at', ARGV[i + 3]}
+    -- a plain allow is the feed's default: only what waits for people or is applied at once
+    -- says so (webhooks, metrics); the history names every decision
+    if ARGV[i + 4] ~= 'allow' then fields = with_decision(fields, i) end
+    append(feed, EVENT.STAGED, unpack(fields))
+  end
 end
 trim(feed, feed_maxlen)
-redis.call('HSET', actions, unpack(fields))
+if #fields > 0 then redis.call('HSET', actions, unpack(fields)) end
 if claim then
   redis.call('HSET', sessions, session, tenant)
   if indexed ~= '' then redis.call('SADD', tenants, session) end
 end
 -- live again: what retire.lua set to expire stays (PERSIST is a no-op on a key without a ttl)
 redis.call('PERSIST', hist)
-local pushed = {}
-for k, i in ipairs(new) do pushed[k] = ARGV[i] end
-local depth = push_head(stack, pushed)
+local pushed, pushed_at = {}, {}
+for _, i in ipairs(new) do
+  local decision = ARGV[i + 4]
+  if decision ~= 'deny' and decision ~= 'auto' then
+    pushed[#pushed + 1] = ARGV[i]
+    pushed_at[i] = #pushed
+  end
+end
+local depth = #pushed > 0 and push_head(stack, pushed) or 0
 -- a tenant other than the default is named in each staged entry of the history: what the
 -- session's owner record is restored from, should it be lost (`pending-actions repair`)
 local owned = indexed ~= '' and {'tenant', tenant} or {}
-local now = ttl and now_ms()
+local now = (ttl or auto) and now_ms()
 local soonest
-for k, i in ipairs(new) do
-  local id = ARGV[i]
-  out[(i - quads_at) / 4 + 1] = depth + k
-  if ARGV[i + 2] ~= '' then
-    local due = now + tonumber(ARGV[i + 2])
-    redis.call('ZADD', expiries, due, session .. '/' .. id)
-    append(hist, EVENT.STAGED, 'id', id, 'expires_at', due, unpack(owned))
-    soonest = math.min(soonest or due, due)
+for _, i in ipairs(new) do
+  local id, decision = ARGV[i], ARGV[i + 4]
+  if pushed_at[i] then out[(i - actions_at) / WIDTH + 1] = depth + pushed_at[i] end
+  if decision == 'deny' then
+    redis.call('SET', marker_of[i], ARGV[i + 1], 'EX', denial_ttl_s)
+    append(hist, EVENT.DENIED, 'id', id, 'rule', ARGV[i + 5], 'reason', ARGV[i + 6],
+      'policy', policy_version, unpack(owned))
   else
-    append(hist, EVENT.STAGED, 'id', id, unpack(owned))
+    local base = {'id', id}
+    if ARGV[i + 2] ~= '' then
+      local due = now + tonumber(ARGV[i + 2])
+      redis.call('ZADD', expiries, due, session .. '/' .. id)
+      base = {'id', id, 'expires_at', due}
+      soonest = math.min(soonest or due, due)
+    end
+    append(hist, EVENT.STAGED, unpack(with_decision(base, i, owned)))
+  end
+  if decision == 'auto' then
+    local token, request = string.sub(ARGV[i + 6], 1, 32), string.sub(ARGV[i + 6], 33)
+    local r = auto[i]
+    local by = 'policy:' .. ARGV[i + 5]
+    local deadline = now + tonumber(dispatch_ms)
+    redis.call('HSET', inflight, token, cjson.encode({
+      id = id, kind = 'action', token = token, attempt = 1, req = r.req, action = 'apply',
+      deadline = deadline, state = 'dispatched', reason = r.reason, extra = 'null', by = by,
+      counted = false}))
+    redis.call('ZADD', leases, deadline, session .. '/' .. token)
+    redis.call('SET', marker_of[i], token, 'EX', marker_ttl_s)
+    add_request(requests, request)
+    append(hist, EVENT.TAKEN, 'id', id, 'kind', 'action', 'action', 'apply', 'attempt', 1,
+      'request', r.req, 'by', by)
   end
 end
 trim(hist, maxlen)

@@ -36,6 +36,11 @@
 --          task is enqueued
 -- ARGV[23] running lease ms (with ARGV[22])  ARGV[24] the caller's pool number (0: none)
 -- ARGV[25] the take's trace context ("" for none), kept opaque in the lease (broker/tracing.py)
+-- ARGV[26] approver: the person whose resolve this is ("" for none: the model's)
+-- ARGV[27] revision: the target's revision the caller saw ("" for unsaid): another one
+--          changes nothing (REVISED)
+-- ARGV[28] patched: with an approval that edits, the composed JSON Merge Patch of the
+--          original payload to the edited one, as JSON text ("" for none)
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
 --          | {TAKE.OK, ..., pool number, spec JSON, counters JSON, lease JSON} (claimed here
@@ -43,6 +48,18 @@
 --          | {TAKE.NONE} (replied here) | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 --          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
 --            nothing changed)
+--          | {TAKE.NEEDS_APPROVAL, id, spec JSON, counters JSON} (an apply of an ask target
+--            with no approver: nothing changed, not acked)
+--          | {TAKE.REVISED, id, spec JSON, counters JSON} (revision is not the target's:
+--            nothing changed, not acked)
+--          | {TAKE.APPROVED, id, spec JSON, counters JSON, "1"|"0"} (an approval of an ask
+--            target that needs more: "1" recorded, with its history entry, and acked; "0" the
+--            approver had approved already: nothing changed, not acked)
+-- An ask target (its spec's policy, read from the JSON text ahead of the payload) is applied
+-- only with an approver, once its policy's approvals are given by distinct approvers (the
+-- counters' approved_by; an approval with a patch resets them to its approver). The last
+-- approval takes it as any apply; the approvals are spent (the lease and the taken entry
+-- name them).
 -- An action's counters stay in the state hash only between attempts: take copies them into the
 -- lease (attempt, and whether the hash has an entry: "counted"), and readd/recover write them
 -- back; a directive's and a standing handler's are written here as before.
@@ -64,7 +81,7 @@ local none_reply, reply_ttl_s, session, routes_json = ARGV[9], ARGV[10], ARGV[11
 local pool_count, message, expect_id, by = ARGV[13], ARGV[14], ARGV[15], ARGV[16]
 local conflict_reply, expired_reply, memory_ms, entry = ARGV[17], ARGV[18], ARGV[19], ARGV[20]
 local group, claimant, lease_ms, own_pool = ARGV[21], ARGV[22], ARGV[23], ARGV[24]
-local trace = ARGV[25]
+local trace, approver, revision, patched = ARGV[25], ARGV[26], ARGV[27], ARGV[28]
 redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(routes_json)
@@ -77,6 +94,15 @@ local here = tonumber(own_pool)
 local function needs(spec)
   local field = action == 'apply' and 'apply' or 'reject'
   return string.match(spec, '"' .. field .. '":"([^"]*)"')
+end
+
+-- the end of a taken entry: who approved (the last approval's take), and who resolves
+local function approvals_of(names, who)
+  if names then
+    if who ~= '' then return 'approved_by', names, 'by', who end
+    return 'approved_by', names
+  end
+  return by_of({by = who})
 end
 
 -- the pool number for the target, or nil: the caller's own pool when it has the handler, else
@@ -172,6 +198,18 @@ local function may_expire(spec)
   return string.sub(spec, at + 13, at + 16) ~= 'null' or (payload ~= nil and at > payload)
 end
 
+-- an action's policy decision {decision, approvals, rule, ...}, read from its spec's JSON
+-- text: a spec writes policy (flat: no object inside) ahead of the payload (broker/models.py
+-- Spec); nil for none
+local function policy_of(spec)
+  local at = string.find(spec, '"policy":{', 1, true)
+  if not at then return nil end
+  local payload = string.find(spec, '"payload":', 1, true)
+  if payload and payload < at then return nil end
+  local ok, found = pcall(cjson.decode, string.match(spec, '%b{}', at + 9) or '')
+  return ok and type(found) == 'table' and found or nil
+end
+
 -- the spec of an id that is still there to take: not gone, not past a ttl
 local function live_spec(id)
   if not id then return nil end
@@ -218,6 +256,46 @@ local st, counted
 if id then
   st, counted = counters(state, id)  -- POISON here changes nothing
 end
+-- people's approvals of an ask target (read and decided before anything is written)
+local approved_by
+if id and kind == 'action' then
+  if revision ~= '' and tonumber(revision) ~= (st.revision or 0) then
+    return {TAKE.REVISED, id, spec, cjson.encode(st)}
+  end
+  local policy = action == 'apply' and policy_of(spec)
+  if policy and policy.decision == 'ask' then
+    if approver == '' then
+      return {TAKE.NEEDS_APPROVAL, id, spec, cjson.encode(st)}
+    end
+    local names = type(st.approved_by) == 'table' and st.approved_by or {}
+    local given = false
+    for _, n in ipairs(names) do given = given or n == approver end
+    if patched ~= '' then  -- people approve what they saw: the edit's payload from now on
+      names, given = {approver}, false
+      st.edit, st.revision = patched, (st.revision or 0) + 1
+    elseif not given then
+      names[#names + 1] = approver
+    end
+    st.approved_by = names
+    if #names < (tonumber(policy.approvals) or 1) then
+      if given then
+        return {TAKE.APPROVED, id, spec, cjson.encode(st), '0'}
+      end
+      check({[hist] = 'stream'})
+      call_on('HSET', state, id, cjson.encode(st))
+      local edit = patched ~= '' and {'edit', patched} or {}
+      history(hist, maxlen, EVENT.APPROVED, 'id', id, 'by', approver, 'approvals',
+        #names .. '/' .. (tonumber(policy.approvals) or 1), 'revision', st.revision or 0,
+        'request', req, unpack(edit))
+      redis.call('SET', marker, 'approved', 'EX', marker_ttl_s)
+      ack()
+      return {TAKE.APPROVED, id, spec, cjson.encode(st), '1'}
+    end
+    -- the last one: spent by the attempt it starts, which names them
+    approved_by = table.concat(names, ',')
+    st.approved_by = nil
+  end
+end
 local pool, name
 if id then
   pool, name = route(spec)
@@ -238,12 +316,13 @@ if not id then
   answer(none_reply)
 else
   expected[inflight], expected[leases] = 'hash', 'zset'
+  if approved_by then expected[state] = 'hash' end
   if message ~= '' and not claimed then expected[stream(pool)] = 'stream' end
   check(expected)
   st.attempts = (st.attempts or 0) + 1
   if skipped == 0 then  -- else after the expired entries, in the order things happened
     history(hist, maxlen, EVENT.TAKEN, 'id', id, 'kind', kind, 'action', action,
-      'attempt', st.attempts, 'request', req, by_of({by = by}))
+      'attempt', st.attempts, 'request', req, approvals_of(approved_by, by))
   end
 end
 if stale_directive or kind == 'directive' then
@@ -271,10 +350,11 @@ if not id then
 end
 if skipped > 0 then
   history(hist, maxlen, EVENT.TAKEN, 'id', id, 'kind', kind, 'action', action,
-    'attempt', st.attempts, 'request', req, by_of({by = by}))
+    'attempt', st.attempts, 'request', req, approvals_of(approved_by, by))
 end
 redis.call('SET', marker, token, 'EX', marker_ttl_s)
-if kind ~= 'action' then
+if kind ~= 'action' or approved_by then
+  -- an action's counters stay in its lease while in flight; its approvals, spent now, go
   redis.call('HSET', state, id, cjson.encode(st))
 end
 local deadline = now + tonumber(claimed and lease_ms or dispatch_ms)
@@ -282,7 +362,8 @@ local lease = cjson.encode({
   id = id, kind = kind, token = token, attempt = st.attempts, req = req,
   action = action, deadline = deadline, state = claimed and 'running' or 'dispatched',
   claimant = claimed and claimant or nil, reason = reason, extra = extra, by = by,
-  counted = counted ~= nil or kind ~= 'action', trace = trace ~= '' and trace or nil})
+  counted = counted ~= nil or kind ~= 'action' or approved_by ~= nil,
+  approved_by = approved_by, trace = trace ~= '' and trace or nil})
 redis.call('HSET', inflight, token, lease)
 redis.call('ZADD', leases, deadline, session .. '/' .. token)
 ack()

@@ -77,6 +77,7 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
 def _register() -> None:
     from pending_actions.acl import acl
     from pending_actions.cli import actions, service
+    from pending_actions.cli.policy import policy
     from pending_actions.health import health
     from pending_actions.mcp.cli import mcp_, mcp_proxy
     from pending_actions.ops import top
@@ -85,7 +86,7 @@ def _register() -> None:
 
     for command in (service.up, service.worker, actions.stage, actions.resolve, actions.ls_,
                     actions.show, actions.history, actions.dead, actions.stats,
-                    serve, token, top, health, acl, mcp_, mcp_proxy, repair):
+                    serve, token, top, health, acl, mcp_, mcp_proxy, repair, policy):
         cli.add_command(command)
 
 

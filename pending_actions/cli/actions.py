@@ -53,9 +53,12 @@ def stage(obj: Obj, session: str, tool: str, label: str, apply_: str, reject: st
 @click.option("--edit", metavar="JSON|@FILE|-",
               help="With apply: a JSON Merge Patch for the payload, checked against its schema.")
 @click.option("--expect-id", metavar="ID", help="Go through only if ID is the target.")
+@click.option("--approver", metavar="NAME",
+              help="A person's resolve: their approval of an action a policy asks people for.")
 @click.pass_obj
 def resolve(obj: Obj, session: str, action: str, reason: str, extra: str | None,
-            timeout: float | None, edit: str | None, expect_id: str | None) -> None:
+            timeout: float | None, edit: str | None, expect_id: str | None,
+            approver: str | None) -> None:
     """Apply or discard SESSION's current target (directive, newest action, or standing
     handler) and print the outcome. Exits 1 when the outcome is an error."""
     from pending_actions.producers import render
@@ -65,7 +68,7 @@ def resolve(obj: Obj, session: str, action: str, reason: str, extra: str | None,
     try:
         result: Result = obj.client().resolve(session=session, action=action, reason=reason,
                                               extra=data, timeout=timeout, edit=patch,
-                                              expect_id=expect_id)
+                                              expect_id=expect_id, approver=approver)
     except PendingActionsError as exc:
         fail(exc)
     obj.out(result.model_dump(), render(result))

@@ -89,12 +89,28 @@ class ProxyServer(SessionServer):
         super().__init__(backend, session, tenant)
         self.upstream = upstream
         self.connection = connection
-        self.policy = policy
+        self.policy = policy or self.tenants_policy
         # without their outputSchema: a staged call's answer is our text, not the tool's
         # structured result, and a client checks every answer against the schema it was given
         self.tools = {t.name: t.model_copy(update={"output_schema": None}) for t in tools}
         # a schema that jsonschema cannot read stages without one: edits go unchecked
         self.schemas = {t.name: _schema(upstream, t) for t in tools}
+
+    async def tenants_policy(self, tenant: str, session: str, tool: str,
+                             arguments: dict[str, Any],
+                             _annotations: types.ToolAnnotations | None) -> Verdict | None:
+        """The tenant's policy in force (docs/policies.md), asked about the call as it would be
+        staged: ``tool`` the tool's name, ``payload`` its arguments, ``apply`` the upstream's
+        handler, its label."""
+        found = await self.backend.decide(
+            session=session, tool=tool, apply=self.upstream.handler, payload=arguments,
+            label=label(tool, arguments, min(LABEL_CHARS, self.backend.settings.max_label_chars)),
+            tenant=tenant)
+        if found is None:
+            return None
+        why = found.reason or (f"asked of people by policy rule {found.rule}"
+                               if found.decision == "ask" else f"{found.decision} by policy")
+        return Verdict(found.decision, why, found.rule)
 
     async def list_tools(self) -> list[types.Tool]:
         return [*self.tools.values(), RESOLVE, PENDING]
@@ -111,8 +127,11 @@ class ProxyServer(SessionServer):
             check_json(arguments, "arguments", settings.max_payload_bytes)
         except InvalidInput as exc:
             return error_result(texts.not_staged(str(exc)))
-        verdict = await decide(where.tenant, where.session, name, arguments, tool.annotations,
-                               self.policy)
+        try:
+            verdict = await decide(where.tenant, where.session, name, arguments,
+                                   tool.annotations, self.policy)
+        except PendingActionsError as exc:  # the policy could not be read: nothing runs
+            return error_result(texts.not_staged(str(exc).rstrip(".")))
         if verdict.decision == "deny":
             return error_result(texts.denied(verdict.reason, verdict.rule))
         if verdict.decision == "allow":

@@ -26,6 +26,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 
+from pending_actions.broker import rules
 from pending_actions.broker.errors import ConfigError, PendingActionsError
 from pending_actions.broker.models import PendingAction, ResolveInput, Result, check_session
 from pending_actions.broker.results import nothing_to_target
@@ -98,6 +99,10 @@ class Backend:
         """The reminder while the session's soft requirement says to resolve, else None."""
         choice: dict[str, Any] | None = await self._call("next_tool_choice", session=session)
         return choice.get("reminder") if choice and choice.get("tool") == "resolve" else None
+
+    async def decide(self, **kwargs: Any) -> rules.Verdict | None:
+        verdict: rules.Verdict | None = await self._call("decide", **kwargs)
+        return verdict
 
     async def tenant_of(self, session: str) -> str | None:
         owner: str | None = await self._call("tenant_of", session=session)

@@ -44,9 +44,9 @@ from pending_actions.serve.http import (
 )
 from pending_actions.views import inbox
 
-RESOLVE_FIELDS = {"action", "reason", "extra", "edit", "expect_id"}
+RESOLVE_FIELDS = {"action", "reason", "extra", "edit", "expect_id", "revision"}
 STAGE_FIELDS = {"tool", "label", "apply", "reject", "payload"}
-BATCH_FIELDS = {"session", "id", "action", "reason", "extra"}
+BATCH_FIELDS = {"session", "id", "action", "reason", "extra", "revision"}
 MAX_BATCH = 100
 # resolves waiting at once; more wait their turn in serve (holding nothing). Each waiting one
 # holds a connection for its reply's BLPOP, so the asyncio client's pool gets that many and
@@ -234,8 +234,10 @@ class Api:
         started = time.perf_counter()
         args: dict[str, Any] = {
             "session": session, "action": body.get("action"), "reason": body.get("reason"),
-            "extra": body.get("extra"), "expect_id": body.get("expect_id"), "by": who.name,
-            "timeout": self.timeout}
+            "extra": body.get("extra"), "expect_id": body.get("expect_id"),
+            "revision": body.get("revision"),
+            # a person's resolve: an approval of what a policy asks people for
+            "approver": who.name, "timeout": self.timeout}
         apa = self.aio()
         if apa is not None:
             async with self._resolving:
@@ -248,8 +250,28 @@ class Api:
         return result
 
 
+    # --- policies -------------------------------------------------------------------------
+    async def get_policy(self, request: Request) -> Response:
+        who = await self.who(request, "admin")
+        found = await run_in_threadpool(self.pa.get_policy, who.tenant)
+        if found is None:
+            raise HTTPError(404, f"tenant {who.tenant} has no policy")
+        return json_response(found)
+
+    async def put_policy(self, request: Request) -> Response:
+        """The body is the policy document itself (JSON): checked, then a new version."""
+        who = await self.who(request, "admin")
+        body = await read_json(request, self.settings)
+
+        def run() -> int:
+            return self.pa.set_policy(body, tenant=who.tenant, by=who.name)
+
+        return json_response({"tenant": who.tenant, "version": await run_in_threadpool(run)})
+
+
 def _conflict(result: Result) -> bool:
-    return result.is_error and "expect_id" in result.details
+    return result.is_error and ("expect_id" in result.details
+                                or "revision_seen" in result.details)
 
 
 def create_app(pa: PendingActions, resolve_timeout_s: float | None = None) -> Starlette:
@@ -268,6 +290,8 @@ def create_app(pa: PendingActions, resolve_timeout_s: float | None = None) -> St
         route("/v1/sessions/{session}/actions", api.stage, methods=["POST"]),
         route("/v1/sessions/{session}/resolve", api.resolve, methods=["POST"]),
         route("/v1/resolve-batch", api.resolve_batch, methods=["POST"]),
+        route("/v1/policy", api.get_policy, methods=["GET"]),
+        route("/v1/policy", api.put_policy, methods=["PUT"]),
     ]
 
     @contextlib.asynccontextmanager

@@ -3,7 +3,8 @@ shape for every failure, the security headers on every response, and one log lin
 outage instead of one per request.
 
 Status codes: 400 bad input (``{"error", "field"}``), 401 no or bad token, 403 a role that may
-not, 404 no such session (another tenant's answers the same), 413 a body over
+not (or a stage the tenant's policy denied: ``{"error", "rule", "reason"}``), 404 no such
+session (another tenant's answers the same), 413 a body over
 ``broker.payloads.max_body_bytes``, 503 Redis unavailable or full, 500 anything else (logged
 once, with its traceback: that one is a bug).
 """
@@ -21,6 +22,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pending_actions.broker.errors import (
+    Denied,
     Forbidden,
     InvalidInput,
     PendingActionsError,
@@ -149,6 +151,9 @@ def errors(fn: Handler, outage: Outage | None = None) -> Handler:
             if outage is not None:
                 outage.failed(err)
             return json_response({"error": str(err)}, 503, {"retry-after": "1"})
+        except Denied as exc:  # a stage the tenant's policy refused (recorded as denied)
+            return json_response({"error": str(exc), "rule": exc.rule, "reason": exc.reason,
+                                  "denied": exc.denied}, 403)
         except Forbidden as exc:
             if isinstance(exc.__cause__, REDIS_ERRORS):  # Redis refused serve's own user
                 log.error("Redis refused serve: %s", exc)

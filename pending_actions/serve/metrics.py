@@ -74,7 +74,8 @@ PER_TENANT_FAMILIES = {
     "pending_actions_pending", "pending_actions_in_flight", "pending_actions_dead_letters",
     "pending_actions_oldest_pending_age_seconds", "pending_actions_outcomes",
     "pending_actions_staged", "pending_actions_lease_stalls",
-    "pending_actions_time_to_decision_seconds", "pending_actions_resolve_seconds"}
+    "pending_actions_time_to_decision_seconds", "pending_actions_resolve_seconds",
+    "pending_actions_policy"}
 
 
 class RedisFigures(Collector):
@@ -189,6 +190,10 @@ class Metrics:
         self.decision = Histogram(
             "pending_actions_time_to_decision_seconds", "From stage to the final outcome",
             ["tenant", "outcome"], buckets=DECISION_BUCKETS, registry=self.registry)
+        self.policy = Counter(
+            "pending_actions_policy", "What tenants' policies did, per rule: denied a stage, "
+            "asked people (staged for approval), recorded a person's approval (approved: one "
+            "that was not the last)", ["tenant", "rule", "event"], registry=self.registry)
         self.resolve_latency = Histogram(
             "pending_actions_resolve_seconds", "Resolve through this API, request to result",
             ["tenant", "action", "result"], registry=self.registry)
@@ -213,8 +218,15 @@ class Metrics:
     def observe_event(self, fields: dict[str, str]) -> None:
         event = fields.get("event", "")
         tenant = fields.get("tenant") or self._tenant(fields.get("session", ""))
+        rule = fields.get("rule") or "(default)"
+        if event == Event.DENIED:
+            self.policy.labels(tenant, rule, "denied").inc()
+        elif event == Event.APPROVED:
+            self.policy.labels(tenant, rule, "approved").inc()
         if event == Event.STAGED:
             self.staged.labels(tenant).inc()
+            if fields.get("decision") == "ask":
+                self.policy.labels(tenant, rule, "asked").inc()
         elif event == Event.RECOVERED:
             self.stalls.labels(tenant).inc()
         elif event in OUTCOMES:  # late-refused too: an outcome published, then refused as late

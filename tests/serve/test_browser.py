@@ -137,3 +137,58 @@ def test_approve_and_discard_from_the_page(server: Server, pa: PendingActions, t
     refused = [e["message"] for e in console if "Content Security Policy" in e["message"]
                or (e["level"] == "SEVERE" and "/favicon.ico " not in e["message"])]
     assert refused == [], refused
+
+
+def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens: Tokens,
+                                     browser: object) -> None:
+    """An action its policy asks two people for shows its rule and "0 of 2 approvals"; the
+    first person's button says it only adds an approval, and after the click the card reads
+    "1 of 2 approvals: <name>"; the second person's click applies it, once, by that person."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver: WebDriver = browser  # type: ignore[assignment]
+    tenant = f"web-{uuid.uuid4().hex[:6]}"
+    pa.set_policy({"rules": [{"name": "two-people", "match": {"tool": "deploy"},
+                              "decision": "ask", "approvals": 2}]}, tenant=tenant)
+    alice, _a = tokens.create(tenant, "approver", name=f"alice-{uuid.uuid4().hex[:4]}")
+    bob, who = tokens.create(tenant, "approver", name=f"bob-{uuid.uuid4().hex[:4]}")
+    session = f"agent-{uuid.uuid4().hex[:4]}"
+    action_id = pa.stage(session=session, tool="deploy", label="Deploy api", apply="t.ok",
+                         tenant=tenant)
+    wait = WebDriverWait(driver, 20)
+    card = f'.action[data-id="{action_id}"]'
+
+    def as_(token: str) -> None:
+        driver.get(server.base + "/")
+        driver.execute_script("sessionStorage.clear()")
+        driver.get(server.base + "/")
+        wait.until(ec.visibility_of_element_located((By.ID, "token"))).send_keys(token)
+        driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, card)))
+
+    def click(reason: str) -> None:
+        driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").click()
+        wait.until(ec.visibility_of_element_located((By.ID, "reason"))).send_keys(reason)
+        driver.find_element(By.ID, "confirm").click()
+
+    as_(alice)
+    line = driver.find_element(By.CSS_SELECTOR, f"{card} .policy").text
+    assert "rule two-people" in line and "0 of 2 approvals" in line, line
+    assert driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").text == \
+        "Add approval (1 of 2)"
+    click("looks fine")
+    wait.until(lambda d: "Approved 1 of 2" in d.find_element(By.ID, "notice").text)
+    wait.until(lambda d: "1 of 2 approvals: alice" in d.find_element(
+        By.CSS_SELECTOR, f"{card} .policy").text)
+    assert runs(pa.client, session) == []
+
+    as_(bob)
+    assert driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").text == \
+        "Approve and apply"
+    click("ship it")
+    wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, card)))
+    assert [r["id"] for r in runs(pa.client, session)] == [action_id]
+    assert [e.get("by") for e in pa.history(session) if e["event"] == "applied"] == [who.name]

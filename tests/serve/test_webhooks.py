@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
+from pending_actions.broker.errors import Denied
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
@@ -202,3 +203,34 @@ def test_webhook_urls_are_checked_before_running(redis_server: EmbeddedRedis,
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"Error: PENDING_ACTIONS_WEBHOOK_URLS: {bad!r} is not an " \
         "http:// or https:// URL with a host"
+
+
+def test_a_person_is_told_when_an_action_waits_for_approval(
+        notifying_worker: Worker, receiver: Receiver, pa: PendingActions) -> None:
+    """An action its policy asks people for is delivered as a staged event that says so
+    (decision ask, the rule, the approvals needed); each approval that is not the last is an
+    approved event with who gave it; a denied stage is a denied event with the rule's reason."""
+    tenant, session = f"hook-{uuid.uuid4().hex[:6]}", f"hook-{uuid.uuid4().hex[:8]}"
+    pa.set_policy({"rules": [
+        {"name": "two", "match": {"tool": "deploy"}, "decision": "ask", "approvals": 2},
+        {"name": "no-rm", "match": {"tool": "rm"}, "decision": "deny", "reason": "never"}]},
+        tenant=tenant)
+    action_id = pa.stage(session=session, tool="deploy", label="Deploy", apply="t.ok",
+                         tenant=tenant)
+    assert pa.resolve(session=session, action="apply", reason="ok",
+                      approver="alice").text.startswith("Approved 1 of 2")
+    with pytest.raises(Denied):
+        pa.stage(session=session, tool="rm", label="rm", apply="t.ok", tenant=tenant)
+
+    def mine() -> dict[str, dict[str, Any]]:
+        return {e["event"]: e for p, e in receiver.accepted
+                if p == "/ok" and e["session"] == session}
+
+    receiver.wait_for(lambda: {"staged", "approved", "denied"} <= set(mine()))
+    got = mine()
+    asked = got["staged"]
+    assert (asked["id"], asked["decision"], asked["rule"], asked["approvals"]) == (
+        action_id, "ask", "two", "2")
+    assert (got["approved"]["by"], got["approved"]["rule"], got["approved"]["approvals"]) == (
+        "alice", "two", "1")
+    assert (got["denied"]["rule"], got["denied"]["reason"]) == ("no-rm", "never")

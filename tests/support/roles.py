@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from pending_actions.acl import ROLES
+from pending_actions.broker.errors import Denied
 from pending_actions.embedded import EmbeddedRedis, free_port
 from pending_actions.procs import ROOT
 from pending_actions.producers import AsyncPendingActions, PendingActions
@@ -25,6 +26,12 @@ from tests.support.procs import worker_env
 from tests.support.replies import tail_id
 
 VERSIONS = ("7", "6.2")
+# the tenant whose policy the auth user sets (``set_policy_as``) before the producer's work
+POLICY_TENANT = "pol"
+POLICY = {"rules": [
+    {"name": "no-rm", "match": {"tool": "rm"}, "decision": "deny", "reason": "no"},
+    {"name": "deploys", "match": {"tool": "deploy"}, "decision": "ask"},
+    {"name": "reads", "match": {"tool": "read"}, "decision": "allow", "auto": True}]}
 
 
 def redis_of(version: str, directory: Path) -> Iterator[EmbeddedRedis]:
@@ -98,6 +105,19 @@ def producer_work(url: str, rc: redis.Redis) -> None:
         assert not pa.resolve(session="p1", action="discard", reason="r").is_error
         pa.stage_many([{"session": "p2", "tool": "t", "label": "L", "apply": "t.ok",
                         "tenant": "acme"}])
+        # a tenant with a policy (set by the auth user): read, decided, enforced
+        with pytest.raises(Denied):
+            pa.stage(session="p6", tool="rm", label="L", apply="t.ok", tenant=POLICY_TENANT)
+        pa.stage(session="p6", tool="deploy", label="L", apply="t.ok", tenant=POLICY_TENANT)
+        held = pa.resolve(session="p6", action="apply", reason="r")
+        assert held.text.startswith("Needs approval:"), held.text
+        assert not pa.resolve(session="p6", action="apply", reason="r",
+                              approver="alice").is_error
+        since = tail_id(rc, K.history("p7"))
+        pa.stage(session="p7", tool="read", label="L", apply="t.ok", tenant=POLICY_TENANT)
+        wait_history(rc, "p7", "applied", since)  # auto: the worker applied it
+        assert pa.decide(session="p7", tool="deploy", apply="t.ok", label="L", payload={},
+                         tenant=POLICY_TENANT) is not None
         since = tail_id(rc, K.history("p3"))
         pa.stage(session="p3", tool="t", label="L", apply="t.ok", ttl=0.3)
         wait_history(rc, "p3", "expired", since)  # the worker's recovery ended it
@@ -178,4 +198,7 @@ def serve_work(server: Server, token: str) -> None:
         {"session": "web", "id": again, "action": "discard", "reason": "r"}]})
     assert batch.status_code == 200 and batch.json()["results"][0]["status"] == 200, batch.text
     assert http.get("/metrics", headers=headers).status_code == 200
+    put = http.put("/v1/policy", headers=headers, json={"rules": []})
+    assert put.status_code == 200, put.text
+    assert http.get("/v1/policy", headers=headers).json()["version"] == put.json()["version"]
     assert server.operator.get("/metrics").status_code == 200

@@ -77,10 +77,12 @@ function actionCard(a) {
   if (a.state === "in_flight") top.append(el("span", { class: "badge flight" }, "running"));
   if (a.attempts) top.append(el("span", { class: "meta" }, `attempts: ${a.attempts}`));
   card.append(top);
+  const policy = a.policy;
+  if (policy) card.append(policyLine(a));
   if (a.last_error) card.append(el("div", { class: "error" }, `last error: ${a.last_error}`));
   card.append(...preview(a.payload));
   const buttons = el("div", { class: "buttons" });
-  for (const [act, text, cls] of [["apply", "Approve", "approve"], ["discard", "Discard", "discard"]]) {
+  for (const [act, text, cls] of [["apply", approveText(a), "approve"], ["discard", "Discard", "discard"]]) {
     const b = el("button", { class: cls, type: "button", "data-act": act }, text);
     b.disabled = !a.target;
     b.addEventListener("click", () => ask(a, act));
@@ -91,6 +93,30 @@ function actionCard(a) {
   }
   card.append(buttons);
   return card;
+}
+
+// what its policy decided: the rule, and for an action that waits for people how many
+// approvals it has and needs, and whose
+function policyLine(a) {
+  const p = a.policy;
+  const rule = p.rule ? `rule ${p.rule}` : "the policy's default";
+  const line = el("div", { class: "meta policy" }, `${p.decision}${p.auto ? " (auto)" : ""} by ${rule}`);
+  if (p.decision === "ask") {
+    const names = a.approved_by || [];
+    line.append(el("span", { class: "badge approvals" },
+      `${names.length} of ${p.approvals} approvals${names.length ? ": " + names.join(", ") : ""}`));
+  }
+  if (a.revision) line.append(el("span", { class: "meta" }, ` · edited (revision ${a.revision})`));
+  return line;
+}
+
+// an approve that would only add an approval says so
+function approveText(a) {
+  const p = a.policy;
+  if (!p || p.decision !== "ask") return "Approve";
+  const have = (a.approved_by || []).length;
+  if (have + 1 < p.approvals) return `Add approval (${have + 1} of ${p.approvals})`;
+  return "Approve and apply";
 }
 
 function render(data) {
@@ -150,7 +176,8 @@ async function poll() {
     $("live").classList.add("on");
     $("login").hidden = true;
     $("signout").hidden = false;
-    const shape = JSON.stringify(data.actions.map((a) => [a.id, a.state, a.target, a.attempts, a.last_error]));
+    const shape = JSON.stringify(data.actions.map((a) => [a.id, a.state, a.target, a.attempts, a.last_error,
+      a.approved_by, a.revision]));
     if (shape !== lastBody) { lastBody = shape; render(data); }
   } catch (e) {
     $("live").classList.remove("on");
@@ -159,7 +186,7 @@ async function poll() {
 }
 
 function ask(a, act) {
-  pending = { session: a.session, id: a.id, act, label: a.label };
+  pending = { session: a.session, id: a.id, act, label: a.label, revision: a.revision || 0 };
   $("decide-title").textContent = act === "apply" ? "Approve" : "Discard";
   $("decide-label").textContent = `${a.label} (${a.id})`;
   $("reason").value = "";
@@ -171,12 +198,12 @@ async function decide(event) {
   event.preventDefault();
   const reason = $("reason").value.trim();
   if (!reason || !pending) return;
-  const { session, id, act, label } = pending;
+  const { session, id, act, label, revision } = pending;
   pending = null;
   $("decide").close();
   $("notice").textContent = `${act === "apply" ? "Approving" : "Discarding"} ${label}…`;
   const r = await api(`/v1/sessions/${encodeURIComponent(session)}/resolve`,
-    { method: "POST", body: JSON.stringify({ action: act, reason, expect_id: id }) });
+    { method: "POST", body: JSON.stringify({ action: act, reason, expect_id: id, revision }) });
   const body = await r.json().catch(() => ({}));
   const text = body.content ? body.content.map((c) => c.text).join(" ") : body.error;
   $("notice").className = body.is_error || !r.ok ? "error" : "";

@@ -1,0 +1,75 @@
+"""The workers' side of policies: what a resolve worker answers when take.lua decided about
+people's approvals (``answer``), and the housekeeping chore that brings every partition's
+marker of a tenant's policy up to its current version (``raise_markers``), which completes a
+``policy set`` that stopped between writing the version and raising the markers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pending_actions.broker import texts
+from pending_actions.broker.context import Context
+from pending_actions.broker.models import ResolveRequest, Result
+from pending_actions.broker.replies import Taken, TakeStatus
+from pending_actions.broker.results import base_details, text_result
+from pending_actions.broker.rules import AUTO_BY
+
+log = logging.getLogger("pending_actions.resolver")
+
+
+def answer(request: ResolveRequest, got: Taken) -> Result:
+    """The reply to a resolve that take.lua held for people, or counted as an approval."""
+    assert got.spec is not None and got.counters is not None
+    spec, st = got.spec, got.counters
+    policy = spec.policy or {}
+    need = int(policy.get("approvals") or 1)
+    names = st.approved_by or []
+    details = base_details(request.action, request.reason, request.extra, spec)
+    details.update(policy=policy, approved_by=names, revision=st.revision)
+    if got.status is TakeStatus.REVISED:
+        details["revision_seen"] = request.revision
+        return text_result(texts.revised(spec.id, request.revision, st.revision), details,
+                           is_error=True)
+    if got.status is TakeStatus.NEEDS_APPROVAL:
+        return text_result(texts.needs_approval(spec.id, spec.label, policy.get("rule"),
+                                                spec.tenant, need, names), details,
+                           is_error=True)
+    again = None if got.recorded else request.approver
+    return text_result(texts.approved(len(names), need, names, again), details)
+
+
+def is_auto(request: ResolveRequest) -> bool:
+    """A request stage.lua added for an action its policy applies at once (``by:
+    policy:<rule>``): its lease exists already. In a dramatiq process serving requests
+    (LOCAL_DISPATCH) its take must claim nothing: the hand-off to a local thread would carry
+    another message under the message id of the task the take enqueues for that lease."""
+    return request.by is not None and request.by.startswith(AUTO_BY)
+
+
+def raise_markers(ctx: Context) -> int:
+    """Every partition's marker of every tenant's policy at least at the index's version (the
+    version set last): one read of the index and of the markers, a mark_policy.lua call only
+    where one is behind. Returns how many were raised."""
+    k, client = ctx.keys, ctx.client
+    index: Any = client.hgetall(k.policy_index)
+    if not index:
+        return 0
+    current = {t.decode(): int(v) for t, v in index.items()}
+    tenants = sorted(current)
+    pipe = client.pipeline(transaction=False)
+    for p in range(k.partitions):
+        pipe.hmget(k.policy_markers(p), tenants)
+    behind = [(p, t) for p, marks in enumerate(pipe.execute())
+              for t, mark in zip(tenants, marks, strict=True)
+              if int(mark or 0) < current[t]]
+    if not behind:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    for p, t in behind:
+        ctx.scripts.mark_policy(p, tenant=t, version=current[t]).on(pipe)
+    raised = sum(1 for r in pipe.execute() if int(r))
+    if raised:
+        log.warning("raised %d partition marker(s) of policies to their current version (a "
+                    "policy set stopped half way)", raised)
+    return raised
