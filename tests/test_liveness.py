@@ -145,8 +145,11 @@ def test_health_reports_a_process_whose_pulse_stopped_as_stopped(tmp_path: Path)
         doomed = workers[1]
         os.kill(doomed.pid, signal.SIGSTOP)
         try:
+            # a CLI: polled, no event to await. Its own rows, not the exit code: a loop beating
+            # faster than the pulse (recover, every 2.3 s) reads LATE before the pulse's 3 s run
+            # out, and only then is the process stopped
             deadline = time.monotonic() + 20
-            while health(server.url).returncode == 0:  # a CLI: polled, no event to await
+            while not any(r["state"] == "stopped" for r in rows_of(server.url, doomed.pid)):
                 assert time.monotonic() < deadline, "health never saw the hung process"
                 time.sleep(0.5)
             text = subprocess.run([sys.executable, "-m", "pending_actions", "health"],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -264,3 +265,17 @@ def test_the_unchanged_check_sees_a_stage(deployment: Deployment, victim: Victim
     with pytest.raises(AssertionError, match="Redis changed"), \
             redis_unchanged(deployment.rc, ids_reserved(deployment.pa.ctx.keys)):
         assert isinstance(stage_as("sync", deployment, victim.session, victim.t2), str)
+
+
+def test_the_unchanged_check_tells_an_expiry_from_a_delete(deployment: Deployment) -> None:
+    """A key whose TTL runs out during the call is no change (an earlier resolve's request
+    marker, say); the same key deleted before its time is one."""
+    rc, key = deployment.rc, f"pa-test:{uuid.uuid4().hex}"
+    ignore = ids_reserved(deployment.pa.ctx.keys)
+    rc.set(key, b"x", px=300)
+    with redis_unchanged(rc, ignore):
+        while rc.exists(key):  # the expiry itself is the event: polled, Redis has no other
+            time.sleep(0.05)
+    rc.set(key, b"x", px=60_000)
+    with pytest.raises(AssertionError, match=f"removed b'{key}'"), redis_unchanged(rc, ignore):
+        rc.delete(key)

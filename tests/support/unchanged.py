@@ -5,20 +5,31 @@ shows up as a diff naming the key.
 Keys that change on their own while a deployment idles (worker heartbeats, the live-handler
 registry, housekeeping's and the sweep's cursors and locks) are left out (``live``); pass
 ``ignore`` to leave out more. Values are read per type (never DUMP: a stream's DUMP carries its
-consumers' seen times, which a blocked reader moves without writing anything)."""
+consumers' seen times, which a blocked reader moves without writing anything). A key that is
+gone after the call because its TTL ran out meanwhile (an earlier resolve's request marker, say)
+was not written by the call, and is no diff; one gone before its time is."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from pending_actions.broker.keys import Keys
 
-Snapshot = dict[bytes, tuple[str, Any]]
 
+@dataclass
+class Snapshot:
+    """Every key's type and value, and when (``time.monotonic()``) each key with a TTL runs out;
+    ``taken``: when the reading ended."""
+
+    values: dict[bytes, tuple[str, Any]] = field(default_factory=dict)
+    expires: dict[bytes, float] = field(default_factory=dict)
+    taken: float = 0.0
 
 
 def live(keys: Keys | None = None) -> Callable[[bytes], bool]:
@@ -52,22 +63,30 @@ def snapshot(rc: redis.Redis, ignore: Callable[[bytes], bool] | None = None) -> 
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.type(key)
-    kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in pipe.execute()]
+        pipe.pttl(key)
+    replies = pipe.execute()
+    read_at = time.monotonic()  # after the replies: a deadline errs late, never early
+    kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in replies[::2]]
+    expires = {key: read_at + int(ttl) / 1000 for key, ttl in zip(keys, replies[1::2], strict=True)
+               if int(ttl) > 0}
     pipe = client.pipeline(transaction=False)
     read = [(key, kind) for key, kind in zip(keys, kinds, strict=True) if kind in READERS]
     for key, kind in read:
         READERS[kind](pipe, key)
     values = pipe.execute(raise_on_error=False)  # a key gone or retyped meanwhile: a diff
-    return {key: (kind, frozenset(v) if isinstance(v, set) else v)
-            for (key, kind), v in zip(read, values, strict=True)}
+    return Snapshot({key: (kind, frozenset(v) if isinstance(v, set) else v)
+                     for (key, kind), v in zip(read, values, strict=True)},
+                    expires, time.monotonic())
 
 
 def diff(before: Snapshot, after: Snapshot) -> list[str]:
-    """What changed, one line a key."""
-    lines = [f"added {k!r}: {after[k]!r}"[:300] for k in sorted(after.keys() - before.keys())]
-    lines += [f"removed {k!r}" for k in sorted(before.keys() - after.keys())]
-    lines += [f"changed {k!r}: {before[k]!r} -> {after[k]!r}"[:300]
-              for k in sorted(before.keys() & after.keys()) if before[k] != after[k]]
+    """What changed, one line a key; a key removed once its TTL had run out is no change."""
+    old, new = before.values, after.values
+    lines = [f"added {k!r}: {new[k]!r}"[:300] for k in sorted(new.keys() - old.keys())]
+    lines += [f"removed {k!r}" for k in sorted(old.keys() - new.keys())
+              if before.expires.get(k, float("inf")) > after.taken]
+    lines += [f"changed {k!r}: {old[k]!r} -> {new[k]!r}"[:300]
+              for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
     return lines
 
 
