@@ -229,6 +229,20 @@ class ResolveInput(BaseModel):
         except ValidationError as exc:
             raise _first_error(exc) from None
 
+    @classmethod
+    def of_call(cls, arguments: object) -> ResolveInput:
+        """A model's tool call's arguments, as the model sent them: exactly the tool's fields.
+        Any other key (``approver``, ``by``, ``edit``, ...: what only trusted code may pass) is
+        an error naming it, never passed on."""
+        if not isinstance(arguments, dict):
+            raise InvalidInput("input", "the resolve tool's arguments must be a JSON object")
+        unknown = sorted(str(k) for k in arguments if k not in cls.model_fields)
+        if unknown:
+            raise InvalidInput(unknown[0], "not an argument of resolve (it takes "
+                               f"{', '.join(sorted(cls.model_fields))})")
+        return cls.parse(arguments.get("action"), arguments.get("reason"),
+                         arguments.get("extra"))
+
 
 class ResolveRequest(BaseModel):
     """One entry of the request stream: this model's JSON under the field ``FIELD``. Written

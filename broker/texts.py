@@ -108,8 +108,15 @@ def needs_approval(action_id: str, label: str, rule: str | None, tenant: str, ne
     so_far = f" ({len(approved_by)} given: {', '.join(approved_by)})" if approved_by else ""
     return (f"Needs approval: {label} ({action_id}) is reserved for people by {by}. It needs "
             f"{need - len(approved_by)} more approval(s) of {need}{so_far}, from people of "
-            f"tenant {tenant!r}: an approver token in the inbox (serve), or a resolve with "
-            "approver=NAME by your runtime. Nothing was changed; you may discard it.")
+            f"tenant {tenant!r}, in the approval inbox. Nothing was changed; you may discard "
+            "it.")
+
+
+def slot_needs_people(slot: str, approvals: int) -> str:
+    """A directive or standing handler whose policy asks people: the model's resolve applies a
+    slot, so it cannot be one."""
+    return (f"it needs {approvals} person's approval(s), and a {slot} is applied by the model's "
+            "own resolve: stage it as an action instead")
 
 
 def approved(k: int, n: int, approved_by: list[str], again: str | None) -> str:

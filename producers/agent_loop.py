@@ -55,8 +55,9 @@ def run(pa: PendingActions, session: str, path: str) -> list[str]:
         else:
             choice = pa.next_tool_choice(session)
             transcript.append(f"model: resolve ({intent(call['input'])})")
-            result = pa.resolve(session=session, **call["input"],
-                                expect_id=choice["id"] if choice else None)
+            # the model's arguments go only where a model's may: never as an approver
+            result = pa.resolve_tool_call(session=session, arguments=call["input"],
+                                          expect_id=choice["id"] if choice else None)
             text = render(result)
         choice = pa.next_tool_choice(session)
         if choice is not None and choice.get("tool") == "resolve":

@@ -20,7 +20,7 @@ from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, async_pr
 from pending_actions.broker.errors import ConfigError, RedisUnavailable
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
+from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveInput, Result
 from pending_actions.broker.rules import Verdict
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
@@ -184,6 +184,13 @@ class AsyncPendingActions:
         with tracing.current(tracing.RESOLVE, {}):
             return await self._run(self.core.resolve(session, action, reason, extra, timeout,
                                                      edit, expect_id, by, approver, revision))
+
+    async def resolve_tool_call(self, *, session: str, arguments: object,
+                                expect_id: str | None = None,
+                                timeout: float | None = None) -> Result:
+        given = ResolveInput.of_call(arguments)
+        return await self.resolve(session=session, action=given.action, reason=given.reason,
+                                  extra=given.extra, expect_id=expect_id, timeout=timeout)
 
     async def set_policy(self, document: dict[str, Any] | str, tenant: str = DEFAULT_TENANT,
                          by: str | None = None) -> int:

@@ -15,7 +15,7 @@ from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
-from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
+from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveInput, Result
 from pending_actions.broker.pools import LiveView
 from pending_actions.broker.rules import Verdict
 from pending_actions.broker.settings import Settings
@@ -205,6 +205,18 @@ class PendingActions:
         with tracing.current(tracing.RESOLVE, {}):
             return self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
                                                expect_id, by, approver, revision))
+
+    def resolve_tool_call(self, *, session: str, arguments: object,
+                          expect_id: str | None = None,
+                          timeout: float | None = None) -> Result:
+        """The model's call of the ``resolve`` tool, its arguments as the model sent them: only
+        ``action``, ``reason`` and ``extra`` (any other key, ``approver`` among them, is an
+        ``InvalidInput`` naming it, and nothing is sent). What an agent runtime calls for the
+        model: it can never count as a person's approval. ``expect_id``: the runtime's own (the
+        id the reminder was about)."""
+        given = ResolveInput.of_call(arguments)
+        return self.resolve(session=session, action=given.action, reason=given.reason,
+                            extra=given.extra, expect_id=expect_id, timeout=timeout)
 
     # --- policies --------------------------------------------------------------------------
     def set_policy(self, document: dict[str, Any] | str, tenant: str = DEFAULT_TENANT,

@@ -17,9 +17,10 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker import tracing
+from pending_actions.broker import texts, tracing
 from pending_actions.broker.errors import (
     Damaged,
+    Denied,
     Forbidden,
     InvalidInput,
     PendingActionsError,
@@ -395,6 +396,15 @@ class Staging(PolicyPlans):
     def set_slot(self, session: str, slot: Slot, tool: object, label: object, apply: object,
                  reject: object) -> Plan[str]:
         fields = self.validate(session, slot, tool, label, apply, reject, None)
+        # the model's resolve applies a slot, so only what the (default) tenant's policy lets
+        # the model apply may be set: a denied or people's (ask) decision refuses it, nothing
+        # set (decided by the version in force as it is set: a slot has no version check)
+        verdict = yield from self.decide(session=session, tool=fields["tool"],
+                                         apply=fields["apply"], label=fields["label"],
+                                         payload={})
+        if verdict is not None and verdict.decision != "allow":
+            raise Denied(verdict.reason if verdict.decision == "deny"
+                         else texts.slot_needs_people(slot, verdict.approvals), verdict.rule)
         seq, = yield from self._prepare([fields], True)  # set_slot.lua knows no tenant
         spec = self._spec(fields, f"{slot}:{tool}:{seq}", tracing.carried())
         k = self.keys

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -22,7 +23,7 @@ from pending_actions.broker.keys import Keys
 from pending_actions.broker.scripts import ToStage
 from pending_actions.producers import PendingActions
 from tests.conftest import Deployment, both
-from tests.support.faults import K, wait_history
+from tests.support.faults import K, cluster, wait_history
 from tests.support.replies import entries
 from tests.support.runs import runs
 from tests.support.unchanged import redis_unchanged
@@ -163,6 +164,31 @@ def test_the_model_may_discard_what_it_may_not_apply(
     done = pa.resolve(session=session, action="discard", reason="withdrawn")
     assert not done.is_error and done.text.startswith("Discarded: Set a flag")
     assert pa.pending(session) == []
+
+
+@pytest.mark.parametrize("sneaked", [{"approver": "alice"}, {"by": "policy:reads"},
+                                     {"edit": {"replicas": 9}}, {"revision": 0}])
+def test_the_models_tool_call_cannot_carry_what_only_trusted_code_may(
+        pa: PendingActions, rc: redis.Redis, session: str, tenant: str,
+        sneaked: dict[str, Any]) -> None:
+    """The tool call's arguments as the model sent them (``resolve_tool_call``, what the agent
+    loop and the MCP server use): a key beside action, reason and extra is refused naming it,
+    before anything is sent; two such calls never make two people."""
+    action_id = pa.stage(session=session, tool="deploy", label="Deploy", apply="t.ok",
+                         payload={"replicas": 2}, tenant=tenant)
+    [field] = sneaked
+    for _twice in range(2):
+        with redis_unchanged(rc), pytest.raises(InvalidInput, match=f"invalid {field}: not an "
+                                                "argument of resolve"):
+            pa.resolve_tool_call(session=session, arguments={"action": "apply", "reason": "go",
+                                                             **sneaked})
+    refused = pa.resolve_tool_call(session=session, arguments={"action": "apply",
+                                                               "reason": "go"})
+    assert refused.is_error and refused.text.startswith("Needs approval:"), refused.text
+    assert "approver=" not in refused.text  # the model is not told how a runtime approves
+    [shown] = pa.pending(session)
+    assert (shown.id, shown.approved_by, shown.payload) == (action_id, [], {"replicas": 2})
+    assert not [e for e in history(rc, session) if e["event"] in ("approved", "applied")]
 
 
 def test_an_edit_resets_the_approvals_and_a_revision_is_pinned(
@@ -331,8 +357,38 @@ def test_the_asyncio_client_sets_reads_and_stages_by_policies(
                             tenant=tenant)
             held = await apa.resolve(session=session, action="apply", reason="r")
             assert held.text.startswith("Needs approval:")
+            with pytest.raises(InvalidInput, match="invalid approver"):
+                await apa.resolve_tool_call(session=session, arguments={
+                    "action": "apply", "reason": "r", "approver": "mallory"})
+            held = await apa.resolve_tool_call(session=session, arguments={
+                "action": "apply", "reason": "r"})
+            assert held.text.startswith("Needs approval:")
             first = await apa.resolve(session=session, action="apply", reason="r",
                                       approver="alice")
             assert first.text.startswith("Approved 1 of 2")
 
     asyncio.run(body())
+
+
+def test_a_slot_the_policy_keeps_from_the_model_is_not_set(tmp_path: Path) -> None:
+    """The model's own resolve applies a directive or standing handler, so one the (default)
+    tenant's policy denies, or asks people for, is refused when it is set (``Denied``, nothing
+    written); an allowed one is set as before. On a Redis of its own: the default tenant's
+    policy would decide every other test's stages."""
+    with cluster(tmp_path, fsync="everysec") as (server, _workers, pa):
+        rc = redis.Redis.from_url(server.url)
+        pa.set_policy(POLICY, by="test")
+        for set_slot in (pa.set_directive, pa.set_standing):
+            with redis_unchanged(rc), pytest.raises(pending_actions.Denied) as asked:
+                set_slot("slots", tool="deploy", label="Deploy", apply="t.ok")
+            assert asked.value.rule == "two-people" and "stage it as an action" in str(
+                asked.value)
+        pa.set_policy({**POLICY, "default": "deny"}, by="test")
+        for set_slot in (pa.set_directive, pa.set_standing):
+            with redis_unchanged(rc), pytest.raises(pending_actions.Denied) as denied:
+                set_slot("slots", tool="edit", label="Edit", apply="t.ok")
+            assert denied.value.rule is None and "(the policy's default)" in str(denied.value)
+        pa.set_policy(POLICY, by="test")
+        pa.set_directive("slots", tool="edit", label="Edit", apply="t.ok")
+        done = pa.resolve(session="slots", action="apply", reason="r")
+        assert not done.is_error and done.details["label"] == "Edit", done.text

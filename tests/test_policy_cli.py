@@ -1,7 +1,7 @@
 """``pending-actions policy set/show/test`` as a user types them: a file set and shown, the
 precedence explained (the deciding rule and every other that matched, with why it lost), a bad
-policy one line naming the rule and the field (exit 2, the old policy kept), YAML without
-PyYAML one clear line."""
+policy one line naming the rule and the field (exit 2, the old policy kept), a YAML file set
+(without PyYAML: tests/test_rules.py)."""
 
 from __future__ import annotations
 
@@ -80,12 +80,12 @@ def test_set_show_and_test_explain_precedence(deployment: Deployment, pa: Pendin
     assert pa.get_policy(t)["version"] == 1  # type: ignore[index]
 
     yaml_file = tmp_path / "p.yaml"
-    yaml_file.write_text("default: deny\nrules: []\n")
-    try:
-        import yaml  # type: ignore[import-untyped]  # noqa: F401
-    except ImportError:
-        said = cli(url, "policy", "set", "--tenant", t, str(yaml_file))
-        assert said.returncode == 2 and "PyYAML" in said.stderr
-        assert said.stderr.strip().count("\n") == 0
+    yaml_file.write_text("default: deny\nrules:\n  - {name: reads, match: {tool: 'read_*'}, "
+                         "decision: allow}\n")
+    said = cli(url, "policy", "set", "--tenant", t, str(yaml_file))
+    assert said.returncode == 0, said.stderr
+    assert pa.get_policy(t)["document"] == {  # type: ignore[index]
+        "default": "deny", "rules": [{"name": "reads", "match": {"tool": "read_*"},
+                                      "decision": "allow"}]}
     none = cli(url, "policy", "show", "--tenant", f"none-{t}")
     assert none.returncode == 1 and "has no policy" in none.stderr

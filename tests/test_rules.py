@@ -4,6 +4,8 @@ rules); and the glob syntax docs/policies.md states, example by example."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from functools import cache
 from typing import Any
 
@@ -192,14 +194,50 @@ def test_bad_globs_are_refused(glob: str) -> None:
         translate(glob)
 
 
-def test_yaml_needs_pyyaml_or_says_so() -> None:
-    text = "default: deny\nrules: []\n"
-    try:
-        import yaml  # type: ignore[import-untyped]  # noqa: F401
-    except ImportError:
-        with pytest.raises(InvalidInput, match="PyYAML") as caught:
-            read_document(text, "p.yaml")
-        assert len(str(caught.value).splitlines()) == 1
-    else:
-        assert read_document(text, "p.yaml") == {"default": "deny", "rules": []}
+FIELDS = ("tool", "apply", "label", "session")
+conditions = st.dictionaries(st.sampled_from(FIELDS), st.sampled_from(["*", "a*", "?b", "ab", "b"]),
+                             max_size=4)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["allow", "deny"]), conditions), max_size=6),
+       st.fixed_dictionaries({f: st.sampled_from(["ab", "b", "a", "bb"]) for f in FIELDS}))
+def test_every_key_of_a_match_must_hold(specs: list[tuple[str, dict[str, str]]],
+                                        action: dict[str, str]) -> None:
+    """tool, apply, label and session, each a glob, against the model: a rule matches when
+    every key it gives holds (none given: it matches everything)."""
+    document = {"default": "ask", "rules": [{"name": f"r{i}", "match": match, "decision": d}
+                                            for i, (d, match) in enumerate(specs)]}
+
+    def tokens(glob: str) -> list[Token]:
+        return [("any",) if c == "*" else ("one",) if c == "?" else ("lit", c) for c in glob]
+
+    matching = [r for r in document["rules"]
+                if all(model_match(tokens(g), action[f]) for f, g in r["match"].items())]
+    want = next((r for r in matching if r["decision"] == "deny"), None) or next(
+        iter(matching), None)
+    got = Policy(document).decide(payload={}, **action)
+    assert (got.decision, got.rule) == ((want["decision"], want["name"]) if want
+                                        else ("ask", None))
+
+
+def test_a_policy_in_yaml_reads_as_its_json() -> None:
+    text = "default: deny\nrules:\n  - name: r\n    match: {tool: 'read_*'}\n" \
+           "    decision: allow\n    auto: true\n"
+    assert read_document(text, "p.yaml") == {"default": "deny", "rules": [
+        {"name": "r", "match": {"tool": "read_*"}, "decision": "allow", "auto": True}]}
+    with pytest.raises(InvalidInput, match="neither JSON nor YAML"):
+        read_document("rules: [unclosed", "p.yaml")
     assert read_document('{"rules": []}', "p.json") == {"rules": []}
+
+
+def test_yaml_without_pyyaml_is_one_line_saying_so() -> None:
+    """PyYAML is the ``yaml`` extra: a process without it refuses a YAML policy in one line."""
+    code = ("import sys; sys.modules['yaml'] = None\n"
+            "from pending_actions.broker.rules import read_document\n"
+            "from pending_actions.broker.errors import InvalidInput\n"
+            "try:\n    read_document('default: deny', 'p.yaml')\n"
+            "except InvalidInput as exc:\n    print(exc)\n")
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+    assert said.count("\n") == 1 and "PyYAML" in said and "pip install" in said, said

@@ -41,7 +41,6 @@ from pending_actions.serve.auth import ROLES, Tokens
 T = TypeVar("T")
 SESSION_HEADER = "Pending-Actions-Session"
 RESULT_META = "pending-actions/result"
-RESOLVE_FIELDS = frozenset(PARAMETERS["properties"])
 
 RESOLVE = types.Tool(name="resolve", title="Resolve", description=DESCRIPTION,
                      input_schema=PARAMETERS)
@@ -88,7 +87,9 @@ class Backend:
         return action_id
 
     async def resolve(self, session: str, arguments: dict[str, Any]) -> Result:
-        result: Result = await self._call("resolve", session=session, **arguments)
+        """The model's call: its arguments go only where a model's may (never an approver)."""
+        result: Result = await self._call("resolve_tool_call", session=session,
+                                          arguments=arguments)
         return result
 
     async def pending(self, session: str) -> list[PendingAction]:
@@ -197,13 +198,8 @@ class SessionServer(MCPServer[Any]):
         return Where(session, tenant, unclaimed=owner is None)
 
     async def resolve(self, where: Where, arguments: dict[str, Any]) -> types.CallToolResult:
-        unknown = sorted(set(arguments) - RESOLVE_FIELDS)
-        if unknown:
-            return error_result(f"invalid {unknown[0]}: not an argument of resolve (it takes "
-                                f"{', '.join(sorted(RESOLVE_FIELDS))})")
+        given = ResolveInput.of_call(arguments)  # the model's: never an approver, an edit
         if where.unclaimed:  # nothing was ever staged there by this tenant: nothing to take
-            given = ResolveInput.parse(arguments.get("action"), arguments.get("reason"),
-                                       arguments.get("extra"))
             result = nothing_to_target(given.action, given.reason, given.extra)
         else:
             result = await self.backend.resolve(where.session, arguments)
