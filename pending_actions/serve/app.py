@@ -183,8 +183,6 @@ class Api:
         unknown = set(body) - RESOLVE_FIELDS
         if unknown:
             raise InvalidInput(sorted(unknown)[0], "unknown field")
-        if body.get("edit") is not None:
-            raise InvalidInput("edit", "payload edits are not supported by this server yet")
         session = await self.owned(who, request.path_params["session"])
         result = await self._resolve(who, session, body)
         return json_response(result.model_dump(), 409 if _conflict(result) else 200)
@@ -236,6 +234,9 @@ class Api:
             "session": session, "action": body.get("action"), "reason": body.get("reason"),
             "extra": body.get("extra"), "expect_id": body.get("expect_id"),
             "revision": body.get("revision"),
+            # a person's edit: checked against the action's schema, it resets the approvals
+            # given to the earlier payload (what people approve is what they saw)
+            "edit": body.get("edit"),
             # a person's resolve: an approval of what a policy asks people for
             "approver": who.name, "timeout": self.timeout}
         apa = self.aio()

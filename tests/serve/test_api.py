@@ -324,3 +324,32 @@ def test_a_port_in_use_is_one_line(redis_server: Any, which: str) -> None:
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == f"Error: cannot listen on 127.0.0.1:{busy}: Address already " \
         "in use", out.stderr
+
+
+def test_a_person_edits_the_payload_over_http(server: Server, pa: PendingActions,
+                                              tokens: Tokens) -> None:
+    """``edit`` in a resolve's body: a JSON Merge Patch checked against the action's schema (a
+    bad one is a 400 naming ``edit``, nothing changed); the handler sees the edited payload,
+    the history keeps the staged one and the patch, ``by`` the token's name."""
+    t = tenant()
+    approver, who = tokens.create(t, "approver", name=f"carol-{uuid.uuid4().hex[:4]}")
+    s = new_session()
+    schema = {"type": "object", "properties": {"replicas": {"type": "integer", "maximum": 8}},
+              "required": ["replicas"]}
+    action_id = stage(pa, s, t, label="Scale", payload={"replicas": 2, "image": "api:1"},
+                      schema=schema)
+    url = f"/v1/sessions/{s}/resolve"
+    bad = server.http.post(url, headers=server.as_(approver), json={
+        "action": "apply", "reason": "more", "expect_id": action_id, "edit": {"replicas": 80}})
+    assert bad.status_code == 400 and bad.json()["field"] == "edit", bad.text
+    assert pa.pending(s)[0].payload == {"replicas": 2, "image": "api:1"}
+    done = server.http.post(url, headers=server.as_(approver), json={
+        "action": "apply", "reason": "more", "expect_id": action_id, "revision": 0,
+        "edit": {"replicas": 4, "image": None}})
+    assert done.status_code == 200 and not done.json()["is_error"], done.text
+    assert done.json()["details"]["edit"] == {"replicas": 4, "image": None}
+    [run] = runs(pa.client, s)
+    assert run["id"] == action_id and run["payload"] == {"replicas": 4}
+    [applied] = [e for e in pa.history(s) if e["event"] == "applied"]
+    assert applied["by"] == who.name
+    assert orjson.loads(applied["edit"]) == {"replicas": 4, "image": None}

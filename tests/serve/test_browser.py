@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from pending_actions.producers import PendingActions
@@ -192,3 +193,49 @@ def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens:
     wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, card)))
     assert [r["id"] for r in runs(pa.client, session)] == [action_id]
     assert [e.get("by") for e in pa.history(session) if e["event"] == "applied"] == [who.name]
+
+
+def test_an_edit_from_the_page(server: Server, pa: PendingActions, tokens: Tokens,
+                               browser: object) -> None:
+    """The approve dialog shows the payload as JSON: text that is not a JSON object is refused
+    in the dialog (nothing sent); an edited payload goes as a merge patch, the handler runs once
+    on it, and the history keeps the patch."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver: WebDriver = browser  # type: ignore[assignment]
+    tenant = f"web-{uuid.uuid4().hex[:6]}"
+    token, who = tokens.create(tenant, "approver", name=f"dana-{uuid.uuid4().hex[:4]}")
+    session = f"agent-{uuid.uuid4().hex[:4]}"
+    action_id = pa.stage(session=session, tool="deploy", label="Scale api", apply="t.ok",
+                         payload={"replicas": 2, "image": "api:1", "region": "eu"},
+                         tenant=tenant)
+    wait = WebDriverWait(driver, 20)
+    card = f'.action[data-id="{action_id}"]'
+    driver.get(server.base + "/")
+    wait.until(ec.visibility_of_element_located((By.ID, "token"))).send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, card)))
+    driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").click()
+    wait.until(ec.visibility_of_element_located((By.ID, "reason"))).send_keys("fewer, same image")
+    driver.find_element(By.CSS_SELECTOR, "#edit-box summary").click()
+    box = wait.until(ec.visibility_of_element_located((By.ID, "edit")))
+    assert orjson.loads(box.get_attribute("value") or "") == {"replicas": 2, "image": "api:1",
+                                                                "region": "eu"}
+    box.clear()
+    box.send_keys('{"replicas": 1,')
+    driver.find_element(By.ID, "confirm").click()
+    wait.until(lambda d: "not JSON" in d.find_element(By.ID, "edit-error").text)
+    assert driver.find_element(By.ID, "decide").is_displayed() and runs(pa.client, session) == []
+    box.clear()
+    box.send_keys('{"replicas": 1, "image": "api:1"}')
+    driver.save_screenshot("/tmp/inbox-edit.png")
+    driver.find_element(By.ID, "confirm").click()
+    wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, card)))
+    [run] = runs(pa.client, session)
+    assert run["id"] == action_id and run["payload"] == {"replicas": 1, "image": "api:1"}
+    [applied] = [e for e in pa.history(session) if e["event"] == "applied"]
+    assert applied["by"] == who.name
+    assert orjson.loads(applied["edit"]) == {"replicas": 1, "region": None}

@@ -186,27 +186,69 @@ async function poll() {
 }
 
 function ask(a, act) {
-  pending = { session: a.session, id: a.id, act, label: a.label, revision: a.revision || 0 };
+  pending = { session: a.session, id: a.id, act, label: a.label, revision: a.revision || 0,
+    payload: a.payload || {} };
   $("decide-title").textContent = act === "apply" ? "Approve" : "Discard";
   $("decide-label").textContent = `${a.label} (${a.id})`;
   $("reason").value = "";
+  // an approval may edit the payload: the person sees it as JSON and changes it
+  $("edit-box").hidden = act !== "apply";
+  $("edit-box").open = false;
+  $("edit").value = JSON.stringify(pending.payload, null, 2);
+  $("edit-error").textContent = "";
   $("decide").showModal();
   $("reason").focus();
+}
+
+const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+
+// the JSON Merge Patch (RFC 7386) that turns `from` into `to`: null where a key went
+function mergePatch(from, to) {
+  const patch = {};
+  for (const k of Object.keys(from)) if (!(k in to)) patch[k] = null;
+  for (const [k, v] of Object.entries(to)) {
+    if (isObject(v) && isObject(from[k])) {
+      const inner = mergePatch(from[k], v);
+      if (Object.keys(inner).length) patch[k] = inner;
+    } else if (JSON.stringify(v) !== JSON.stringify(from[k])) {
+      patch[k] = v;
+    }
+  }
+  return patch;
+}
+
+// the edit the box holds (undefined: none), or a message saying why it cannot be sent
+function editOf(payload) {
+  let edited;
+  try {
+    edited = JSON.parse($("edit").value);
+  } catch (e) {
+    return { error: `the payload is not JSON: ${e.message}` };
+  }
+  if (!isObject(edited)) return { error: "the payload must be a JSON object" };
+  const patch = mergePatch(payload, edited);
+  return { edit: Object.keys(patch).length ? patch : undefined };
 }
 
 async function decide(event) {
   event.preventDefault();
   const reason = $("reason").value.trim();
   if (!reason || !pending) return;
-  const { session, id, act, label, revision } = pending;
+  const { session, id, act, label, revision, payload } = pending;
+  const body = { action: act, reason, expect_id: id, revision };
+  if (act === "apply") {
+    const { edit, error } = editOf(payload);
+    if (error) { $("edit-box").open = true; $("edit-error").textContent = error; return; }
+    if (edit) body.edit = edit;
+  }
   pending = null;
   $("decide").close();
   $("notice").textContent = `${act === "apply" ? "Approving" : "Discarding"} ${label}…`;
   const r = await api(`/v1/sessions/${encodeURIComponent(session)}/resolve`,
-    { method: "POST", body: JSON.stringify({ action: act, reason, expect_id: id, revision }) });
-  const body = await r.json().catch(() => ({}));
-  const text = body.content ? body.content.map((c) => c.text).join(" ") : body.error;
-  $("notice").className = body.is_error || !r.ok ? "error" : "";
+    { method: "POST", body: JSON.stringify(body) });
+  const got = await r.json().catch(() => ({}));
+  const text = got.content ? got.content.map((c) => c.text).join(" ") : got.error;
+  $("notice").className = got.is_error || !r.ok ? "error" : "";
   $("notice").textContent = `${label}: ${text}`;
   poll();
 }
@@ -220,5 +262,6 @@ $("login").addEventListener("submit", (e) => {
 $("signout").addEventListener("click", () => showLogin(""));
 $("decide-form").addEventListener("submit", decide);
 $("cancel").addEventListener("click", () => { pending = null; $("decide").close(); });
+$("edit").addEventListener("input", () => { $("edit-error").textContent = ""; });
 setInterval(tick, 1000);
 if (token) poll(); else showLogin("");
