@@ -232,11 +232,13 @@ class ExpireOutcome(IntEnum):
 
 
 class Expiry(NamedTuple):
-    """expire.lua: what became of the action, and when to look again (LATER)."""
+    """expire.lua: what became of the action, when to look again (LATER), and the spec it
+    ended (ENDED)."""
 
     outcome: ExpireOutcome
     at: int
+    spec: bytes | None = None
 
     @classmethod
     def decode(cls, raw: Any) -> Expiry:
-        return cls(ExpireOutcome(int(raw[0])), int(raw[1]))
+        return cls(ExpireOutcome(int(raw[0])), int(raw[1]), raw[2] if len(raw) > 2 else None)

@@ -348,7 +348,7 @@ def read_document(text: str | bytes, name: str = "") -> Any:
             raise InvalidInput("policy", f"not JSON: {exc}") from None
         json_error = exc
     try:
-        import yaml  # type: ignore[import-untyped]
+        import yaml
     except ImportError:
         raise InvalidInput("policy", "not JSON, and reading YAML needs PyYAML (pip install "
                                      f"pyyaml): {json_error}") from None

@@ -36,7 +36,7 @@ log = logging.getLogger("pending_actions.tracing")
 # span names and attributes (CONTRACT section 8); an outcome is a broker/events.py name
 STAGE, RESOLVE, TAKE = "pending_actions.stage", "pending_actions.resolve", "pending_actions.take"
 APPLY, REJECT = "pending_actions.apply", "pending_actions.reject"
-RECOVER = "pending_actions.recover"
+RECOVER, EXPIRE = "pending_actions.recover", "pending_actions.expire"
 SESSION, ACTION_ID = "pending_actions.session", "pending_actions.action_id"
 TOOL, OUTCOME = "pending_actions.tool", "pending_actions.outcome"
 ATTEMPT, COUNT = "pending_actions.attempt", "pending_actions.count"
@@ -121,11 +121,18 @@ def errored(description: str) -> None:
         _trace.get_current_span().set_status(_trace.StatusCode.ERROR, description)
 
 
-def policy_decided(decision: str, rule: str | None) -> None:
-    """The hook for the policies of CONTRACT section 8: called where a stage's decision is
-    known, it becomes attributes of the stage span (a deny also its outcome)."""
-    annotate({POLICY_DECISION: decision, **({POLICY_RULE: rule} if rule else {}),
-              **({OUTCOME: "denied"} if decision == "deny" else {})})
+def policy_decided(verdicts: Sequence[Any]) -> None:
+    """Where a stage's actions are decided (each a ``rules.Verdict``, None without a policy):
+    the stage span's attributes. The decision (``auto`` for an allow applied at once) and the
+    rule when all its actions share them; outcome ``denied`` when any was denied."""
+    if not AVAILABLE or not any(verdicts):
+        return
+    decisions = {"auto" if v.auto else v.decision for v in verdicts if v is not None}
+    rules = {v.rule for v in verdicts if v is not None}
+    rule = next(iter(rules)) if len(rules) == 1 else None
+    annotate({**({POLICY_DECISION: next(iter(decisions))} if len(decisions) == 1 else {}),
+              **({POLICY_RULE: rule} if rule else {}),
+              **({OUTCOME: "denied"} if "deny" in decisions else {})})
 
 
 # --- the workers' spans ----------------------------------------------------------------------
@@ -240,6 +247,13 @@ def recovering(lease: Lease, session: str, dead: bool, started: bool) -> Iterato
         return
     with _trace.use_span(span, end_on_exit=True):
         yield
+
+
+def expired(session: str, action_id: str, staged_in: str | None) -> None:
+    """Recovery ended an action whose ttl passed: a span of its own (no resolve decided it),
+    linked to the context it was staged in, with outcome ``expired``."""
+    end(start(EXPIRE, None, {SESSION: session, ACTION_ID: action_id,
+                             OUTCOME: Event.EXPIRED.value}, links=(staged_in,)), {})
 
 
 # --- the processes we run: export and logs ---------------------------------------------------

@@ -98,9 +98,11 @@ class PolicyPlans:
         # applied at once: the lease and the resolve request are written by stage.lua itself
         req, token = uuid.uuid4().hex, uuid.uuid4().hex
         wait_ms = self.settings.dispatch_timeout_ms
+        # the stage decided it: its context is the deciding one, so the take and the handler's
+        # span are in the stage's trace (stage.lua keeps it in the lease too)
         request = ResolveRequest.encode(req, s["session"], "apply", texts.auto_reason(rule), None,
                                         wait_ms, int(time.time() * 1000) + wait_ms, s["id"],
-                                        AUTO_BY + rule, None)
+                                        AUTO_BY + rule, None, s["trace"])
         return ToStage(*base, "auto", rule, token.encode() + request, req)
 
     def get_policy(self, tenant: str = DEFAULT_TENANT) -> Plan[dict[str, Any] | None]:

@@ -348,6 +348,7 @@ class Staging(PolicyPlans):
             s["verdict"] = verdict
             s["policy"] = None if verdict is None else verdict.stamp()
             staged.append(self.to_stage(s, verdict))
+        tracing.policy_decided([s["verdict"] for s in group])
         return self.scripts.stage(
             group[0]["session"], tenant=tenant, indexed=tenant != DEFAULT_TENANT,
             at=f"{time.time():.3f}", actions=staged, policy_version=version,

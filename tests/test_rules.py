@@ -206,8 +206,9 @@ def test_every_key_of_a_match_must_hold(specs: list[tuple[str, dict[str, str]]],
                                         action: dict[str, str]) -> None:
     """tool, apply, label and session, each a glob, against the model: a rule matches when
     every key it gives holds (none given: it matches everything)."""
-    document = {"default": "ask", "rules": [{"name": f"r{i}", "match": match, "decision": d}
-                                            for i, (d, match) in enumerate(specs)]}
+    document: dict[str, Any] = {"default": "ask", "rules": [
+        {"name": f"r{i}", "match": match, "decision": d}
+        for i, (d, match) in enumerate(specs)]}
 
     def tokens(glob: str) -> list[Token]:
         return [("any",) if c == "*" else ("one",) if c == "?" else ("lit", c) for c in glob]

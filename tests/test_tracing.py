@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from pending_actions.broker import tracing
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.pools import heartbeat
+from pending_actions.broker.rules import Verdict
 from pending_actions.procs import ROOT, child_env
 from tests.support.faults import FAST, cluster, started_pid
 from tests.support.otlp import Receiver, Span, receiver
@@ -125,6 +126,71 @@ def test_a_failed_apply_and_its_retry(tmp_path: Path) -> None:
         assert line.endswith(f"trace_id={one.trace_id} span_id={one.span_id}")
         untraced = [x for x in log.read_text().splitlines() if "trace_id=" not in x]
         assert untraced  # the lines made outside a span are as they were
+
+
+def test_a_policys_decisions_on_the_stage_span_and_auto_in_the_stages_trace(
+        tmp_path: Path) -> None:
+    """A tenant's policy: a denied stage's span says deny, its rule and outcome denied; an
+    asked one says ask. An auto-applied action is decided by its stage, so its take and its
+    handler's span are in the stage's trace, children of the stage span (and linked to it)."""
+    policy = {"rules": [
+        {"name": "no-rm", "match": {"tool": "rm"}, "decision": "deny", "reason": "no"},
+        {"name": "people", "match": {"tool": "deploy"}, "decision": "ask"},
+        {"name": "reads", "match": {"tool": "read"}, "decision": "allow", "auto": True}]}
+    with receiver() as otlp, cluster(tmp_path, workers=0) as (server, workers, pa):
+        workers.append(traced_worker(server.url, otlp, tmp_path / "worker.log"))
+        pa.set_policy(policy, tenant="acme")
+        base = {"session": "p", "label": "L", "apply": "t.ok", "tenant": "acme"}
+        denied = agent(server.url, "traced", "stage", otlp, tool="rm", **base)
+        assert "Denied: no" in denied["value"]["error"]
+        asked = agent(server.url, "traced", "stage", otlp, tool="deploy", **base)["value"]
+        auto = agent(server.url, "traced", "stage", otlp, tool="read", **base)
+        spans = {s.trace_id: s for s in otlp.wait(lambda s: s.name == STAGE, count=3)}
+        attributes = spans[denied["trace_id"]].attributes
+        assert (attributes["pending_actions.policy.decision"],
+                attributes["pending_actions.policy.rule"],
+                attributes["pending_actions.outcome"]) == ("deny", "no-rm", "denied")
+        assert spans[denied["trace_id"]].status == 2  # the stage raised Denied
+        ask = otlp.one(STAGE, action_id=asked)
+        assert (ask.attributes["pending_actions.policy.decision"],
+                ask.attributes["pending_actions.policy.rule"]) == ("ask", "people")
+        assert "pending_actions.outcome" not in ask.attributes
+        stage = otlp.one(STAGE, action_id=auto["value"])
+        assert stage.attributes["pending_actions.policy.decision"] == "auto"
+        apply = otlp.one(APPLY, action_id=auto["value"])
+        take = otlp.one(TAKE, action_id=auto["value"])
+        # both children of the stage: the lease stage.lua wrote carries the stage's context
+        assert child_of(take, stage) and child_of(apply, stage)
+        assert apply.trace_id == auto["trace_id"]
+        assert apply.links == [(stage.trace_id, stage.span_id)]
+        assert apply.attributes["pending_actions.outcome"] == "applied"
+
+
+def test_the_other_outcomes_discarded_stale_expired(tmp_path: Path) -> None:
+    """A discard runs the reject handler under ``pending_actions.reject`` (outcome discarded);
+    a handler raising Stale ends its apply span as stale; an action whose ttl passes ends in a
+    ``pending_actions.expire`` span of recovery's, linked to its stage."""
+    with receiver() as otlp, cluster(tmp_path, workers=0) as (server, workers, _pa):
+        workers.append(traced_worker(server.url, otlp, tmp_path / "worker.log"))
+        rejected = agent(server.url, "traced", "stage", otlp, session="o", tool="mail",
+                         label="L", apply="t.ok", reject="t.reject_text")["value"]
+        assert not agent(server.url, "traced", "resolve", otlp, session="o", action="discard",
+                         reason="no")["value"]["is_error"]
+        reject = otlp.one("pending_actions.reject", action_id=rejected)
+        assert reject.attributes["pending_actions.outcome"] == "discarded"
+        stale = agent(server.url, "traced", "stage", otlp, session="o", tool="edit", label="L",
+                      apply="t.stale", fingerprint="v1", payload={"current": "v2"})["value"]
+        said = agent(server.url, "traced", "resolve", otlp, session="o", action="apply",
+                     reason="go")["value"]
+        assert said["is_error"] and said["text"].startswith("Stale:"), said
+        assert otlp.one(APPLY, action_id=stale).attributes["pending_actions.outcome"] == "stale"
+        staged = agent(server.url, "traced", "stage", otlp, session="x", tool="edit", label="L",
+                       apply="t.ok", ttl=0.2)
+        expiry = otlp.one("pending_actions.expire", action_id=staged["value"])
+        stage = otlp.one(STAGE, action_id=staged["value"])
+        assert expiry.attributes["pending_actions.outcome"] == "expired"
+        assert expiry.service == "workers" and expiry.trace_id != stage.trace_id
+        assert expiry.links == [(stage.trace_id, stage.span_id)]
 
 
 def test_a_worker_killed_mid_handler(tmp_path: Path) -> None:
@@ -282,16 +348,24 @@ def test_the_policy_hook_puts_the_decision_on_the_current_span() -> None:
     span is current): its decision and rule become the span's attributes, a deny its
     outcome."""
     tracer = TracerProvider().get_tracer("t")
-    with tracer.start_as_current_span("stage") as span:
-        tracing.policy_decided("deny", "no-deploys-on-friday")
-    assert dict(cast(ReadableSpan, span).attributes or {}) == {
+
+    def attributes(*verdicts: Verdict | None) -> dict[str, Any]:
+        with tracer.start_as_current_span("stage") as span:
+            tracing.policy_decided(verdicts)
+        return dict(cast(ReadableSpan, span).attributes or {})
+
+    assert attributes(Verdict("deny", "no-deploys-on-friday")) == {
         "pending_actions.policy.decision": "deny",
         "pending_actions.policy.rule": "no-deploys-on-friday",
         "pending_actions.outcome": "denied"}
-    with tracer.start_as_current_span("stage") as span:
-        tracing.policy_decided("ask", None)
-    assert dict(cast(ReadableSpan, span).attributes or {}) == {
+    assert attributes(Verdict("ask", None, approvals=2)) == {
         "pending_actions.policy.decision": "ask"}
+    assert attributes(Verdict("allow", "reads", auto=True)) == {
+        "pending_actions.policy.decision": "auto", "pending_actions.policy.rule": "reads"}
+    # a batch decided two ways: no one decision, but a denied action is the stage's outcome
+    assert attributes(Verdict("allow", "a"), Verdict("deny", "b")) == {
+        "pending_actions.outcome": "denied"}
+    assert attributes(None) == {}  # no policy: nothing said
 
 
 def test_a_worker_that_keeps_no_spans_passes_the_context_on(tmp_path: Path) -> None:

@@ -257,6 +257,7 @@ class Recovery:
             if got.outcome is ExpireOutcome.ENDED:  # GONE and LATER: the script did all there is
                 ended += 1
                 publish(feed, ctx.keys, Event.EXPIRED, session=session, id=action_id)
+                tracing.expired(session, action_id, _staged_in(got.spec, action_id, session))
         if len(feed):
             feed.execute()
         return ended
@@ -291,3 +292,11 @@ class Recovery:
                 else texts.dead_lettered(lease.action, lease.id, self.ctx.settings.max_stalls))
         return (reply(texts.worker_lost(lease.action, lease.attempt, lease.id)), reply(dead),
                 reply(texts.never_started(lease.action, lease.attempt, lease.id)))
+
+
+def _staged_in(raw: bytes | None, action_id: str, session: str) -> str | None:
+    """The trace context a spec was staged in (None: none, or a spec that does not parse)."""
+    try:
+        return Spec.read(raw, action_id, session).trace if raw else None
+    except ValidationError:
+        return None

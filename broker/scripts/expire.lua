@@ -7,7 +7,8 @@
 -- KEYS[4] the partition's expiries (zset "<session>/<id>" -> expiry ms)
 -- KEYS[5] expired (zset) KEYS[6] history (stream)
 -- ARGV[1] action id      ARGV[2] history maxlen   ARGV[3] expired memory ms   ARGV[4] session
--- Returns: {outcome, ms}, outcome one of EXPIRE: ENDED, GONE (resolved or ended already: its
+-- Returns: {outcome, ms[, spec]}, outcome one of EXPIRE: ENDED (then also the spec it ended,
+-- whose trace context the expiry's span links to), GONE (resolved or ended already: its
 -- entry is gone too), IN_FLIGHT (taken; look again later), LATER (not due yet: ms is its
 -- expiry time)
 local stack, actions, state, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -23,7 +24,8 @@ end
 if tonumber(at) > now then
   return {EXPIRE.LATER, tonumber(at)}
 end
-if redis.call('HEXISTS', actions, action_id) == 0 then
+local spec = redis.call('HGET', actions, action_id)
+if not spec then
   redis.call('ZREM', expiries, member)
   return {EXPIRE.GONE, 0}
 end
@@ -31,4 +33,4 @@ if redis.call('ZREM', stack, action_id) == 0 then
   return {EXPIRE.IN_FLIGHT, 0}
 end
 end_expired(actions, state, expiries, member, expired, hist, maxlen, memory_ms, action_id, now)
-return {EXPIRE.ENDED, 0}
+return {EXPIRE.ENDED, 0, spec}

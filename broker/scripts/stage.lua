@@ -207,7 +207,7 @@ for _, i in ipairs(new) do
     redis.call('HSET', inflight, token, cjson.encode({
       id = id, kind = 'action', token = token, attempt = 1, req = r.req, action = 'apply',
       deadline = deadline, state = 'dispatched', reason = r.reason, extra = 'null', by = by,
-      counted = false}))
+      counted = false, trace = type(r.trace) == 'string' and r.trace or nil}))
     redis.call('ZADD', leases, deadline, session .. '/' .. token)
     redis.call('SET', marker_of[i], token, 'EX', marker_ttl_s)
     add_request(requests, request)

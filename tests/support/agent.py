@@ -1,6 +1,7 @@
 """An agent's process, for the tracing tests: one turn, one call of our client, in a process of
 its own (``python -m tests.support.agent URL MODE OP JSON``), as a stage and its resolve
-usually are. Prints ``{"value", "trace_id", "span_id"}`` (the turn's span) as JSON.
+usually are. Prints ``{"value", "trace_id", "span_id"}`` (the turn's span) as JSON; a refused
+stage's value is ``{"error"}``.
 
 MODE: ``traced`` (the agent owns a provider exporting to ``OTEL_EXPORTER_OTLP_ENDPOINT``, as
 an agent framework sets one up, and runs the call inside its span ``agent.turn``),
@@ -19,13 +20,19 @@ def main(url: str, mode: str, op: str, kwargs: dict[str, Any]) -> dict[str, Any]
     if mode == "absent":
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import now fails
     from pending_actions.broker import tracing
+    from pending_actions.broker.errors import PendingActionsError
     from pending_actions.producers import PendingActions
 
     pa = PendingActions.from_url(url)
 
     def call() -> Any:
+        if op == "set_policy":
+            return pa.set_policy(**kwargs)
         if op == "stage":
-            return pa.stage(**kwargs)
+            try:
+                return pa.stage(**kwargs)
+            except PendingActionsError as exc:  # refused (Denied): what the model would read
+                return {"error": str(exc)}
         result = pa.resolve(**kwargs)
         return {"text": result.text, "is_error": result.is_error}
 
