@@ -165,6 +165,14 @@ def test_proxy_forwards_a_read_and_stages_a_write_that_resolve_applies_once(
             assert [(w["key"], w["attempt"]) for w in mine] == [(action.id, 1)]
             assert pa.pending(session) == []
 
+            # the worker keeps its upstream process and reuses it: the next apply is written
+            # by the same process
+            await proxy.call_tool("write_file", {"path": path, "text": "again"})
+            done = await proxy.call_tool("resolve", {"action": "apply", "reason": "go"})
+            assert not done.is_error and (folder / path).read_text() == "again", text(done)
+            first, second = [w for w in writes(folder) if w["path"] == path]
+            assert first["pid"] == second["pid"]
+
     anyio.run(body)
 
 
@@ -306,7 +314,7 @@ def test_the_readme_configures_an_mcp_client_with_the_proxy() -> None:
 def test_proxy_calls_are_decided_by_the_tenants_policy(url: str, pa: PendingActions,
                                                        folder: Path, session: str) -> None:
     """With a policy, it decides instead of the readOnlyHint: a denied write is refused with
-    the rule's reason and nothing runs or is staged; an allowed write goes straight through; a
+    the rule's reason, nothing runs or is staged, and the history records it denied; an allowed write goes straight through; a
     read the policy asks people for is staged, with its decision on the action."""
     tenant = f"mcp-{uuid.uuid4().hex[:6]}"
     pa.set_policy({"rules": [
@@ -325,6 +333,11 @@ def test_proxy_calls_are_decided_by_the_tenants_policy(url: str, pa: PendingActi
             assert text(refused) == ("Denied by policy rule no-secrets: keys are not written "
                                      "by agents. Nothing was run.")
             assert not (folder / f"{session}.key").exists() and pa.pending(session) == []
+            # audited as a denied stage would be: the rule, the reason, the arguments' id
+            [denial] = [e for e in pa.history(session) if e["event"] == "denied"]
+            assert (denial["rule"], denial["reason"]) == ("no-secrets",
+                                                          "keys are not written by agents")
+            assert denial["id"].startswith("pending-action:write_file:")
             written = await proxy.call_tool("write_file", {"path": f"{session}.txt",
                                                            "text": "hi"})
             assert not written.is_error and (folder / f"{session}.txt").read_text() == "hi"

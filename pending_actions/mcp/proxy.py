@@ -3,7 +3,8 @@ offers the upstream's tools under their own names (schemas, annotations) beside 
 ``pending``. A call of an upstream tool is decided by ``decide``, the one place that does:
 
 - ``allow``: forwarded at once; the answer is the upstream's result;
-- ``deny``: not run; an error result with the reason;
+- ``deny``: not run; an error result with the reason (denied by the tenant's policy: staged,
+  so that the stage decides it again and the session's history records ``denied``);
 - ``ask``: staged as ``pending-action:<tool>:<seq>`` with the arguments as its payload (and
   the tool's ``inputSchema`` as its schema, which a person's edit must meet) and the apply
   handler ``mcp:NAME``; a worker that has the same upstream calls it when ``resolve`` applies.
@@ -25,7 +26,7 @@ import mcp_types as types
 import orjson
 from mcp.server.mcpserver import Context
 
-from pending_actions.broker.errors import InvalidInput, PendingActionsError
+from pending_actions.broker.errors import Denied, InvalidInput, PendingActionsError
 from pending_actions.broker.payloads import check_json, check_schema
 from pending_actions.broker.texts import REMINDER
 from pending_actions.mcp import texts
@@ -51,6 +52,9 @@ class Verdict:
     decision: Decision
     reason: str
     rule: str | None = None  # the policy rule that decided; None: no policy did
+    # decided by the tenant's policy in Redis: a denied call then goes to the stage, which
+    # decides it again and records ``denied`` in the session's history (the audit trail)
+    tenants: bool = False
 
 
 # A tenant's policy, as the policies issue plugs it in: called with (tenant, session, tool,
@@ -110,7 +114,7 @@ class ProxyServer(SessionServer):
             return None
         why = found.reason or (f"asked of people by policy rule {found.rule}"
                                if found.decision == "ask" else f"{found.decision} by policy")
-        return Verdict(found.decision, why, found.rule)
+        return Verdict(found.decision, why, found.rule, tenants=True)
 
     async def list_tools(self) -> list[types.Tool]:
         return [*self.tools.values(), RESOLVE, PENDING]
@@ -132,7 +136,7 @@ class ProxyServer(SessionServer):
                                    tool.annotations, self.policy)
         except PendingActionsError as exc:  # the policy could not be read: nothing runs
             return error_result(texts.not_staged(str(exc).rstrip(".")))
-        if verdict.decision == "deny":
+        if verdict.decision == "deny" and not verdict.tenants:
             return error_result(texts.denied(verdict.reason, verdict.rule))
         if verdict.decision == "allow":
             return await self.forward(where, name, arguments)
@@ -167,6 +171,8 @@ class ProxyServer(SessionServer):
                 session=where.session, tool=tool, apply=self.upstream.handler,
                 label=label(tool, arguments, min(LABEL_CHARS, settings.max_label_chars)),
                 payload=arguments, schema=self.schemas.get(tool), tenant=where.tenant)
+        except Denied as exc:  # recorded as denied in the session's history
+            return error_result(texts.denied(exc.reason or "not allowed", exc.rule))
         except PendingActionsError as exc:
             return error_result(texts.not_staged(str(exc).rstrip(".")))
         return text_result(texts.staged(action_id, tool), REMINDER)
