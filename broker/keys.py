@@ -18,6 +18,7 @@ path."""
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -232,19 +233,41 @@ class Keys:
         or a ``plain_queue``) that cannot be served are parked, with the reason; in its slot."""
         return f"{stream}:dead"
 
+    def session_pattern(self, suffix: str = "", partition: int | None = None) -> str:
+        """The SCAN pattern of every session's keys ending in ``:suffix`` (any of a session's
+        keys without one), of every partition or of one: found without an index, for the
+        sweep, the operator's views of sessions with no owner record, and repair."""
+        tag = "*" if partition is None else self.tags[partition]
+        return f"{self.prefix}:{{{tag}}}:s:*" + (f":{suffix}" if suffix else "")
+
+    def session_of(self, key: bytes | str, suffixes: Iterable[str]) -> str | None:
+        """The session whose key of one of ``suffixes`` (``inflight``, ``actions``, ...)
+        ``key`` is; None for a key of another form, or one that only looks like it."""
+        name = key.decode() if isinstance(key, bytes) else key
+        head, sep, rest = name.partition("}:s:")
+        session, _, suffix = rest.rpartition(":")
+        if not sep or not head.startswith(f"{self.prefix}:{{") or suffix not in suffixes \
+                or not session:
+            return None
+        return session if self._s(session, suffix) == name else None
+
     def inflight_pattern(self) -> str:
         """The SCAN pattern every session's ``inflight`` hash matches (workers/sweep.py): no
         index of them is needed, nor trusted."""
-        return f"{self.prefix}:{{*}}:s:*:inflight"
+        return self.session_pattern("inflight")
 
     def session_of_inflight(self, key: bytes | str) -> str | None:
         """The session whose ``inflight`` hash ``key`` is; None for a key of another form."""
-        name = key.decode() if isinstance(key, bytes) else key
-        head, _sep, rest = name.partition("}:s:")
-        if not head.startswith(f"{self.prefix}:{{") or not rest.endswith(":inflight"):
-            return None
-        session = rest.removesuffix(":inflight")
-        return session if session and self.inflight(session) == name else None
+        return self.session_of(key, ("inflight",))
+
+    def policy_markers_pattern(self) -> str:
+        """Every partition's ``policy_markers`` (an ACL key pattern)."""
+        return f"{self.prefix}:{{*}}:policies"
+
+    @staticmethod
+    def pool_member(pool: str, instance: str) -> str:
+        """A worker process of ``pool`` in ``pool_live``."""
+        return f"{pool}/{instance}"
 
     @staticmethod
     def lease_member(session: str, token: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import redis
 
+from pending_actions.broker.arguments import RegisterArgs, RegisterKeys
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.lua import source
 
@@ -31,12 +32,15 @@ def heartbeat(client: redis.Redis, keys: Keys, pool: str, names: list[str], inst
     """register.lua, for a pool made live by hand (the tests'): a worker process registers
     through its ``Scripts.register``, which sends the script's flags where Redis reads them.
     Sent without them, as a producer sends scripts: on any Redis, and while it is full."""
-    client.eval(source("register", flags=False), 2, keys.pools, keys.pool_live, pool,
-                orjson.dumps(sorted(names)), f"{pool}/{instance}", ttl_ms)
+    # by name, as Scripts.register builds them (broker/arguments.py: the scripts' slots)
+    slots = RegisterKeys(pools=keys.pools, live=keys.pool_live)
+    client.eval(source("register", flags=False), len(slots), *slots, *RegisterArgs(
+        pool=pool, names=orjson.dumps(sorted(names)), member=Keys.pool_member(pool, instance),
+        ttl_ms=ttl_ms))
 
 
 def leave(client: redis.Redis, keys: Keys, pool: str, instance: str) -> None:
-    client.zrem(keys.pool_live, f"{pool}/{instance}")
+    client.zrem(keys.pool_live, Keys.pool_member(pool, instance))
 
 
 @dataclass(frozen=True)

@@ -423,7 +423,7 @@ class Scripts:
         return self._call(
             "register", arg.RegisterKeys(pools=k.pools, live=k.pool_live),
             arg.RegisterArgs(pool=pool, names=orjson.dumps(sorted(names)),
-                             member=f"{pool}/{instance}", ttl_ms=ttl_ms), int)
+                             member=Keys.pool_member(pool, instance), ttl_ms=ttl_ms), int)
 
     def beat(self, proc: str, *, loop: str, every_ms: int, ttl_ms: int,
              info: bytes) -> Call[int]:

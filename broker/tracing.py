@@ -187,20 +187,20 @@ class Takes:
 class Handling:
     """The span of one handler run (``handling``): ``ended`` says how it came out."""
 
-    def __init__(self, span: Any, kind: str) -> None:
-        self.span, self.kind = span, kind
+    def __init__(self, span: Any) -> None:
+        self.span = span
 
-    def ended(self, outcome: Event, error: BaseException | None) -> None:
+    def ended(self, outcome: Event, error: BaseException | None, readd: bool) -> None:
         """``outcome``: what was recorded (late-refused when the lease had gone); a failure
-        records what the handler raised, and its re-add (not a directive's: used up) is an
-        event."""
+        records what the handler raised; ``readd``: the action went back (the worker's
+        ``conclusion`` decided so), an event."""
         span = self.span
         if span is None:
             return
         if error is not None:
             span.record_exception(error)
             span.set_status(_trace.StatusCode.ERROR, str(error) or type(error).__name__)
-        if outcome is Event.FAILED and self.kind != "directive":
+        if readd:
             span.add_event(READD)
         span.set_attribute(OUTCOME, outcome.value)
 
@@ -223,7 +223,7 @@ def handling(action: str, begun: Begun, started_ns: int,
         found = context_of(lease.trace)
         token = _context.attach(found) if found is not None else None
         try:
-            yield Handling(None, spec.kind)
+            yield Handling(None)
         finally:
             if token is not None:
                 _context.detach(token)
@@ -232,7 +232,7 @@ def handling(action: str, begun: Begun, started_ns: int,
         span.add_event(DEQUEUED, {QUEUED_MS: max(0, started_ns // 1_000_000 - queued_at_ms)},
                        timestamp=started_ns)
     with _trace.use_span(span, end_on_exit=True):
-        yield Handling(span, spec.kind)
+        yield Handling(span)
 
 
 @contextmanager

@@ -95,7 +95,7 @@ def patterns(role: str, keys: Keys, version: str = "7") -> list[str]:
     return {"producer": [ours, read_policy], "worker": [ours, read_policy],
             "serve": [ours, auth, policy],
             "auth": [auth, f"~{keys.legacy_token_names}", f"~{keys.legacy_tokens}", policy,
-                     f"~{keys.prefix}:{{*}}:policies"]}[role]
+                     f"~{keys.policy_markers_pattern()}"]}[role]
 
 
 def script_commands(names: tuple[str, ...]) -> set[str]:

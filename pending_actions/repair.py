@@ -102,10 +102,9 @@ def highest(pa: PendingActions, partition: int) -> int:
     ids: list[str] = [_text(f.get(b"id", b"")) for _e, f in client.xrange(k.events(partition))]
     ids += [_text(m).rpartition("/")[2] for m in client.zrange(k.expiries(partition), 0, -1)]
     sessions = {_text(s) for s in client.hkeys(k.sessions(partition))}
-    head = f"{k.prefix}:{{{k.tags[partition]}}}:s:"
-    for key in client.scan_iter(match=f"{head}*", count=1000):  # those without a record too
-        session, _, suffix = _text(key)[len(head):].rpartition(":")
-        if suffix in ("actions", "history", "dead"):
+    for key in client.scan_iter(match=k.session_pattern(partition=partition), count=1000):
+        session = k.session_of(key, ("actions", "history", "dead"))  # unrecorded ones too
+        if session is not None:
             sessions.add(session)
     for session in sessions:
         if not session or k.partition(session) != partition:

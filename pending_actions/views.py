@@ -70,7 +70,7 @@ def unowned_sessions(pa: PendingActions, *suffixes: Suffix) -> Iterator[str]:
     refuses them, ``repair`` restores it). Found by a SCAN of the whole key space (never
     KEYS): for the operator's all-tenant views and ``repair`` only."""
     k = pa.ctx.keys
-    pattern = f"{k.prefix}:{{*}}:s:*" + (f":{suffixes[0]}" if len(suffixes) == 1 else "")
+    pattern = k.session_pattern(suffixes[0] if len(suffixes) == 1 else "")
     found: dict[int, set[str]] = defaultdict(set)
     for key in pa.client.scan_iter(match=pattern, count=1000):
         session = _session_of(k, _text(key), suffixes)
@@ -85,12 +85,8 @@ def unowned_sessions(pa: PendingActions, *suffixes: Suffix) -> Iterator[str]:
 def _session_of(k: Keys, key: str, suffixes: tuple[Suffix, ...]) -> str | None:
     """The session whose key of one of ``suffixes`` ``key`` is, or None (another key, or one
     that only looks like it)."""
-    _head, sep, rest = key.partition("}:s:")
-    session, _, suffix = rest.rpartition(":")
-    if not sep or suffix not in suffixes or not NAME_RE.match(session):
-        return None
-    named = {"actions": k.actions, "dead": k.dead, "history": k.history}[suffix](session)
-    return session if named == key else None
+    session = k.session_of(key, suffixes)
+    return session if session is not None and NAME_RE.match(session) else None
 
 
 def listed(pa: PendingActions, tenant: str | None, suffix: Suffix,

@@ -7,11 +7,15 @@ caller sees. The two clients only drive plans, one with redis-py's blocking clie
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pending_actions.broker.scripts import Call
+import redis
+
+from pending_actions.broker.failures import translate
+from pending_actions.broker.scripts import Call, Queued
 
 T = TypeVar("T")
 
@@ -67,3 +71,44 @@ class Run:
 
 
 Plan = Generator[Batch | Chunks | Wait | Run, Any, T]
+
+
+def _noscript(reply: object) -> bool:
+    """Whether a pipeline's reply (errors left in place) says Redis lacked the script."""
+    return isinstance(reply, redis.exceptions.NoScriptError)
+
+
+def send_scripts(parts: list[Callable[[], list[Call[Any]]]],
+                 wait_on: str | None) -> Plan[list[list[Any]]]:
+    """Each part's calls by digest in a MULTI/EXEC (but on a cluster, whose slots it would
+    span) each, built when its turn comes (``Chunks``); then, by body, those Redis lacked
+    the script for (none ran: sending a stage again is safe anyway, its id stages once).
+    Returns each part's calls' decoded replies."""
+    built: dict[int, list[Call[Any]]] = {}
+    queued: dict[int, list[Queued[Any]]] = {}
+
+    def queue(i: int, pipe: Any) -> None:
+        if i not in built:
+            built[i] = parts[i]()
+        # queued anew when sent again (a dropped connection, REPLICA_WAIT through a failover)
+        queued[i] = [c.on(pipe, by_digest=True) for c in built[i]]
+
+    replies = yield Chunks([functools.partial(queue, i) for i in range(len(parts))], wait_on)
+    failed = next((r for rs in replies for r in rs
+                   if isinstance(r, Exception) and not _noscript(r)), None)
+    if failed is not None:
+        raise translate(failed) from failed
+    missing = [(i, j) for i in range(len(parts)) for j, q in enumerate(queued[i])
+               if _noscript(replies[i][q.index])]
+    again: dict[tuple[int, int], Any] = {}
+    if missing:
+        resent: list[Queued[Any]] = []
+
+        def resend(pipe: Any) -> None:
+            resent.clear()
+            resent.extend(built[i][j].on(pipe) for i, j in missing)
+
+        more = yield Batch(resend, wait_on=wait_on)
+        again = {m: q.get(more) for m, q in zip(missing, resent, strict=True)}
+    return [[again[(i, j)] if (i, j) in again else q.get(replies[i])
+             for j, q in enumerate(queued[i])] for i in range(len(parts))]

@@ -12,10 +12,8 @@ import functools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
-
-import redis
 
 from pending_actions.broker import texts, tracing
 from pending_actions.broker.errors import (
@@ -41,9 +39,9 @@ from pending_actions.broker.models import (
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
 from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
 from pending_actions.broker.replies import Staged, StageRefusal
-from pending_actions.broker.scripts import Call, Queued, Scripts, Slot
+from pending_actions.broker.scripts import Call, Scripts, Slot
 from pending_actions.broker.settings import Settings
-from pending_actions.producers.plans import Batch, Chunks, Plan
+from pending_actions.producers.plans import Batch, Plan, send_scripts
 from pending_actions.producers.policies import PolicyPlans, raise_denied
 
 MAX_FINGERPRINT_CHARS = 1_000
@@ -57,11 +55,6 @@ def _unowned(session: str, record: str) -> Unowned:
     return Unowned(f"session {session!r} has keys but no owner record (no field in {record}): "
                    "nothing was staged; an operator restores the record with `pending-actions "
                    f"repair --session {session}`")
-
-
-def _noscript(reply: object) -> bool:
-    """Whether a pipeline's reply (errors left in place) says Redis lacked the script."""
-    return isinstance(reply, redis.exceptions.NoScriptError)
 
 
 def _by_session(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -291,13 +284,14 @@ class Staging(PolicyPlans):
             # WAIT covers one connection, so one master: with it on a cluster a batch goes a
             # session at a time
             for group in _by_session(specs):
-                [[got]] = yield from self._send(
-                    [functools.partial(self._calls, [group])], self.keys.stack(group[0]["session"]))
+                [[got]] = yield from send_scripts(
+                    [functools.partial(self._calls, [group])],
+                    self.keys.stack(group[0]["session"]))
                 answers.append((group, got))
         else:
             chunks = [specs[i:i + self.CHUNK] for i in range(0, len(specs), self.CHUNK)]
             grouped = [_by_session(chunk) for chunk in chunks]
-            got_all = yield from self._send(
+            got_all = yield from send_scripts(
                 [functools.partial(self._calls, g) for g in grouped],
                 self.keys.stack(specs[0]["session"]))
             for groups, got in zip(grouped, got_all, strict=True):
@@ -358,41 +352,6 @@ class Staging(PolicyPlans):
     def _calls(self, groups: list[list[dict[str, Any]]]) -> list[Call[Staged]]:
         """A transaction's stage.lua calls, one per session."""
         return [self._call(g) for g in groups]
-
-    def _send(self, parts: list[Callable[[], list[Call[Any]]]],
-              wait_on: str | None) -> Plan[list[list[Any]]]:
-        """Each part's calls by digest in a MULTI/EXEC (but on a cluster, whose slots it would
-        span) each, built when its turn comes (``Chunks``); then, by body, those Redis lacked
-        the script for (none ran: sending a stage again is safe anyway, its id stages once).
-        Returns each part's calls' decoded replies."""
-        built: dict[int, list[Call[Any]]] = {}
-        queued: dict[int, list[Queued[Any]]] = {}
-
-        def queue(i: int, pipe: Any) -> None:
-            if i not in built:
-                built[i] = parts[i]()
-            # queued anew when sent again (a dropped connection, REPLICA_WAIT through a failover)
-            queued[i] = [c.on(pipe, by_digest=True) for c in built[i]]
-
-        replies = yield Chunks([functools.partial(queue, i) for i in range(len(parts))], wait_on)
-        failed = next((r for rs in replies for r in rs
-                       if isinstance(r, Exception) and not _noscript(r)), None)
-        if failed is not None:
-            raise translate(failed) from failed
-        missing = [(i, j) for i in range(len(parts)) for j, q in enumerate(queued[i])
-                   if _noscript(replies[i][q.index])]
-        again: dict[tuple[int, int], Any] = {}
-        if missing:
-            resent: list[Queued[Any]] = []
-
-            def resend(pipe: Any) -> None:
-                resent.clear()
-                resent.extend(built[i][j].on(pipe) for i, j in missing)
-
-            more = yield Batch(resend, wait_on=wait_on)
-            again = {m: q.get(more) for m, q in zip(missing, resent, strict=True)}
-        return [[again[(i, j)] if (i, j) in again else q.get(replies[i])
-                 for j, q in enumerate(queued[i])] for i in range(len(parts))]
 
     def set_slot(self, session: str, slot: Slot, tool: object, label: object, apply: object,
                  reject: object) -> Plan[str]:

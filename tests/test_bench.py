@@ -32,7 +32,9 @@ QUICK_ROWS = [
     "scaling.p4.throughput", "scaling.p4.p50", "scaling.p4r2.throughput", "scaling.p4r2.p50",
     "scaling.p1local.throughput", "scaling.p1local.p50", "scaling.pairs.throughput",
     "resolve.idle.local.p50.rabbitmq",
-    "resolve.idle.local.everysec.p50.rabbitmq",
+    "resolve.idle.local.everysec.p50.rabbitmq", "resolve.idle.noaof.p50.rabbitmq",
+    "peer.stage.p50", "peer.idle.p50", "peer.idle.everysec.p50", "peer.loaded.throughput",
+    "peer.bytes",
     "cluster.commands.per_resolve", "cluster.spread", "cluster.idle.p50",
     "cluster.loaded.throughput", "cluster.loaded.p50",
 ]
@@ -52,7 +54,8 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
     assert [k for k in QUICK_ROWS if k not in rows] == []
     rabbit_skipped = "rabbitmq" in doc["skipped"]
     for key, row in rows.items():
-        if key.endswith(".rabbitmq") and rabbit_skipped:
+        if (key.endswith(".rabbitmq") and rabbit_skipped) or (
+                key.startswith("peer.") and "langgraph" in doc["skipped"]):
             assert row["note"], key  # a skipped baseline says why
             continue
         assert row["value"] is not None, key
@@ -66,6 +69,15 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
         assert doc["distributions"][name]["errors"] == 0, name
 
     facts = doc["facts"]
+    if "langgraph" in doc["skipped"]:  # the peer's packages or its PostgreSQL are not here
+        assert f"skipped langgraph: {doc['skipped']['langgraph']}" in proc.stdout
+    else:
+        for name in ("langgraph.stage", "langgraph.idle", "langgraph.loaded.threads",
+                     "langgraph.loaded.processes", "ours.loaded.peer", "ours.idle.noaof"):
+            assert doc["distributions"][name]["n"] > 0, name
+            assert doc["distributions"][name]["errors"] == 0, name
+        assert facts["langgraph"]["bytes_per_action"]["per_action"] > 0
+        assert facts["langgraph"]["loaded_best"] in ("threads", "processes")
     # every one-process pair was run, and its ratio is its own two sides'
     pairs = facts["scaling"]["pairs"]["pairs"]
     assert len(pairs) == throughput.PAIRS

@@ -23,8 +23,9 @@ from pending_actions.broker.scripts import source
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
-from pending_actions.workers.attempt import Renewer, run_attempt
+from pending_actions.workers.attempt import run_attempt
 from pending_actions.workers.early import Claimed, EarlyClaims
+from pending_actions.workers.renewer import Renewer
 from pending_actions.workers.tasks import TaskMessage
 from tests.support import handlers, skipping
 from tests.support.faults import FAST, K, cluster

@@ -314,8 +314,9 @@ def test_the_readme_configures_an_mcp_client_with_the_proxy() -> None:
 def test_proxy_calls_are_decided_by_the_tenants_policy(url: str, pa: PendingActions,
                                                        folder: Path, session: str) -> None:
     """With a policy, it decides instead of the readOnlyHint: a denied write is refused with
-    the rule's reason, nothing runs or is staged, and the history records it denied; an allowed write goes straight through; a
-    read the policy asks people for is staged, with its decision on the action."""
+    the rule's reason, nothing runs or is staged, and the history records it denied; an
+    allowed write goes straight through; a read the policy asks people for is staged, with its
+    decision on the action."""
     tenant = f"mcp-{uuid.uuid4().hex[:6]}"
     pa.set_policy({"rules": [
         {"name": "no-secrets", "match": {"tool": "write_file", "payload": {"path": "*.key"}},

@@ -23,7 +23,7 @@ from pending_actions.broker.lua import (
 )
 from pending_actions.broker.pools import LiveView, heartbeat
 from pending_actions.broker.replies import BeginStatus, Begun, TakeStatus
-from pending_actions.broker.scripts import LUA_TABLES, NAMES, lua_file, prelude, source
+from pending_actions.broker.scripts import LUA_TABLES, NAMES, ToStage, lua_file, prelude, source
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 
@@ -195,3 +195,12 @@ def test_begin_reads_counters_only_where_take_says_there_are_some(
     finally:
         pa.close()
         rc.close()
+
+
+def test_a_stage_records_fields_are_to_stages() -> None:
+    """stage.lua reads each action's record by field name (its ``RECORD``), in the order of
+    ``ToStage``'s fields, which build it (``req`` is the client's own: a key, not an
+    argument)."""
+    [record] = re.findall(r"^local RECORD = \{(.*)\}$", lua_file("stage"), re.M)
+    assert re.findall(r"'(\w+)'", record) == [f for f in ToStage._fields if f != "req"]
+    assert ToStage._fields[-1] == "req"  # after the record: never sent as an argument

@@ -27,6 +27,7 @@ from pending_actions.broker.settings import Settings
 from pending_actions.workers import attempt, registry
 from pending_actions.workers.early import EarlyClaims, HandBack
 from pending_actions.workers.local import LocalDispatch
+from pending_actions.workers.renewer import Renewer
 from pending_actions.workers.resolver import ResolveWorker
 from pending_actions.workers.taskbroker import StreamsBroker
 from pending_actions.workers.tasks import (
@@ -144,7 +145,7 @@ broker.add_middleware(CurrentMessage())
 broker.add_middleware(HandBack(early_claims))
 broker.add_middleware(FlushSpans())
 dramatiq.set_broker(broker)
-renewer = attempt.Renewer(ctx, beats)
+renewer = Renewer(ctx, beats)
 
 
 @dramatiq.actor(

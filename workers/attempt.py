@@ -1,12 +1,12 @@
 """One handler run: claim the attempt, run apply or reject, then finalize or re-add, every step
-fenced by the lease token (``Attempt``). What a handler's failure comes to is decided in one
-place, ``conclusion``. Called by the dramatiq actor in ``pending_actions.workers.actors``."""
+fenced by the lease token (``Attempt``; ``workers/renewer.py`` keeps the lease). What a
+handler's failure comes to is decided in one place, ``conclusion``. Called by the dramatiq actor
+in ``pending_actions.workers.actors``."""
 
 from __future__ import annotations
 
 import inspect
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -19,14 +19,13 @@ from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, texts, tracing
-from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
+from pending_actions.broker.backoff import FAILOVER_WAIT_S, retry
 from pending_actions.broker.connection import NotReplicated, acked
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import Stale, ToolError
 from pending_actions.broker.events import Event
 from pending_actions.broker.failures import poison_of
 from pending_actions.broker.feed import publish
-from pending_actions.broker.loops import Beats, Loop
 from pending_actions.broker.models import (
     ActionState,
     Lease,
@@ -44,6 +43,7 @@ from pending_actions.broker.scripts import Call, Queued
 from pending_actions.workers import aio, registry
 from pending_actions.workers.early import Claimed
 from pending_actions.workers.poison import park_poison, park_spec
+from pending_actions.workers.renewer import Renewer
 from pending_actions.workers.tasks import TaskMessage
 
 log = logging.getLogger("pending_actions.attempt")
@@ -53,58 +53,6 @@ try:  # dramatiq interrupts a thread (time limit, shutdown) with a BaseException
     from dramatiq.middleware import Interrupt
 except ImportError:  # pragma: no cover
     Interrupt = Exception  # type: ignore[misc,assignment]
-
-
-class Renewer:
-    """Extends the lease of every running attempt of this process, every lease/3: a loop of
-    ``broker.loops`` (it beats, and survives every error, Redis full included)."""
-
-    def __init__(self, ctx: Context, beats: Beats | None = None) -> None:
-        self.ctx = ctx
-        self.beats = beats
-        self.tokens: dict[str, str] = {}
-        self.lock = threading.Lock()
-        self.wake = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        with self.lock:
-            if self.thread is not None:
-                return
-            lease_s = self.ctx.settings.lease_ms / 1000
-            # a renewal late by a lease loses the lease: back off at most a sixth of one
-            loop = Loop("lease-renewer", self._renew, self.wake, pause_s=lease_s / 3,
-                        every_s=lease_s, beats=self.beats, backoff=Backoff(0.02, lease_s / 6))
-            self.thread = loop.thread()
-            self.thread.start()
-
-    def add(self, session: str, token: str) -> None:
-        with self.lock:
-            self.tokens[token] = session
-        self.start()
-
-    def discard(self, token: str) -> None:
-        with self.lock:
-            self.tokens.pop(token, None)
-
-    def _renew(self) -> None:
-        with self.lock:
-            items = list(self.tokens.items())
-        if not items:
-            return
-        ctx = self.ctx
-        pipe = ctx.client.pipeline(transaction=False)
-        # renew.lua moves the lease's index entry too
-        renewals = [ctx.scripts.renew(session, token=token).on(pipe) for token, session in items]
-        replies = pipe.execute(raise_on_error=False)
-        failed = [r for r in replies if isinstance(r, Exception)]
-        for (token, session), queued in zip(items, renewals, strict=True):
-            if poison_of(replies[queued.index]) is not None:
-                # recovery parks it when it comes due; renewing it again cannot help
-                log.error("lease %s of %s does not parse; no longer renewed", token, session)
-                self.discard(token)
-        if failed and any(poison_of(r) is None for r in failed):
-            raise next(r for r in failed if poison_of(r) is None)
 
 
 def _own(queued: Queued[R]) -> Callable[[list[Any]], R]:
@@ -150,11 +98,11 @@ def run_attempt(ctx: Context, renewer: Renewer, task: TaskMessage,
     with tracing.handling(task.action, begun, started, queued_at_ms) as span:
         try:
             ran = attempt.run(begun)
-            outcome, done = attempt.conclude(begun, ran)
+            end, done = attempt.conclude(begun, ran)
         finally:
             renewer.discard(task.token)
-        span.ended(outcome if done else Event.LATE_REFUSED, ran.error)
-        return outcome.value if done else attempt.refused_late(begun, outcome)
+        span.ended(end.event if done else Event.LATE_REFUSED, ran.error, end.readd and done)
+        return end.event.value if done else attempt.refused_late(begun, end.event)
 
 
 class Attempt:
@@ -254,8 +202,8 @@ class Attempt:
         return _call(view, spec, task, idempotency_key(spec, task.req))
 
     # --- conclude --------------------------------------------------------------------------
-    def conclude(self, begun: Begun, ran: Ran) -> tuple[Event, bool]:
-        """Record what the run came to (``conclusion``) with its feed entry; the event, and
+    def conclude(self, begun: Begun, ran: Ran) -> tuple[Conclusion, bool]:
+        """Record what the run came to (``conclusion``) with its feed entry; that, and
         whether it was recorded (False: the lease had expired, the outcome refused)."""
         assert begun.spec is not None and begun.counters is not None and begun.lease is not None
         spec, task, scripts = begun.spec, self.task, self.ctx.scripts
@@ -269,7 +217,7 @@ class Attempt:
             step = scripts.finalize(task.session, token=task.token, req=task.req,
                                     reply=ran.result.to_json(), event=end.event,
                                     action_id=spec.id, attempt=attempts, noted=end.noted)
-        return end.event, self._record(step, end.event, spec, by)
+        return end, self._record(step, end.event, spec, by)
 
     def refused_late(self, begun: Begun, outcome: Event) -> str:
         """The outcome came after its lease had gone (expired, and recovered by recover.lua):

@@ -1,5 +1,6 @@
 """The workers' side of policies: what a resolve worker answers when take.lua decided about
-people's approvals (``answer``), and the housekeeping chore that brings every partition's
+people's approvals (``answer``, ``answer_people``) or found no live worker for a target's
+handler (``refuse_no_worker``), and the housekeeping chore that brings every partition's
 marker of a tenant's policy up to its current version (``raise_markers``), which completes a
 ``policy set`` that stopped between writing the version and raising the markers."""
 
@@ -10,6 +11,8 @@ from typing import Any
 
 from pending_actions.broker import texts
 from pending_actions.broker.context import Context
+from pending_actions.broker.events import Event
+from pending_actions.broker.feed import publish
 from pending_actions.broker.models import ResolveRequest, Result
 from pending_actions.broker.replies import Taken, TakeStatus
 from pending_actions.broker.results import base_details, text_result
@@ -73,3 +76,40 @@ def raise_markers(ctx: Context) -> int:
         log.warning("raised %d partition marker(s) of policies to their current version (a "
                     "policy set stopped half way)", raised)
     return raised
+
+
+def _reply(pipe: Any, ctx: Context, request: ResolveRequest, body: bytes) -> None:
+    key = ctx.keys.reply(request.session, request.req)
+    pipe.rpush(key, body)
+    pipe.expire(key, ctx.settings.reply_ttl_s)
+
+
+def answer_people(ctx: Context, answered: list[tuple[ResolveRequest, Taken]]) -> None:
+    """Reply to what take.lua decided about people's approvals (``answer``), with the feed
+    entry of a recorded approval, in one round trip."""
+    if not answered:
+        return
+    pipe = ctx.client.pipeline(transaction=False)
+    for request, got in answered:
+        assert got.spec is not None and got.counters is not None
+        if got.status is TakeStatus.APPROVED and got.recorded:
+            publish(pipe, ctx.keys, Event.APPROVED, got.spec, by=request.approver,
+                    rule=(got.spec.policy or {}).get("rule") or "",
+                    approvals=len(got.counters.approved_by or []))
+        _reply(pipe, ctx, request, answer(request, got).to_json())
+    pipe.execute()
+
+
+def refuse_no_worker(ctx: Context, refused: list[tuple[ResolveRequest, Taken]]) -> None:
+    """Tell each resolver at once that no live worker has its target's handler; nothing was
+    taken, so the action stays where it was (not re-dispatched in a loop)."""
+    if not refused:
+        return
+    pipe = ctx.client.pipeline(transaction=False)
+    for request, got in refused:
+        log.warning("no live worker has handler %r for %s", got.handler, got.id)
+        text = texts.no_worker(request.action, got.id, got.handler or None)
+        reply = text_result(text, base_details(request.action, request.reason,
+                                               request.extra, got.spec), is_error=True)
+        _reply(pipe, ctx, request, reply.to_json())
+    pipe.execute()

@@ -19,28 +19,25 @@ import redis
 from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
-from pending_actions.broker import failpoints, texts, tracing
+from pending_actions.broker import failpoints, tracing
 from pending_actions.broker.connection import is_cluster, pipeline, read_group
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
-from pending_actions.broker.events import Event, WorkerEvent, announce
+from pending_actions.broker.events import WorkerEvent, announce
 from pending_actions.broker.failures import poison_of, translate
-from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import RESOLVER_GROUP
 from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.pools import Live, LiveView
 from pending_actions.broker.replies import Taken, TakeStatus
 from pending_actions.broker.results import (
-    base_details,
     expired,
     not_the_target,
     nothing_to_target_json,
-    text_result,
 )
 from pending_actions.workers.local import Claims, LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
-from pending_actions.workers.policies import answer, is_auto
+from pending_actions.workers.policies import answer_people, is_auto, refuse_no_worker
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.taskbroker import StreamsBroker
 from pending_actions.workers.tasks import TaskMessage, encoded_task, pool_queue
@@ -219,7 +216,7 @@ class ResolveWorker:
                 retaken = self._take_all([live[i] for i in refused], fresh, now_ms)
                 for i, t in zip(refused, retaken, strict=True):
                     taken[i], views[i] = t, fresh
-            self._refuse([(live[i][1], t) for i in refused
+            refuse_no_worker(self.ctx, [(live[i][1], t) for i in refused
                           if isinstance(t := taken[i], Taken)
                           and t.status is TakeStatus.NO_WORKER])
         for (entry, request), got, seen in zip(live, taken, views, strict=True):
@@ -235,7 +232,7 @@ class ResolveWorker:
                     got.status is TakeStatus.APPROVED and not got.recorded):
                 acks.append(entry)
             outcomes.append(_outcome(got))
-        self._answer_people([(r, t) for (_e, r), t in zip(live, taken, strict=True)
+        answer_people(self.ctx, [(r, t) for (_e, r), t in zip(live, taken, strict=True)
                              if isinstance(t, Taken) and t.status in PEOPLE])
         if acks:
             # after the takes, not beside them: a take Redis refused for memory leaves its
@@ -354,41 +351,6 @@ class ResolveWorker:
             pipe.expire(key, self.ctx.settings.reply_ttl_s)
             pipe.execute()
         return True
-
-    def _answer_people(self, answered: list[tuple[ResolveRequest, Taken]]) -> None:
-        """Reply to what take.lua decided about people's approvals (``policy.answer``), with
-        the feed entry of a recorded approval, in one round trip."""
-        if not answered:
-            return
-        ctx = self.ctx
-        pipe = ctx.client.pipeline(transaction=False)
-        for request, got in answered:
-            assert got.spec is not None and got.counters is not None
-            if got.status is TakeStatus.APPROVED and got.recorded:
-                publish(pipe, ctx.keys, Event.APPROVED, got.spec, by=request.approver,
-                        rule=(got.spec.policy or {}).get("rule") or "",
-                        approvals=len(got.counters.approved_by or []))
-            key = ctx.keys.reply(request.session, request.req)
-            pipe.rpush(key, answer(request, got).to_json())
-            pipe.expire(key, ctx.settings.reply_ttl_s)
-        pipe.execute()
-
-    def _refuse(self, refused: list[tuple[ResolveRequest, Taken]]) -> None:
-        """Tell each resolver at once that no live worker has its target's handler; nothing
-        was taken, so the action stays where it was (not re-dispatched in a loop)."""
-        if not refused:
-            return
-        ctx = self.ctx
-        pipe = ctx.client.pipeline(transaction=False)
-        for request, got in refused:
-            log.warning("no live worker has handler %r for %s", got.handler, got.id)
-            text = texts.no_worker(request.action, got.id, got.handler or None)
-            reply = text_result(text, base_details(request.action, request.reason,
-                                                   request.extra, got.spec), is_error=True)
-            key = ctx.keys.reply(request.session, request.req)
-            pipe.rpush(key, reply.to_json())
-            pipe.expire(key, ctx.settings.reply_ttl_s)
-        pipe.execute()
 
 
 def _text(raw: Any) -> str:

@@ -54,7 +54,16 @@ local maxlen, tenant, session, indexed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local feed_maxlen, at, policy_version, dispatch_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local marker_ttl_s, denial_ttl_s = ARGV[9], ARGV[10]
 local actions_at = 11
-local WIDTH = 7
+-- one record per action from ARGV[actions_at] on, its fields in the order of ToStage's
+-- (broker/scripts.py; tests/test_scripts.py compares the two)
+local RECORD = {'id', 'spec', 'ttl_ms', 'created', 'decision', 'rule', 'more'}
+local WIDTH = #RECORD
+local act = {}  -- an action's index in ARGV -> its record, by field name
+for i = actions_at, #ARGV, WIDTH do
+  local a = {}
+  for n, name in ipairs(RECORD) do a[name] = ARGV[i + n - 1] end
+  act[i] = a
+end
 redis.replicate_commands()
 
 local owner = call_on('HGET', sessions, session)
@@ -69,16 +78,16 @@ local claim = owner ~= tenant
 local ttl, auto = false, false
 local marker_of, m = {}, markers_at  -- an action's index in ARGV -> its marker key
 for i = actions_at, #ARGV, WIDTH do
-  ttl = ttl or ARGV[i + 2] ~= ''
-  local decision = ARGV[i + 4]
+  ttl = ttl or act[i].ttl_ms ~= ''
+  local decision = act[i].decision
   if decision == 'auto' or decision == 'deny' then
     marker_of[i], m = KEYS[m], m + 1
   end
   if decision == 'auto' then  -- read before any write: a request that does not parse
     auto = auto or {}        -- changes nothing
-    local ok, r = pcall(cjson.decode, string.sub(ARGV[i + 6], 33))
+    local ok, r = pcall(cjson.decode, string.sub(act[i].more, 33))
     if not ok or type(r) ~= 'table' or type(r.req) ~= 'string' or type(r.reason) ~= 'string' then
-      return redis.error_reply('ERR stage: the auto request of ' .. ARGV[i] .. ' does not parse')
+      return redis.error_reply('ERR stage: the auto request of ' .. act[i].id .. ' does not parse')
     end
     auto[i] = r
   end
@@ -92,7 +101,7 @@ check_types(types)
 -- one HMGET and one HSET for the lot, not an HSETNX each: a command costs Redis far more to
 -- call from a script, and to write to the AOF, than its arguments do
 local ids = {}
-for i = actions_at, #ARGV, WIDTH do ids[#ids + 1] = ARGV[i] end
+for i = actions_at, #ARGV, WIDTH do ids[#ids + 1] = act[i].id end
 local there = call_on('HMGET', actions, unpack(ids))
 if not owner and redis.call('EXISTS', stack, actions, hist) > 0 then
   return {STAGE.UNOWNED}
@@ -100,7 +109,7 @@ end
 local out, new, fields, fresh = {}, {}, {}, {}
 for k, id in ipairs(ids) do
   local at_k = actions_at + WIDTH * (k - 1)  -- the id's index in ARGV
-  local spec, decision = ARGV[at_k + 1], ARGV[at_k + 4]
+  local spec, decision = act[at_k].spec, act[at_k].decision
   local held = there[k] or fresh[id]
   if decision == 'deny' then
     held = held or call_on('GET', marker_of[at_k])
@@ -123,10 +132,10 @@ end
 if #new == 0 then
   return out
 end
--- ``base`` with what the policy decided for the action at ARGV[i] (for the history and the
+-- ``base`` with what the policy decided for the action act[i] (for the history and the
 -- feed) and ``more`` appended: the fields of one entry
 local function with_decision(base, i, more)
-  local decision, rule = ARGV[i + 4], ARGV[i + 5]
+  local decision, rule = act[i].decision, act[i].rule
   if decision ~= '' then
     for _, x in ipairs({'decision', decision == 'auto' and 'allow' or decision, 'rule', rule,
                         'policy', policy_version}) do
@@ -134,7 +143,7 @@ local function with_decision(base, i, more)
     end
     if decision == 'ask' then
       base[#base + 1] = 'approvals'
-      base[#base + 1] = ARGV[i + 6]
+      base[#base + 1] = act[i].more
     elseif decision == 'auto' then
       base[#base + 1] = 'auto'
       base[#base + 1] = 'true'
@@ -146,17 +155,17 @@ end
 -- the feed's entries first: the first write checks its own key's type (POISON, nothing
 -- written), which saves a TYPE call on every stage
 for _, i in ipairs(new) do
-  local tool = string.match(ARGV[i], '^pending%-action:(.+):%d+$') or ''
-  if ARGV[i + 4] == 'deny' then
-    append(feed, EVENT.DENIED, 'at', at, 'session', session, 'tenant', tenant, 'id', ARGV[i],
-      'tool', tool, 'kind', 'action', 'created_at', ARGV[i + 3], 'rule', ARGV[i + 5],
-      'reason', ARGV[i + 6], 'policy', policy_version)
+  local tool = string.match(act[i].id, '^pending%-action:(.+):%d+$') or ''
+  if act[i].decision == 'deny' then
+    append(feed, EVENT.DENIED, 'at', at, 'session', session, 'tenant', tenant, 'id', act[i].id,
+      'tool', tool, 'kind', 'action', 'created_at', act[i].created, 'rule', act[i].rule,
+      'reason', act[i].more, 'policy', policy_version)
   else
-    local fields = {'at', at, 'session', session, 'tenant', tenant, 'id', ARGV[i], 'tool',
-      tool, 'kind', 'action', 'created_at', ARGV[i + 3]}
+    local fields = {'at', at, 'session', session, 'tenant', tenant, 'id', act[i].id, 'tool',
+      tool, 'kind', 'action', 'created_at', act[i].created}
     -- a plain allow is the feed's default: only what waits for people or is applied at once
     -- says so (webhooks, metrics); the history names every decision
-    if ARGV[i + 4] ~= 'allow' then fields = with_decision(fields, i) end
+    if act[i].decision ~= 'allow' then fields = with_decision(fields, i) end
     append(feed, EVENT.STAGED, unpack(fields))
   end
 end
@@ -170,9 +179,9 @@ end
 redis.call('PERSIST', hist)
 local pushed, pushed_at = {}, {}
 for _, i in ipairs(new) do
-  local decision = ARGV[i + 4]
+  local decision = act[i].decision
   if decision ~= 'deny' and decision ~= 'auto' then
-    pushed[#pushed + 1] = ARGV[i]
+    pushed[#pushed + 1] = act[i].id
     pushed_at[i] = #pushed
   end
 end
@@ -183,16 +192,16 @@ local owned = indexed ~= '' and {'tenant', tenant} or {}
 local now = (ttl or auto) and now_ms()
 local soonest
 for _, i in ipairs(new) do
-  local id, decision = ARGV[i], ARGV[i + 4]
+  local id, decision = act[i].id, act[i].decision
   if pushed_at[i] then out[(i - actions_at) / WIDTH + 1] = depth + pushed_at[i] end
   if decision == 'deny' then
-    redis.call('SET', marker_of[i], ARGV[i + 1], 'EX', denial_ttl_s)
-    append(hist, EVENT.DENIED, 'id', id, 'rule', ARGV[i + 5], 'reason', ARGV[i + 6],
+    redis.call('SET', marker_of[i], act[i].spec, 'EX', denial_ttl_s)
+    append(hist, EVENT.DENIED, 'id', id, 'rule', act[i].rule, 'reason', act[i].more,
       'policy', policy_version, unpack(owned))
   else
     local base = {'id', id}
-    if ARGV[i + 2] ~= '' then
-      local due = now + tonumber(ARGV[i + 2])
+    if act[i].ttl_ms ~= '' then
+      local due = now + tonumber(act[i].ttl_ms)
       redis.call('ZADD', expiries, due, session .. '/' .. id)
       base = {'id', id, 'expires_at', due}
       soonest = math.min(soonest or due, due)
@@ -200,9 +209,9 @@ for _, i in ipairs(new) do
     append(hist, EVENT.STAGED, unpack(with_decision(base, i, owned)))
   end
   if decision == 'auto' then
-    local token, request = string.sub(ARGV[i + 6], 1, 32), string.sub(ARGV[i + 6], 33)
+    local token, request = string.sub(act[i].more, 1, 32), string.sub(act[i].more, 33)
     local r = auto[i]
-    local by = 'policy:' .. ARGV[i + 5]
+    local by = 'policy:' .. act[i].rule
     local deadline = now + tonumber(dispatch_ms)
     redis.call('HSET', inflight, token, cjson.encode({
       id = id, kind = 'action', token = token, attempt = 1, req = r.req, action = 'apply',

@@ -21,6 +21,12 @@ import click
 @click.option("--skip-rabbitmq", is_flag=True, help="Do not try the RabbitMQ baseline.")
 @click.option("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/%2F",
               show_default=True, help="RabbitMQ for the stock dramatiq baseline, if reachable.")
+@click.option("--skip-langgraph", is_flag=True,
+              help="Do not try the LangGraph-on-Postgres baseline.")
+@click.option("--postgres-url", default=None,
+              help="PostgreSQL for the LangGraph baseline (default: "
+              "$PENDING_ACTIONS_BENCH_POSTGRES, else postgresql://postgres@127.0.0.1:5432/"
+              "postgres); the run uses a database of its own on that server.")
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="dramatiq worker processes, for ours and for stock dramatiq alike (the "
               "worker-layout rows run 1, 2 and 4 whatever this says).")
@@ -32,18 +38,22 @@ import click
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-cluster", is_flag=True,
               help="Skip the figures on a private 3-master Redis Cluster.")
-def bench(quick: bool, out: Path, skip_rabbitmq: bool, rabbitmq_url: str, processes: int,
-          threads: int, fsync: str, no_progress: bool, no_cluster: bool) -> None:
+def bench(quick: bool, out: Path, skip_rabbitmq: bool, rabbitmq_url: str,
+          skip_langgraph: bool, postgres_url: str | None, processes: int, threads: int,
+          fsync: str, no_progress: bool, no_cluster: bool) -> None:
     """Measure resolve latency and throughput, staging, memory, scaling (stack depth, sessions,
     worker processes) and idle cost, each beside baselines measured in the same run (raw Redis,
-    stock dramatiq on RedisBroker and, when reachable, RabbitMQ), then where an idle resolve's
+    stock dramatiq on RedisBroker and, when reachable, RabbitMQ; LangGraph's human-in-the-loop
+    on Postgres when its packages and a PostgreSQL are there), then where an idle resolve's
     time goes step by step. Starts its own redis-server and worker processes."""
-    from pending_actions_harness.bench import report, runner
+    from pending_actions_harness.bench import langgraph, report, runner
 
     out.mkdir(parents=True, exist_ok=True)
     options = runner.Options(out=out, quick=quick, skip_rabbitmq=skip_rabbitmq,
-                             rabbitmq_url=rabbitmq_url, processes=processes, threads=threads,
-                             fsync=fsync, progress=not no_progress, cluster=not no_cluster)
+                             rabbitmq_url=rabbitmq_url, skip_langgraph=skip_langgraph,
+                             postgres_url=postgres_url or langgraph.POSTGRES_URL,
+                             processes=processes, threads=threads, fsync=fsync,
+                             progress=not no_progress, cluster=not no_cluster)
     run = runner.run(options)
     rows = report.rows(run)
     png = out / "latency.png"

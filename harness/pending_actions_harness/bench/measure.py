@@ -58,6 +58,22 @@ def idle_resolves(pa: PendingActions, who: str, stage: Callable[[], object], cal
     return first, every
 
 
+def idle_without_aof(pa: PendingActions, who: str, stage: Callable[[], object], call: Call,
+                     n: int, gap_s: tuple[float, float], progress: Progress) -> Dist:
+    """``n`` idle resolves with Redis's AOF off (``appendonly no``: a push broker's memory-only
+    comparison), then the AOF on again and its rewrite waited out, so that nothing after runs
+    beside it."""
+    with progress.phase(f"{who}: idle resolve, Redis without AOF", n) as tick:
+        pa.client.config_set("appendonly", "no")
+        try:
+            return idle(f"{who} idle (no AOF)", call, n, gap_s, tick, before=stage)
+        finally:
+            pa.client.config_set("appendonly", "yes")
+            while int(pa.client.info("persistence")["aof_rewrite_in_progress"]) or \
+                    int(pa.client.info("persistence")["aof_rewrite_scheduled"]):
+                time.sleep(0.05)  # INFO is the only word Redis gives of a rewrite's end
+
+
 def loaded(name: str, calls: Sequence[Call], per_caller: int, tick: Tick) -> Dist:
     """One thread per entry of ``calls``, each making ``per_caller`` round trips back to back,
     all released together. Throughput is completed round trips over the wall time."""

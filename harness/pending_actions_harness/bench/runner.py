@@ -20,7 +20,15 @@ import redis
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
-from pending_actions_harness.bench import cluster, fill, measure, scaling, throughput, trace
+from pending_actions_harness.bench import (
+    cluster,
+    fill,
+    langgraph,
+    measure,
+    scaling,
+    throughput,
+    trace,
+)
 from pending_actions_harness.bench.handlers import NOOP
 from pending_actions_harness.bench.procs import start_ours, start_stock
 from pending_actions_harness.bench.progress import Progress
@@ -85,6 +93,8 @@ class Options:
     quick: bool = False
     skip_rabbitmq: bool = False
     rabbitmq_url: str = RABBITMQ_URL
+    skip_langgraph: bool = False
+    postgres_url: str = langgraph.POSTGRES_URL
     processes: int = 1
     threads: int = 8
     fsync: str = "always"
@@ -101,9 +111,9 @@ class Run:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def _phases(s: Sizes, rabbit: bool) -> int:
-    stock = 4 + (3 if rabbit else 0)
-    ours = 10 + len(MEMORY_SHAPES) + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
+def _phases(s: Sizes, rabbit: bool, peer: bool) -> int:
+    stock = 4 + (3 if rabbit else 0) + (6 if peer else 0)
+    ours = 11 + len(MEMORY_SHAPES) + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
     layouts = (len(throughput.LAYOUTS) + len({x.processes for x in throughput.LAYOUTS})
                + 2 * sum(x.local for x in throughput.LAYOUTS)  # and their idle resolves
                + 2 * (throughput.PAIRS - 1))  # the one-process pair's repeats
@@ -117,12 +127,18 @@ def run(options: Options) -> Run:
         options.rabbitmq_url)
     if why_not:
         r.skipped["rabbitmq"] = why_not
-    progress = Progress(_phases(sizes, not why_not), enabled=options.progress)
+    peer_not = "skipped by --skip-langgraph" if options.skip_langgraph else \
+        langgraph.unavailable(options.postgres_url)
+    if peer_not:
+        r.skipped["langgraph"] = peer_not
+    progress = Progress(_phases(sizes, not why_not, not peer_not), enabled=options.progress)
     load = os.getloadavg()[0]
     if load > 0.8:  # other work on a 2-core machine moves every figure
         progress.say(f"warning: load average is {load:.2f} before the run; figures will be noisy")
     if why_not:
         progress.say(f"RabbitMQ baseline skipped: {why_not}")
+    if peer_not:
+        progress.say(f"LangGraph baseline skipped: {peer_not}")
     logs = options.out / "logs"
     with tempfile.TemporaryDirectory(prefix="pa-bench-redis-") as data:
         server = EmbeddedRedis(directory=Path(data), fsync=options.fsync).start()
@@ -143,6 +159,14 @@ def run(options: Options) -> Run:
                 finally:
                     delete_rabbitmq_queues(queue, options.rabbitmq_url)
             _ours(r, f"{base}/0", f"{base}/2", logs, progress)
+            if not peer_not:
+                try:
+                    dists, facts = langgraph.run(options.postgres_url, sizes, progress)
+                    r.dists.update(dists)
+                    r.facts["langgraph"] = facts
+                except Exception as exc:  # an optional baseline: say why, keep the run
+                    r.skipped["langgraph"] = f"failed: {exc!r}"[:300]
+                    progress.say(f"LangGraph baseline failed: {exc!r}")
             throughput.run(r, base, logs, progress)
         finally:
             server.stop()
@@ -308,6 +332,9 @@ def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
     r.dists["ours.idle"], r.dists["ours.idle.everysec"] = measure.idle_resolves(
         pa, "ours", lambda: stage("bench-idle"), measure.resolver(pa, "bench-idle"), s.idle,
         s.idle_gap_s, progress)
+    r.dists["ours.idle.noaof"] = measure.idle_without_aof(
+        pa, "ours", lambda: stage("bench-idle"), measure.resolver(pa, "bench-idle"), s.idle,
+        s.idle_gap_s, progress)
     names = [f"bench-load-{i}" for i in range(s.callers)]
     with progress.phase(f"ours: {s.callers} sessions, {s.callers} concurrent callers",
                         s.callers * (s.per_caller + 2) * 2) as tick:
@@ -322,6 +349,18 @@ def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
         r.facts["per_resolve.ours"] = measure.Counters.read(pa.client).per_op(
             before, s.callers * s.per_caller)
     fill.drop_sessions(pa.ctx, names)
+    if "langgraph" not in r.skipped:  # ours with as many callers as the peer's loaded run
+        n, each = langgraph.CALLERS, s.layout_per_caller
+        names = [f"bench-peer-{i}" for i in range(n)]
+        with progress.phase(f"ours: {n} concurrent callers (the LangGraph comparison)",
+                            n * (each + 2) * 2) as tick:
+            fill.stage_bulk(pa, fill.cycle(names, each + 2), n * (each + 2),
+                            fill.payload_of(s.payload_bytes), 1000, tick)
+            calls = [measure.resolver(pa, name) for name in names]
+            measure.loaded("warm-up", calls, 2, tick)
+            r.dists["ours.loaded.peer"] = measure.loaded(f"ours loaded ({n} callers)", calls,
+                                                         each, tick)
+        fill.drop_sessions(pa.ctx, names)
 
 
 def _ours_stage_and_memory(r: Run, pa: PendingActions, scratch_url: str,
@@ -330,10 +369,13 @@ def _ours_stage_and_memory(r: Run, pa: PendingActions, scratch_url: str,
     payload = fill.payload_of(s.payload_bytes)
     with progress.phase("ours: stage one call at a time (PendingActions.stage)",
                         s.stage_single) as tick:
+        one = r.dists["ours.stage"] = Dist("ours stage")
         start = time.perf_counter()
         for _ in range(s.stage_single):
+            began = time.perf_counter()
             pa.stage(session="bench-stage-single", tool="bench", label="bench action",
                      apply=NOOP, payload=payload)
+            one.add_seconds(time.perf_counter() - began)
             tick(1)
         r.facts["stage_single_per_s"] = s.stage_single / (time.perf_counter() - start)
         fill.drop_sessions(pa.ctx, ["bench-stage-single"])
