@@ -145,14 +145,12 @@ class Staging(PolicyPlans):
         ``check_owners`` every session is the tenant's or nobody's yet (and if nobody's, has no
         keys: its record was not lost), and one new seq per spec: ``counter * partitions +
         partition``, the counter that of the session's partition, reserved ``ID_BLOCK`` at a
-        time (reserve.lua) for the partitions that ran out. One round trip when the view of
-        live workers is fresh and has every name, so that no unknown handler can be refused
-        after ids were reserved for it; none when it is and no check or id is needed from
-        Redis."""
+        time (reserve.lua) for the partitions that ran out, once the handlers and the sessions'
+        owners are checked: a refused stage reserves nothing. None when the view is fresh and
+        no check or id is needed from Redis; one for the checks; one more for a block."""
         k = self.keys
         pairs = sorted({(field, f[field]) for f in checked for field in ("apply", "reject")
                         if f[field] is not None})
-        owners = sorted({(f["session"], f["tenant"]) for f in checked}) if check_owners else []
         fresh = time.monotonic() - self._live_at <= self.LIVE_MAX_AGE_S
         reread = not fresh or not all(self._live.has(n) for _f, n in pairs)
         parts = [k.partition(f["session"]) for f in checked]
@@ -166,11 +164,15 @@ class Staging(PolicyPlans):
                     self._ids[p] = (nxt + n, end)
             floors = {p: self._floor.get(p, 0) for p in need}
         sizes = {p: max(n, self.ID_BLOCK) for p, n in need.items() if p not in got}
+        # a stage that stage.lua would refuse writes nothing, not even an id block: before a
+        # block is reserved (one stage in ID_BLOCK, per partition), every session is checked
+        # first, the block reserved in a round trip after
+        owners = sorted({(f["session"], f["tenant"]) for f in checked}) \
+            if check_owners or sizes else []
         # with REPLICA_WAIT a block is used only once a replica has it: a failover must not
         # roll a counter back under ids already handed out (on a cluster, where WAIT covers
         # one master, a round trip per partition)
         one_by_one = bool(self.settings.replica_wait and self.cluster)
-        along = {} if reread or one_by_one else sizes
 
         def queue(pipe: Any) -> None:
             if reread:
@@ -178,18 +180,15 @@ class Staging(PolicyPlans):
             for session, _t in owners:
                 pipe.hget(k.sessions(k.partition(session)), session)
                 pipe.exists(k.stack(session), k.actions(session), k.history(session))
-            for p, n in along.items():
-                self.scripts.reserve(p, size=n, floor=floors[p]).on(pipe)
 
         replies: list[Any] = []
-        if reread or owners or along:
-            replies = yield Batch(queue, wait_on=k.seq(next(iter(along))) if along else None,
-                                  raise_on_error=False)
+        if reread or owners:
+            replies = yield Batch(queue, raise_on_error=False)
         live = replies[:3] if reread else []
         looked = replies[len(live):len(live) + 2 * len(owners)]
-        ends = replies[len(live) + 2 * len(owners):]
+        ends: list[Any] = []
         # a sessions hash of another type is left to stage.lua, which says so (POISON)
-        failed = [r for r in (*live, *ends) if isinstance(r, Exception)] + [
+        failed = [r for r in live if isinstance(r, Exception)] + [
             r for r in looked if isinstance(r, Exception) and "WRONGTYPE" not in str(r)]
         if failed:
             raise translate(failed[0]) from failed[0]
@@ -209,7 +208,7 @@ class Staging(PolicyPlans):
                 raise _foreign(session)
             if owner is None and isinstance(keys, int) and keys:
                 raise _unowned(session, k.sessions(k.partition(session)))
-        if sizes and not along:
+        if sizes:
             if one_by_one:
                 for p, n in sizes.items():
                     ends += yield Batch(functools.partial(self._reserve, p=p, size=n,

@@ -114,7 +114,7 @@ def feed_of(d: Deployment, v: Victim) -> list[dict[bytes, bytes]]:
 def test_another_tenants_session_is_refused_and_nothing_is_written(
         deployment: Deployment, victim: Victim, client: str) -> None:
     d, k = deployment, deployment.pa.ctx.keys
-    with redis_unchanged(d.rc, ids_reserved(k)):
+    with redis_unchanged(d.rc, live(k)):  # not even an id block
         got = stage_as(client, d, victim.session, victim.t1)
     refused(got, Forbidden, "belongs to another tenant")
     # the index entry, the feed entry and the view of item 1 were never made
@@ -141,7 +141,7 @@ def test_a_session_whose_owner_record_is_lost_is_nobodys(
     d, k = deployment, deployment.pa.ctx.keys
     d.rc.hdel(k.sessions(victim.partition), victim.session)
     for tenant in (victim.t1, victim.t2):
-        with redis_unchanged(d.rc, ids_reserved(k)):
+        with redis_unchanged(d.rc, live(k)):  # not even an id block
             got = stage_as(client, d, victim.session, tenant)
         refused(got, Unowned, "has keys but no owner record")
         assert isinstance(got, Forbidden | RuntimeError)  # serve answers it as a 404

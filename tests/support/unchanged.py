@@ -73,9 +73,12 @@ def snapshot(rc: redis.Redis, ignore: Callable[[bytes], bool] | None = None) -> 
     read = [(key, kind) for key, kind in zip(keys, kinds, strict=True) if kind in READERS]
     for key, kind in read:
         READERS[kind](pipe, key)
-    values = pipe.execute(raise_on_error=False)  # a key gone or retyped meanwhile: a diff
+    values = pipe.execute(raise_on_error=False)  # a key retyped meanwhile: a diff
+    # a value read as nothing (None, or an empty collection, which Redis never keeps) is of a
+    # key gone between the two reads: absent, so that an expiry meanwhile is told as one
     return Snapshot({key: (kind, frozenset(v) if isinstance(v, set) else v)
-                     for (key, kind), v in zip(read, values, strict=True)},
+                     for (key, kind), v in zip(read, values, strict=True)
+                     if v is not None and v != [] and v != {} and v != set()},
                     expires, time.monotonic())
 
 
