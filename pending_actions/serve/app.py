@@ -302,9 +302,17 @@ def create_app(pa: PendingActions, resolve_timeout_s: float | None = None) -> St
         api.metrics.stop.set()
         await api.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders)])
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders)],
+                    exception_handlers={404: _no_route, 405: _no_route})
     app.state.api = api
     return app
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """An unknown path or method: one JSON answer, as every other failure."""
+    status = getattr(exc, "status_code", 404)
+    what = "no such route" if status == 404 else f"{request.method} is not allowed here"
+    return json_response({"error": f"{what}: {request.method} {request.url.path}"}, status)
 
 
 def operator_app(api: Api) -> Starlette:

@@ -32,6 +32,8 @@ def routes(session: str) -> list[tuple[str, str, Any]]:
         ("POST", "/v1/resolve-batch",
          {"items": [{"session": session, "id": "pending-action:edit:1", "action": "apply",
                      "reason": "r"}]}),
+        ("GET", "/v1/policy", None),
+        ("PUT", "/v1/policy", {"rules": []}),
     ]
 
 

@@ -223,3 +223,13 @@ def test_the_unchanged_check_sees_every_kind_of_write(single: Deployment,
         with pytest.raises(AssertionError, match="Redis changed"), \
                 redis_unchanged(single.rc):
             write()
+
+
+def test_an_unknown_route_or_method_is_one_json_answer(server: Server) -> None:
+    """Every failure is JSON, starlette's own 404 and 405 too."""
+    for method, path, status in (("GET", "/v1/nothing-here", 404),
+                                 ("DELETE", "/v1/inbox", 405)):
+        r = server.http.request(method, path)
+        assert r.status_code == status, (path, r.text)
+        assert r.headers["content-type"] == "application/json"
+        assert set(r.json()) == {"error"} and path in r.json()["error"]
