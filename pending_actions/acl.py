@@ -42,13 +42,13 @@ CONNECTION = ("hello", "ping", "client|setname")
 # scripts (EVAL until Redis has one, EVALSHA, SCRIPT LOAD at start), transactions, WAIT with
 # REPLICA_WAIT, and the one clock (TIME)
 RUNNING = ("eval", "evalsha", "script|load", "multi", "exec", "discard", "wait", "time")
-# producers/ (the Python clients): look at a batch's sessions (HGET their owner records, EXISTS
-# their keys), mark a session a slot was set in (HSETNX), send a resolve request (XADD) and
+# producers/ (the Python clients): look at a batch's sessions (HGET their owner records, TYPE
+# of their keys), mark a session a slot was set in (HSETNX), send a resolve request (XADD) and
 # wait for its reply (BLPOP), check that a live worker has the handler (ZRANGE, HGETALL; where
 # none has, a ZADD that changes nothing tells a Redis that is full), read sessions, history,
 # dead letters, stats (ids come from reserve.lua, a session's claim and tenant index from
 # stage.lua)
-CLIENT = ("exists", "hsetnx", "xadd", "blpop", "get", "hget", "hgetall", "hvals", "hlen",
+CLIENT = ("type", "hsetnx", "xadd", "blpop", "get", "hget", "hgetall", "hvals", "hlen",
           "hscan", "lrange", "llen", "xrevrange", "xlen", "zrange", "zcard", "zcount", "zadd")
 # the views across sessions (ls --all --tenant, dead --all --tenant, the inbox): a tenant's
 # index in each partition (SSCAN) and the owner records of its members (HMGET). Not SCAN: the

@@ -22,6 +22,7 @@ from pending_actions.broker.errors import (
     Forbidden,
     InvalidInput,
     PendingActionsError,
+    Poison,
     RedisFull,
     UnknownHandler,
     Unowned,
@@ -55,6 +56,12 @@ def _unowned(session: str, record: str) -> Unowned:
     return Unowned(f"session {session!r} has keys but no owner record (no field in {record}): "
                    "nothing was staged; an operator restores the record with `pending-actions "
                    f"repair --session {session}`")
+
+
+def _session_types(k: Keys, session: str) -> tuple[tuple[str, str], ...]:
+    """A session's own keys and their types, as stage.lua checks them."""
+    return ((k.stack(session), "zset"), (k.actions(session), "hash"),
+            (k.history(session), "stream"))
 
 
 def _by_session(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -179,13 +186,14 @@ class Staging(PolicyPlans):
                 queue_live(pipe, k)
             for session, _t in owners:
                 pipe.hget(k.sessions(k.partition(session)), session)
-                pipe.exists(k.stack(session), k.actions(session), k.history(session))
+                for key, _want in _session_types(k, session):
+                    pipe.type(key)
 
         replies: list[Any] = []
         if reread or owners:
             replies = yield Batch(queue, raise_on_error=False)
         live = replies[:3] if reread else []
-        looked = replies[len(live):len(live) + 2 * len(owners)]
+        looked = replies[len(live):len(live) + 4 * len(owners)]
         ends: list[Any] = []
         # a sessions hash of another type is left to stage.lua, which says so (POISON)
         failed = [r for r in live if isinstance(r, Exception)] + [
@@ -202,11 +210,16 @@ class Staging(PolicyPlans):
             if isinstance(check, Exception) and isinstance(translate(check), RedisFull):
                 raise translate(check) from check
             raise UnknownHandler(*missing)
-        for (session, tenant), owner, keys in zip(owners, looked[::2], looked[1::2],
-                                                  strict=True):
+        for i, (session, tenant) in enumerate(owners):
+            owner, *kinds = looked[4 * i:4 * i + 4]
             if isinstance(owner, bytes) and owner and owner.decode() != tenant:
                 raise _foreign(session)
-            if owner is None and isinstance(keys, int) and keys:
+            # stage.lua's order: a key of another type is POISON before a lost owner record
+            found = [kind.decode() if isinstance(kind, bytes) else str(kind) for kind in kinds]
+            for (key, want), kind in zip(_session_types(k, session), found, strict=True):
+                if kind not in ("none", want):
+                    raise Poison("type", key, kind)
+            if owner is None and any(kind != "none" for kind in found):
                 raise _unowned(session, k.sessions(k.partition(session)))
         if sizes:
             if one_by_one:

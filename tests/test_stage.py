@@ -165,11 +165,26 @@ PLANT: dict[str, Callable[[PendingActions, str], str]] = {
 }
 
 
+def warmed(pa: PendingActions, session: str) -> None:
+    """Stage once in another session of ``session``'s partition: ``pa`` then holds ids of that
+    partition, and its next stage there reserves no block (stage.lua alone checks)."""
+    k = pa.ctx.keys
+    other = next(f"{session}-{i}" for i in range(10_000)
+                 if k.partition(f"{session}-{i}") == k.partition(session))
+    pa.stage(session=other, tool="edit", label="L", apply="t.ok", tenant="red")
+
+
+@pytest.mark.parametrize("ids", ["reserved", "cached"])
 @pytest.mark.parametrize("kind", sorted(PLANT))
 def test_a_key_of_another_type_is_refused_before_any_write(
-        pa: PendingActions, rc: redis.Redis, session: str, kind: str) -> None:
+        deployment: Deployment, rc: redis.Redis, session: str, kind: str, ids: str) -> None:
+    # a fresh client reserves an id block, and checks the session's keys before it does; a
+    # warmed one has ids of the partition, and stage.lua checks: both say POISON, the same
+    pa = PendingActions.from_url(deployment.url) if ids == "reserved" else deployment.pa
     k = pa.ctx.keys
     key = PLANT[kind](pa, session)
+    if ids == "cached":
+        warmed(pa, session)
     aside = f"{key}:aside"  # the partition's keys are shared: kept aside, then back
     # a partition never staged in has no id counter, and with a feed it looks used: no id
     # would be handed out (Damaged) before stage.lua could say what it finds
@@ -193,6 +208,8 @@ def test_a_key_of_another_type_is_refused_before_any_write(
         rc.delete(key)
         if rc.exists(aside):
             rc.rename(aside, key)
+        if pa is not deployment.pa:
+            pa.close()
 
 
 def test_a_spec_an_older_version_stored_reads_the_same(pa: PendingActions, rc: redis.Redis,
