@@ -15,56 +15,24 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from pending_actions.embedded import EmbeddedRedis
-from pending_actions.producers import PendingActions
-from pending_actions_harness.bench import fill, measure
-from pending_actions_harness.bench.handlers import NOOP
-from pending_actions_harness.bench.procs import start_ours
-from pending_actions_harness.bench.progress import Progress
+from pending_actions_harness.bench.campaign import fresh_run
 
 MODES = ("stream", "local")
 FIGURES = ("idle_p50_ms", "idle_everysec_p50_ms", "loaded_per_s", "loaded_p50_ms")
 
 
 def one(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    quiet = Progress(0, enabled=False)
     load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        server = EmbeddedRedis(directory=Path(tmp) / "redis").start()
-        ours = start_ours(server.url, args.processes, 8, Path(tmp),
-                          settings={"local_dispatch": "true"} if mode == "local" else None)
-        pa = PendingActions.from_url(server.url)
-        try:
-            payload = fill.payload_of(256)
-
-            def stage() -> None:
-                pa.stage(session="ab-idle", tool="bench", label="bench action", apply=NOOP,
-                         payload=payload)
-
-            always, everysec = measure.idle_resolves(
-                pa, mode, stage, measure.resolver(pa, "ab-idle"), args.idle, (0.1, 0.3), quiet)
-            names = [f"ab-{i}" for i in range(args.callers)]
-            each = args.per_caller + 2
-            fill.stage_bulk(pa, fill.cycle(names, each), args.callers * each, payload, 1000,
-                            lambda n: None)
-            calls = [measure.resolver(pa, n) for n in names]
-            measure.loaded("warm-up", calls, 2, lambda n: None)
-            loaded = measure.loaded(mode, calls, args.per_caller, lambda n: None)
-            ours.check_alive()
-        finally:
-            pa.close()
-            ours.kill()
-            server.kill()
-    return {"load_before": load, "idle_p50_ms": always.p50,
-            "idle_everysec_p50_ms": everysec.p50, "loaded_per_s": loaded.throughput,
-            "loaded_p50_ms": loaded.p50,
-            "errors": always.errors + everysec.errors + loaded.errors}
+    run = fresh_run(mode, "ab", processes=args.processes,
+                    settings={"local_dispatch": "true"} if mode == "local" else None,
+                    idle=args.idle, gaps_s=(0.1, 0.3), callers=args.callers,
+                    per_caller=args.per_caller)
+    return {"load_before": load, **run}
 
 
 def main() -> None:

@@ -61,12 +61,7 @@ class Sink:
 
 def one(mode: str, idle: int, callers: int, per_caller: int) -> dict[str, Any]:
     """One run in this process (a child of ``main``'s, with its mode's environment)."""
-    from pending_actions.embedded import EmbeddedRedis
-    from pending_actions.producers import PendingActions
-    from pending_actions_harness.bench import fill, measure
-    from pending_actions_harness.bench.handlers import NOOP
-    from pending_actions_harness.bench.procs import start_ours
-    from pending_actions_harness.bench.progress import Progress
+    from pending_actions_harness.bench.campaign import fresh_run
 
     if mode == "exporting":  # the agent's own provider, as one that traces sets up
         from opentelemetry import trace
@@ -77,35 +72,8 @@ def one(mode: str, idle: int, callers: int, per_caller: int) -> dict[str, Any]:
         provider = TracerProvider()
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         trace.set_tracer_provider(provider)
-    quiet = Progress(0, enabled=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        server = EmbeddedRedis(directory=Path(tmp) / "redis").start()
-        ours = start_ours(server.url, 1, 8, Path(tmp))
-        pa = PendingActions.from_url(server.url)
-        try:
-            payload = fill.payload_of(256)
-
-            def stage() -> None:
-                pa.stage(session="cost-idle", tool="bench", label="bench action", apply=NOOP,
-                         payload=payload)
-
-            always, everysec = measure.idle_resolves(
-                pa, mode, stage, measure.resolver(pa, "cost-idle"), idle, (0.02, 0.06), quiet)
-            names = [f"cost-{i}" for i in range(callers)]
-            each = per_caller + 2
-            fill.stage_bulk(pa, fill.cycle(names, each), callers * each, payload, 1000,
-                            lambda n: None)
-            calls = [measure.resolver(pa, n) for n in names]
-            measure.loaded("warm-up", calls, 2, lambda n: None)
-            load = measure.loaded(mode, calls, per_caller, lambda n: None)
-            ours.check_alive()
-        finally:
-            pa.close()
-            ours.kill()
-            server.kill()
-    return {"idle_p50_ms": always.p50, "idle_everysec_p50_ms": everysec.p50,
-            "loaded_per_s": load.throughput, "loaded_p50_ms": load.p50,
-            "errors": always.errors + everysec.errors + load.errors}
+    return fresh_run(mode, "cost", processes=1, settings=None, idle=idle, gaps_s=(0.02, 0.06),
+                     callers=callers, per_caller=per_caller)
 
 
 def run_mode(mode: str, sink: Sink, blocker: Path, args: argparse.Namespace) -> dict[str, Any]:
