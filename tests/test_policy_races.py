@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from collections import defaultdict
+from typing import Any
 
 import orjson
 import pytest
@@ -30,6 +32,19 @@ def deployment(request: pytest.FixtureRequest) -> Deployment:
 def spawn(url: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "tests.support.policy_procs", *args],
                             env=worker_env(url), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+
+
+def decided_by(rc: Any, tenant: str, version: int, timeout_s: float = 60) -> None:
+    """Returns once some partition's feed holds a stage of ``tenant`` decided by ``version``
+    (staged or denied), as the stages go on."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for p in range(K.partitions):
+            for _e, f in entries(rc.xrevrange(K.events(p), count=200)):
+                if f.get(b"tenant") == tenant.encode() and f.get(b"policy") == b"%d" % version:
+                    return
+        rc.blpop(["test:never"], timeout=0.05)  # the next look, a moment later
+    raise AssertionError(f"no stage of {tenant} decided by version {version} in {timeout_s} s")
 
 
 def test_six_approvers_racing_on_two_approvals_apply_once(deployment: Deployment) -> None:
@@ -74,11 +89,16 @@ def test_a_policy_change_under_load_decides_each_stage_by_one_version(
         return {"rules": [rule]}
 
     assert pa.set_policy(document(1), tenant=tenant) == 1
-    procs = [spawn(deployment.url, "stage", tenant, f"{prefix}{i}", "4") for i in range(3)]
+    procs = [spawn(deployment.url, "stage", tenant, f"{prefix}{i}", prefix) for i in range(3)]
     try:
+        for _ in procs:
+            assert rc.blpop([f"test:ready:{prefix}"], timeout=60) is not None
+        # each version is changed only once stages were decided by the one before
         for v in (2, 3):
-            rc.blpop(["test:never"], timeout=1.2)  # stages go on meanwhile
+            decided_by(rc, tenant, v - 1)
             assert pa.set_policy(document(v), tenant=tenant) == v
+        decided_by(rc, tenant, 3)
+        rc.set(f"test:stop:{prefix}", 1)
         outs = [p.communicate(timeout=60)[0].split() for p in procs]
     finally:
         for proc in procs:

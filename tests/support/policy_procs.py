@@ -5,14 +5,14 @@ The Redis URL comes from ``PENDING_ACTIONS_REDIS_URL``.
 
 - ``approve SESSION NAME``: says it is ready, waits for the go (a list both sides share),
   then resolves SESSION as approver NAME and prints the result's JSON;
-- ``stage TENANT PREFIX SECONDS``: stages ``deploy`` actions into sessions PREFIX-0..7
-  for SECONDS, then prints how many it staged and how many were denied."""
+- ``stage TENANT PREFIX GROUP``: says it is ready (``test:ready:GROUP``), stages ``deploy``
+  actions into sessions PREFIX-0..7 until ``test:stop:GROUP`` exists, then prints how many it
+  staged and how many were denied."""
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 
 from pending_actions.broker.connection import producer_client
 from pending_actions.broker.errors import Denied
@@ -29,12 +29,13 @@ def approve(url: str, session: str, name: str) -> None:
     print(result.to_json().decode())
 
 
-def stage(url: str, tenant: str, prefix: str, seconds: float) -> None:
+def stage(url: str, tenant: str, prefix: str, group: str) -> None:
     pa = PendingActions.from_url(url)
-    staged = denied = 0
-    end = time.monotonic() + seconds
-    n = 0
-    while time.monotonic() < end:
+    rc = producer_client(url)
+    pa.pending(f"{prefix}-0")  # connected and the scripts loaded before it says ready
+    rc.rpush(f"test:ready:{group}", prefix)
+    staged = denied = n = 0
+    while not rc.exists(f"test:stop:{group}"):
         try:
             pa.stage(session=f"{prefix}-{n % 8}", tool="deploy", label=f"D{n}", apply="t.ok",
                      tenant=tenant)
@@ -51,4 +52,4 @@ if __name__ == "__main__":
     if command == "approve":
         approve(url, *args)
     else:
-        stage(url, args[0], args[1], float(args[2]))
+        stage(url, *args)
