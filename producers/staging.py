@@ -58,6 +58,11 @@ def _unowned(session: str, record: str) -> Unowned:
                    f"repair --session {session}`")
 
 
+# the replies the owner check reads per session: its owner record, then a TYPE for each of
+# the three keys of _session_types
+_LOOKED = 4
+
+
 def _session_types(k: Keys, session: str) -> tuple[tuple[str, str], ...]:
     """A session's own keys and their types, as stage.lua checks them."""
     return ((k.stack(session), "zset"), (k.actions(session), "hash"),
@@ -193,7 +198,7 @@ class Staging(PolicyPlans):
         if reread or owners:
             replies = yield Batch(queue, raise_on_error=False)
         live = replies[:3] if reread else []
-        looked = replies[len(live):len(live) + 4 * len(owners)]
+        looked = replies[len(live):len(live) + _LOOKED * len(owners)]
         ends: list[Any] = []
         # a sessions hash of another type is left to stage.lua, which says so (POISON)
         failed = [r for r in live if isinstance(r, Exception)] + [
@@ -211,7 +216,7 @@ class Staging(PolicyPlans):
                 raise translate(check) from check
             raise UnknownHandler(*missing)
         for i, (session, tenant) in enumerate(owners):
-            owner, *kinds = looked[4 * i:4 * i + 4]
+            owner, *kinds = looked[_LOOKED * i:_LOOKED * (i + 1)]
             if isinstance(owner, bytes) and owner and owner.decode() != tenant:
                 raise _foreign(session)
             # stage.lua's order: a key of another type is POISON before a lost owner record
