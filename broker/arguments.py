@@ -46,6 +46,7 @@ class StageArgs(NamedTuple):
     dispatch_ms: int
     marker_ttl_s: int
     denial_ttl_s: int
+    max_pending: int
 
 
 class SetPolicyKeys(NamedTuple):
@@ -106,6 +107,7 @@ class PendingKeys(NamedTuple):
     actions: str
     state: str
     expiries: str
+    revoked: str
 
 
 class PendingArgs(NamedTuple):
@@ -139,6 +141,7 @@ class TakeKeys(NamedTuple):
     expired: str
     requests: str
     dead: str
+    revoked: str
 
 
 class TakeArgs(NamedTuple):
@@ -170,6 +173,7 @@ class TakeArgs(NamedTuple):
     approver: str
     revision: str
     patched: str
+    grant: str
 
 
 class ExpireKeys(NamedTuple):

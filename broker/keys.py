@@ -214,6 +214,14 @@ class Keys:
         stopped half way. No field: the tenant has no policy here."""
         return self._p(partition, "policies")
 
+    def revoked(self, partition: int) -> str:
+        """SET of the grant ids (``serve/auth.py``, ``Principal.grant``) of serve tokens that
+        were revoked: an approval given through one no longer counts (take.lua, pending.lua).
+        One per partition, so that a script reads it in its own slot; written in every
+        partition by ``token revoke`` and never trimmed (a revocation is rare, its id 16
+        characters)."""
+        return self._p(partition, "revoked")
+
     def task_queue(self, partition: int, pool: str) -> str:
         """STREAM of handler tasks of this partition for the workers of ``pool``."""
         return self._p(partition, f"dq:{pool}")
@@ -263,6 +271,10 @@ class Keys:
     def policy_markers_pattern(self) -> str:
         """Every partition's ``policy_markers`` (an ACL key pattern)."""
         return f"{self.prefix}:{{*}}:policies"
+
+    def revoked_pattern(self) -> str:
+        """Every partition's ``revoked`` (an ACL key pattern)."""
+        return f"{self.prefix}:{{*}}:revoked"
 
     @staticmethod
     def pool_member(pool: str, instance: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any, ClassVar, Literal
 
 import orjson
@@ -41,6 +42,24 @@ def check_session(session: object) -> str:
             "session", f"must be 1-128 characters of A-Z a-z 0-9 . _ : - (got {session!r})"
         )
     return session
+
+
+PERSON_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+
+
+def person(field: str, name: object) -> str:
+    """A person's name as every comparison and record of one takes it (approvers, ``by``,
+    token names): NFKC-normalized, trimmed and case-folded, so that ``Alice``, `` alice `` and
+    the same name in full-width letters are one person and count once; then 1-128 of
+    A-Z a-z 0-9 . _ : @ -, else InvalidInput naming ``field``. (NFKC again after folding:
+    folding can undo it.)"""
+    if isinstance(name, str):
+        folded = unicodedata.normalize(
+            "NFKC", unicodedata.normalize("NFKC", name).strip().casefold())
+        if PERSON_RE.match(folded):
+            return folded
+    raise InvalidInput(field, f"must be a name of 1-128 characters of A-Z a-z 0-9 . _ : @ - "
+                              f"(got {name!r})")
 
 
 def check_handler_name(field: str, name: object) -> str:
@@ -160,6 +179,10 @@ class ActionState(BaseModel):
     stalls: int = 0
     last_error: str | None = None
     approved_by: list[str] | None = None
+    # approver -> the grant id of the serve token that approval came through (take.lua drops
+    # the approvals of revoked ones); the verb the approvals are of (None: apply)
+    grants: dict[str, str] | None = None
+    approving: ResolveAction | None = None
     edit: str | None = None
     revision: int = 0
 
@@ -196,6 +219,8 @@ class PendingAction(BaseModel):
     # people made (an approval pins the revision it saw)
     policy: dict[str, Any] | None = None
     approved_by: list[str] = Field(default_factory=list)
+    # what those approvals are of: an apply, or a discard that runs the reject handler
+    approving: ResolveAction = "apply"
     revision: int = 0
 
     @classmethod
@@ -203,7 +228,7 @@ class PendingAction(BaseModel):
               edit: dict[str, Any] | None = None) -> PendingAction:
         fields = {**spec.model_dump(), "attempts": st.attempts, "last_error": st.last_error,
                   "state": state, "approved_by": st.approved_by or [],
-                  "revision": st.revision}
+                  "approving": st.approving or "apply", "revision": st.revision}
         payload, edited = spec.payload, False
         for patch in (st.patch, edit):  # people's edits as approved, then this resolve's
             if patch is not None:
@@ -271,6 +296,9 @@ class ResolveRequest(BaseModel):
     revision: int | None = Field(default=None, ge=0)
     # with an approver's edit: the patch from the staged payload to the edited one (JSON text)
     patched: str | None = None
+    # the serve token an approver's resolve came through (``Principal.grant``): revoked, its
+    # approvals stop counting
+    grant: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
     # the W3C trace context of the caller's resolve (broker/tracing.py); not written without one
     trace: str | None = Field(default=None, max_length=600)
 
@@ -298,7 +326,7 @@ class ResolveRequest(BaseModel):
                timeout_ms: int, deadline_ms: int, expect_id: str | None, by: str | None,
                edit: dict[str, Any] | None, trace: str | None = None,
                approver: str | None = None, revision: int | None = None,
-               patched: str | None = None) -> bytes:
+               patched: str | None = None, grant: str | None = None) -> bytes:
         """``ResolveRequest(...).model_dump_json()``, made without the model from fields the
         producer has checked as the model would: the caller's side of a resolve, where the
         model's validation and dump cost an idle process ~0.15 ms. Same fields in the same
@@ -306,7 +334,7 @@ class ResolveRequest(BaseModel):
         fields = {"req": req, "session": session, "action": action, "reason": reason,
                   "extra": extra, "timeout_ms": timeout_ms, "deadline_ms": deadline_ms,
                   "expect_id": expect_id, "by": by, "edit": edit, "approver": approver,
-                  "revision": revision, "patched": patched}
+                  "revision": revision, "patched": patched, "grant": grant}
         if trace is not None:
             fields["trace"] = trace
         return orjson.dumps(fields)

@@ -30,13 +30,15 @@ class StageRefusal(IntEnum):
     UNOWNED = -2  # no owner record, but keys of its own: its record was lost
     COLLISION = -3  # an id holds another spec already: its partition's counter was set back
     POLICY = -4  # decided by another version of the tenant's policy than the partition's
+    FULL = -5  # the session would hold more than MAX_PENDING_PER_SESSION pending actions
 
 
 class Staged(NamedTuple):
     """stage.lua, for one session's actions: each one's stack depth right after its push (0:
     its id held this very spec already, a retried call whose first try went through), or the
     refusal (``collided``: the id that holds another spec; with POLICY, ``version``: the
-    partition's version of the tenant's policy, "" for none)."""
+    partition's version of the tenant's policy, "" for none; with FULL, ``collided`` is how
+    many the session holds)."""
 
     depths: list[int]
     refused: StageRefusal | None = None

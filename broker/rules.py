@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -109,6 +109,21 @@ class Verdict:
         """What stage.lua is told: allow, ask, deny, or auto (allow + auto)."""
         return "auto" if self.auto else self.decision
 
+    @property
+    def weight(self) -> tuple[int, int]:
+        """How strict the decision is: ``strictness`` of it."""
+        return strictness(self.decision, self.approvals)
+
+
+def strictness(decision: str | None, approvals: int | None = 0) -> tuple[int, int]:
+    """Deny > ask with more approvals > ask > allow (auto or not, and no policy at all: None).
+    What a stamp (``Verdict.stamp``) or a verdict says, comparable: the stricter is larger."""
+    if decision == "deny":
+        return (2, 0)
+    if decision == "ask":
+        return (1, int(approvals or 1))
+    return (0, 0)
+
 
 _stamp = functools.cache(Verdict._stamp)
 
@@ -132,8 +147,18 @@ class Policy:
         self._decide = _compiled(self)
 
     def decide(self, *, tool: str, apply: str, label: str, session: str,
-               payload: dict[str, Any]) -> Verdict:
-        return self._decide(tool, apply, label, session, payload)
+               payload: dict[str, Any], reject: str | None = None) -> Verdict:
+        """The one decision for an action (docs/policies.md, the approval boundary): every
+        handler it names is decided, ``apply`` and then ``reject`` as ``match.apply`` with
+        everything else the same, and the stricter verdict is the action's (on a tie, the
+        apply handler's: its ``auto`` stands only if the reject handler asks no more). Every
+        path that can run a handler is decided here: a stage, a slot, an edit, a proxied
+        call."""
+        verdict = self._decide(tool, apply, label, session, payload)
+        if reject is None or reject == apply:
+            return verdict
+        other = self._decide(tool, reject, label, session, payload)
+        return other if other.weight > verdict.weight else verdict
 
     def _verdict(self, rule: Rule | None) -> Verdict:
         if rule is None:
@@ -143,14 +168,16 @@ class Policy:
                        self.version)
 
     def explain(self, *, tool: str, apply: str, label: str, session: str,
-                payload: dict[str, Any]) -> Explained:
-        """The decision, and every other rule that matched with why it lost."""
+                payload: dict[str, Any], reject: str | None = None) -> Explained:
+        """The decision, and every other rule that matched (for either handler) with why it
+        lost."""
         verdict = self.decide(tool=tool, apply=apply, label=label, session=session,
-                              payload=payload)
-        values = (tool, apply, label, session)
+                              payload=payload, reject=reject)
+        handlers = [apply] if reject is None else [apply, reject]
         won = next((r for r in self.rules if r.name == verdict.rule), None)
-        matched = [r for r in self.rules if r is not won and r.matches(values, payload)]
-        return Explained(verdict, [(r, _why(r, won)) for r in matched])
+        matched = [r for r in self.rules if r is not won and any(
+            r.matches((tool, h, label, session), payload) for h in handlers)]
+        return Explained(verdict, [(r, _why(r, won, verdict)) for r in matched])
 
 
 def _compiled(policy: Policy) -> Callable[..., Verdict]:
@@ -214,8 +241,9 @@ def _compiled(policy: Policy) -> Callable[..., Verdict]:
     return cast(Callable[..., Verdict], scope["decide"])
 
 
-def _why(rule: Rule, won: Rule | None) -> str:
-    assert won is not None  # a rule matched, so one decided
+def _why(rule: Rule, won: Rule | None, verdict: Verdict) -> str:
+    if won is None:  # matched for one handler; the other fell to a stricter default
+        return f"the default ({verdict.decision}) for the other handler is stricter"
     if won.decision == "deny":
         if rule.decision == "deny":
             return f"an earlier deny ({won.name}) decided"
@@ -337,9 +365,16 @@ def _check_payload(value: object, bad: Callable[[str, str], InvalidInput]) -> No
 
 
 # --- documents as files ----------------------------------------------------------------------
-def read_document(text: str | bytes, name: str = "") -> Any:
+def read_document(text: str | bytes, name: str = "", max_bytes: int | None = None) -> Any:
     """A policy's text: JSON, or YAML (a ``.yaml``/``.yml`` file, or text that is not JSON)
-    when PyYAML is installed; one clear InvalidInput otherwise."""
+    when PyYAML is installed; one clear InvalidInput otherwise. ``max_bytes``: the longest
+    text read at all (the settings' ``max_payload_bytes``), checked before any parsing. YAML
+    aliases are refused before anything is built from the text: one line of them can stand
+    for a document of any size (each level of ``&a [*b, *b, ...]`` multiplies it)."""
+    size = len(text.encode() if isinstance(text, str) else text)
+    if max_bytes is not None and size > max_bytes:
+        raise InvalidInput("policy", f"{size} bytes; the limit is {max_bytes} "
+                                     "(MAX_PAYLOAD_BYTES)")
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
@@ -353,15 +388,11 @@ def read_document(text: str | bytes, name: str = "") -> Any:
         raise InvalidInput("policy", "not JSON, and reading YAML needs PyYAML (pip install "
                                      f"pyyaml): {json_error}") from None
     try:
+        # the events alone build nothing: an alias is refused at no cost
+        if any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, yaml.SafeLoader)):
+            raise InvalidInput("policy", "YAML aliases (*name) are not read in a policy: "
+                                         "write each value out")
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise InvalidInput("policy", f"neither JSON nor YAML: {str(exc).splitlines()[0]}") \
             from None
-
-
-def verdicts(policy: Policy | None, actions: Iterable[dict[str, Any]]) -> list[Verdict | None]:
-    """Each action's verdict (None without a policy)."""
-    if policy is None:
-        return [None for _a in actions]
-    return [policy.decide(tool=a["tool"], apply=a["apply"], label=a["label"],
-                          session=a["session"], payload=a["payload"]) for a in actions]

@@ -124,7 +124,8 @@ class Scripts:
                             indexed="1" if indexed else "", feed_maxlen=feed_cap(k), at=at,
                             policy_version=policy_version, dispatch_ms=s.dispatch_timeout_ms,
                             marker_ttl_s=marker_ttl_s or s.reply_ttl_s,
-                            denial_ttl_s=s.reply_ttl_s),
+                            denial_ttl_s=s.reply_ttl_s,
+                            max_pending=s.max_pending_per_session),
              *(x for a in actions
                for x in (a.id, a.spec, "" if a.ttl_ms is None else a.ttl_ms, a.created,
                          a.decision, a.rule, a.more))],
@@ -189,7 +190,8 @@ class Scripts:
             "pending",
             arg.PendingKeys(stack=k.stack(session), inflight=k.inflight(session),
                             actions=k.actions(session), state=k.state(session),
-                            expiries=k.expiries(k.partition(session))),
+                            expiries=k.expiries(k.partition(session)),
+                            revoked=k.revoked(k.partition(session))),
             arg.PendingArgs(limit=limit, session=session), partial(Pending.decode, session=session),
         )
 
@@ -209,7 +211,7 @@ class Scripts:
              conflict_reply: bytes = b"", expired_reply: bytes = b"",
              entry: bytes | str = b"", claimant: str = "", here: int = 0,
              trace: str = "", approver: str = "", revision: int | None = None,
-             patched: str = "") -> Call[Taken]:
+             patched: str = "", grant: str = "") -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself. ``entry``: the request's
         id in its partition's request stream, acked by the script (b"": the caller acks).
@@ -225,7 +227,7 @@ class Scripts:
             inflight=k.inflight(session), hist=k.history(session),
             marker=k.request_marker(session, req), replies=k.reply(session, req),
             leases=k.leases(p), expiries=k.expiries(p), expired=k.expired(session),
-            requests=k.requests(p), dead=k.dead(session))
+            requests=k.requests(p), dead=k.dead(session), revoked=k.revoked(p))
         args = arg.TakeArgs.__new__(
             arg.TakeArgs, req=req, action=action, token=token, dispatch_ms=s.dispatch_timeout_ms,
             marker_ttl_s=marker_ttl_s, maxlen=s.history_maxlen, reason=reason, extra=extra,
@@ -235,7 +237,7 @@ class Scripts:
             expired_reply=expired_reply, memory_ms=s.expired_memory_s * 1000, entry=entry,
             group=RESOLVER_GROUP, claimant=claimant, lease_ms=s.lease_ms,
             own_pool=here if claimant else 0, trace=trace, approver=approver,
-            revision="" if revision is None else str(revision), patched=patched)
+            revision="" if revision is None else str(revision), patched=patched, grant=grant)
         return self._call("take", keys if message is None else keys + self._task_queues(p, live),
                           args, partial(Taken.decode, session=session))
 

@@ -45,6 +45,10 @@ class Settings(BaseSettings):
 
     max_payload_bytes: int = Field(default=1_048_576, ge=1)
     max_label_chars: int = Field(default=1_000, ge=1)
+    # a model's loop of stages (an MCP client writing in a loop) must not grow a session, and
+    # what is shown of it, without end
+    max_pending_per_session: int = Field(default=1_000, ge=1,
+                                         description="most pending actions a session holds")
     history_maxlen: int = Field(default=1_000, ge=10)
     max_reason_chars: int = Field(default=10_000, ge=1, description="longest resolve reason")
     max_extra_bytes: int = Field(default=65_536, ge=2,

@@ -5,6 +5,8 @@ here. (The tool's own definition, its intent line and the rendering for people a
 
 from __future__ import annotations
 
+from typing import Any
+
 REMINDER = (
     "<system-reminder>\n"
     "This is a preview. Call the `resolve` tool to apply or discard these changes.\n"
@@ -102,14 +104,19 @@ def auto_reason(rule: str) -> str:
 
 
 def needs_approval(action_id: str, label: str, rule: str | None, tenant: str, need: int,
-                   approved_by: list[str]) -> str:
-    """The model's apply of an action its policy reserves for people (``ask``)."""
+                   approved_by: list[str], action: str = "apply") -> str:
+    """The model's apply of an action its policy reserves for people (``ask``), or its discard
+    when that runs the action's reject handler (decided by the same policy)."""
     by = f"policy rule {rule!r}" if rule else "the policy's default"
     so_far = f" ({len(approved_by)} given: {', '.join(approved_by)})" if approved_by else ""
-    return (f"Needs approval: {label} ({action_id}) is reserved for people by {by}. It needs "
+    if action == "apply":
+        what, end = f"{label} ({action_id}) is", "Nothing was changed; you may discard it."
+    else:
+        what, end = (f"discarding {label} ({action_id}) runs its reject handler, which is",
+                     "Nothing was changed.")
+    return (f"Needs approval: {what} reserved for people by {by}. It needs "
             f"{need - len(approved_by)} more approval(s) of {need}{so_far}, from people of "
-            f"tenant {tenant!r}, in the approval inbox. Nothing was changed; you may discard "
-            "it.")
+            f"tenant {tenant!r}, in the approval inbox. {end}")
 
 
 def slot_needs_people(slot: str, approvals: int) -> str:
@@ -119,12 +126,30 @@ def slot_needs_people(slot: str, approvals: int) -> str:
             "own resolve: stage it as an action instead")
 
 
-def approved(k: int, n: int, approved_by: list[str], again: str | None) -> str:
+def approved(k: int, n: int, approved_by: list[str], again: str | None,
+             action: str = "apply") -> str:
     """A person's approval that was not the last one needed (``again``: the approver, who had
-    approved already: it counts once)."""
+    approved already: it counts once), of an apply or of a discard that runs the reject
+    handler."""
     first = f"{again} had approved already. " if again else ""
+    done = "applied" if action == "apply" else "discarded (its reject handler run)"
     return (f"Approved {k} of {n}: {', '.join(approved_by)}. {first}It waits for {n - k} more "
-            "approval(s) before it is applied.")
+            f"approval(s) before it is {done}.")
+
+
+def edit_stricter(action_id: str, verdict: Any, staged: dict[str, Any]) -> str:
+    """An edit that the tenant's policy decides more strictly than the action it edits
+    (``verdict``: broker/rules.py Verdict; ``staged``: the action's policy as staged)."""
+    def said(decision: str | None, approvals: int, rule: str | None) -> str:
+        what = "allow" if decision is None else decision
+        if what == "ask":
+            what += f" ({approvals} approval(s))"
+        return what + (f" by rule {rule!r}" if rule else " by the default" if decision else "")
+
+    now = said(verdict.decision, verdict.approvals, verdict.rule)
+    before = said(staged.get("decision"), int(staged.get("approvals") or 0), staged.get("rule"))
+    return (f"the edited payload of {action_id} is decided {now}, stricter than it was staged "
+            f"with ({before}); nothing was changed: stage the edited action anew instead")
 
 
 def revised(action_id: str, seen: int | None, current: int) -> str:

@@ -68,10 +68,11 @@ WORKER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "xadd", "
           "xrevrange", "xlen", "del", "hset", "hget", "hgetall", "hdel", "hlen", "hscan", "zadd",
           "zrem", "zrange", "zrangebyscore", "zremrangebyscore", "mget", "get", "set", "sscan",
           "scard", "srem", "sadd", "smembers", "scan", "exists", "type", "info", "hmget")
-# the token store (serve/auth.py): look a token up, create, revoke, list, and the one move of
-# an older version's keys (WATCH, read, MULTI/EXEC)
+# the token store (serve/auth.py): look a token up, create, revoke (and its grant into every
+# partition's revoked set: SADD), list, and the one move of an older version's keys (WATCH,
+# read, MULTI/EXEC)
 AUTH = ("hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hvals", "del", "watch", "unwatch",
-        "multi", "exec", "discard")
+        "multi", "exec", "discard", "sadd")
 
 PLAIN: dict[str, tuple[str, ...]] = {
     "producer": (*CONNECTION, *RUNNING, *CLIENT, *VIEWS),
@@ -88,14 +89,15 @@ def patterns(role: str, keys: Keys, version: str = "7") -> list[str]:
     the auth prefix (for the auth user, also the older token keys it moves). The policies'
     prefix: read-only for producers and workers (Redis 7's ``%R~``; 6.2 has no read-only
     pattern, so there they may write it too: docs/threat-model.md), read-write for serve and
-    the auth user, which also writes the partitions' markers of a policy's version."""
+    the auth user, which also writes the partitions' markers of a policy's version and, as
+    it revokes a token, its grant into their revoked sets."""
     ours, auth, policy = f"~{keys.prefix}:*", f"~{keys.auth_prefix}:*", \
         f"~{keys.policy_prefix}:*"
     read_policy = f"%R{policy}" if int(version.split(".")[0]) >= 7 else policy
     return {"producer": [ours, read_policy], "worker": [ours, read_policy],
             "serve": [ours, auth, policy],
             "auth": [auth, f"~{keys.legacy_token_names}", f"~{keys.legacy_tokens}", policy,
-                     f"~{keys.policy_markers_pattern()}"]}[role]
+                     f"~{keys.policy_markers_pattern()}", f"~{keys.revoked_pattern()}"]}[role]
 
 
 def script_commands(names: tuple[str, ...]) -> set[str]:

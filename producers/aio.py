@@ -180,10 +180,12 @@ class AsyncPendingActions:
                       extra: dict[str, Any] | None = None, timeout: float | None = None,
                       edit: dict[str, Any] | None = None,
                       expect_id: str | None = None, by: str | None = None,
-                      approver: str | None = None, revision: int | None = None) -> Result:
+                      approver: str | None = None, revision: int | None = None,
+                      grant: str | None = None) -> Result:
         with tracing.current(tracing.RESOLVE, {}):
             return await self._run(self.core.resolve(session, action, reason, extra, timeout,
-                                                     edit, expect_id, by, approver, revision))
+                                                     edit, expect_id, by, approver, revision,
+                                                     grant))
 
     async def resolve_tool_call(self, *, session: str, arguments: object,
                                 expect_id: str | None = None,
@@ -197,9 +199,11 @@ class AsyncPendingActions:
         return await self._run(self.core.set_policy(document, tenant, by))
 
     async def decide(self, *, session: str, tool: str, apply: str, label: str,
-                     payload: dict[str, Any], tenant: str = DEFAULT_TENANT) -> Verdict | None:
+                     payload: dict[str, Any], tenant: str = DEFAULT_TENANT,
+                     reject: str | None = None) -> Verdict | None:
         return await self._run(self.core.decide(session=session, tool=tool, apply=apply,
-                                                label=label, payload=payload, tenant=tenant))
+                                                label=label, payload=payload, tenant=tenant,
+                                                reject=reject))
 
     async def get_policy(self, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
         return await self._run(self.core.get_policy(tenant))

@@ -192,7 +192,7 @@ class PendingActions:
                 extra: dict[str, Any] | None = None, timeout: float | None = None,
                 edit: dict[str, Any] | None = None, expect_id: str | None = None,
                 by: str | None = None, approver: str | None = None,
-                revision: int | None = None) -> Result:
+                revision: int | None = None, grant: str | None = None) -> Result:
         """Apply or discard the session's current target and wait for the outcome.
 
         ``edit``: a JSON Merge Patch for the payload, applied before the handler runs (apply
@@ -200,11 +200,14 @@ class PendingActions:
         is the target, else an error naming ``expect_id`` and nothing changes. ``by``: who
         resolves, recorded in the session's history. ``approver``: a person's resolve (never
         the model's): it counts as that person's approval of an action its policy asks people
-        for. ``revision``: go through only if the target's payload is still at that revision
-        (the number of people's edits)."""
+        for (names are compared NFKC-normalized, trimmed and case-folded: ``Alice`` is
+        ``alice``). ``grant``: the serve token the approval came through (``serve`` sets it):
+        once that token is revoked, the approval no longer counts. ``revision``: go through
+        only if the target's payload is still at that revision (the number of people's
+        edits)."""
         with tracing.current(tracing.RESOLVE, {}):
             return self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                               expect_id, by, approver, revision))
+                                               expect_id, by, approver, revision, grant))
 
     def resolve_tool_call(self, *, session: str, arguments: object,
                           expect_id: str | None = None,
@@ -227,11 +230,13 @@ class PendingActions:
         return self._run(self.core.set_policy(document, tenant, by))
 
     def decide(self, *, session: str, tool: str, apply: str, label: str,
-               payload: dict[str, Any], tenant: str = DEFAULT_TENANT) -> Verdict | None:
+               payload: dict[str, Any], tenant: str = DEFAULT_TENANT,
+               reject: str | None = None) -> Verdict | None:
         """What the tenant's policy in force decides for such an action (None: it has none),
         without staging it."""
         return self._run(self.core.decide(session=session, tool=tool, apply=apply,
-                                          label=label, payload=payload, tenant=tenant))
+                                          label=label, payload=payload, tenant=tenant,
+                                          reject=reject))
 
     def get_policy(self, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
         """The tenant's current policy: {version, set_at, by, document}; None without one."""

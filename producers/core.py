@@ -22,18 +22,20 @@ from pending_actions.broker.models import (
     check_session,
     merge_patch,
     patch_between,
+    person,
 )
 from pending_actions.broker.payloads import check_json, check_payload
 from pending_actions.broker.pools import parse_live, queue_live
 from pending_actions.broker.replies import Peeked, Pending
 from pending_actions.broker.results import base_details, text_result
+from pending_actions.broker.rules import strictness
 from pending_actions.broker.scripts import Slot
 from pending_actions.producers.plans import Batch, Chunks, Plan, Run, Wait
 from pending_actions.producers.staging import Staging
 from pending_actions.producers.tool import soft_requirement
 
 __all__ = ["Batch", "Chunks", "Core", "Plan", "Run", "Wait"]
-BY_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+GRANT_RE = re.compile(r"^[0-9a-f]{16}$")
 
 
 class Core(Staging):
@@ -46,7 +48,7 @@ class Core(Staging):
     def resolve(self, session: str, action: object, reason: object, extra: object,
                 timeout: object, edit: object = None, expect_id: object = None,
                 by: object = None, approver: object = None,
-                revision: object = None) -> Plan[Result]:
+                revision: object = None, grant: object = None) -> Plan[Result]:
         check_session(session)
         given = ResolveInput.parse(action, reason, extra)
         if len(given.reason) > self.settings.max_reason_chars:
@@ -61,14 +63,17 @@ class Core(Staging):
         if expect_id is not None and (not isinstance(expect_id, str) or not expect_id
                                       or len(expect_id) > 300):
             raise InvalidInput("expect_id", "must be an action id")
-        if by is not None and (not isinstance(by, str) or not BY_RE.match(by)):
-            raise InvalidInput("by", "must be 1-128 characters of A-Z a-z 0-9 . _ : @ -")
+        if by is not None:
+            by = person("by", by)
         if approver is not None:
-            if not isinstance(approver, str) or not BY_RE.match(approver):
-                raise InvalidInput("approver", "must be 1-128 characters of A-Z a-z 0-9 . _ : @ -")
+            approver = person("approver", approver)
             if by is not None and by != approver:
                 raise InvalidInput("by", "a person's resolve is by its approver")
             by = approver
+        if grant is not None and (approver is None or not isinstance(grant, str)
+                                  or not GRANT_RE.match(grant)):
+            raise InvalidInput("grant", "the id of the serve token an approver's resolve came "
+                               "through (16 hex digits), only with an approver")
         if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int)
                                      or revision < 0):
             raise InvalidInput("revision", "must be a revision number (0 or more)")
@@ -93,7 +98,7 @@ class Core(Staging):
         request = ResolveRequest.encode(req, session, given.action, given.reason, given.extra,
                                         int(wait * 1000), int((time.time() + wait) * 1000),
                                         expect_id, by, edit, tracing.carried(),
-                                        approver, revision, patched)
+                                        approver, revision, patched, grant)
         requests = self.keys.requests(self.keys.partition(session))
         got = yield Wait(self.keys.reply(session, req), wait,
                          first=lambda p: p.execute_command("XADD", requests, "*",
@@ -124,6 +129,15 @@ class Core(Staging):
         edited = merge_patch(shown, edit)
         check_json(edited, "edit", self.settings.max_payload_bytes, "the edited payload is ")
         check_payload(edited, target.payload_schema, "edit")
+        # what people approve must not be stricter than what they were asked: the edited
+        # action is decided again (both handlers), by the policy in force now
+        verdict = yield from self.decide(session=session, tool=target.tool, apply=target.apply,
+                                         label=target.label, payload=edited,
+                                         tenant=target.tenant, reject=target.reject)
+        staged = target.policy or {}
+        if verdict is not None and verdict.weight > strictness(staged.get("decision"),
+                                                               staged.get("approvals")):
+            raise InvalidInput("edit", texts.edit_stricter(target.id, verdict, staged))
         return target.id, st.revision, orjson.dumps(patch_between(target.payload, edited)).decode()
 
     def _target(self, session: str) -> Plan[tuple[Spec, ActionState] | None]:

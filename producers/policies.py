@@ -66,11 +66,13 @@ class PolicyPlans:
             self._seen[tenant] = version
 
     def decide(self, *, session: str, tool: str, apply: str, label: str,
-               payload: dict[str, Any], tenant: str = DEFAULT_TENANT) -> Plan[Verdict | None]:
+               payload: dict[str, Any], tenant: str = DEFAULT_TENANT,
+               reject: str | None = None) -> Plan[Verdict | None]:
         """What the version of ``tenant``'s policy in force in ``session``'s partition decides
-        for such an action, None without a policy: for a caller that acts on a decision
-        without staging (``mcp-proxy`` forwards what is allowed, refuses what is denied). One
-        read of the partition's marker; the version itself is read once."""
+        for such an action (``Policy.decide``: both handlers), None without a policy: for a
+        caller that acts on a decision without staging (``mcp-proxy`` forwards what is
+        allowed, refuses what is denied; a slot; an edit). One read of the partition's
+        marker; the version itself is read once."""
         check_tenant(tenant)
         markers = self.keys.policy_markers(self.keys.partition(session))
         raw, = yield Batch(lambda p: p.hget(markers, tenant))
@@ -80,7 +82,7 @@ class PolicyPlans:
         if policy is None:
             return None
         return policy.decide(tool=tool, apply=apply, label=label, session=session,
-                             payload=payload)
+                             payload=payload, reject=reject)
 
     def to_stage(self, s: dict[str, Any], verdict: Verdict | None) -> ToStage:
         """One action of a stage.lua call, with what ``verdict`` decided for it."""
@@ -118,7 +120,7 @@ class PolicyPlans:
         if by is not None and (not isinstance(by, str) or not 0 < len(by) <= BY_CHARS):
             raise InvalidInput("by", f"must be a string of 1-{BY_CHARS} characters")
         if isinstance(document, str | bytes):
-            document = read_document(document)
+            document = read_document(document, max_bytes=self.settings.max_payload_bytes)
         check_json(document, "policy", self.settings.max_payload_bytes)
         Policy(cast(dict[str, Any], document))  # checked there: InvalidInput
         rest = b"," + orjson.dumps({"set_at": round(time.time(), 3), "by": by,

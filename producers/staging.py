@@ -58,9 +58,9 @@ def _unowned(session: str, record: str) -> Unowned:
                    f"repair --session {session}`")
 
 
-# the replies the owner check reads per session: its owner record, then a TYPE for each of
-# the three keys of _session_types
-_LOOKED = 4
+# the replies the owner check reads per session: its owner record, a TYPE for each of the
+# three keys of _session_types, then its stack's depth
+_LOOKED = 5
 
 
 def _session_types(k: Keys, session: str) -> tuple[tuple[str, str], ...]:
@@ -193,6 +193,7 @@ class Staging(PolicyPlans):
                 pipe.hget(k.sessions(k.partition(session)), session)
                 for key, _want in _session_types(k, session):
                     pipe.type(key)
+                pipe.zcard(k.stack(session))
 
         replies: list[Any] = []
         if reread or owners:
@@ -215,8 +216,9 @@ class Staging(PolicyPlans):
             if isinstance(check, Exception) and isinstance(translate(check), RedisFull):
                 raise translate(check) from check
             raise UnknownHandler(*missing)
+        staging = Counter(f["session"] for f in checked)
         for i, (session, tenant) in enumerate(owners):
-            owner, *kinds = looked[_LOOKED * i:_LOOKED * (i + 1)]
+            owner, *kinds, depth = looked[_LOOKED * i:_LOOKED * (i + 1)]
             if isinstance(owner, bytes) and owner and owner.decode() != tenant:
                 raise _foreign(session)
             # stage.lua's order: a key of another type is POISON before a lost owner record
@@ -226,6 +228,12 @@ class Staging(PolicyPlans):
                     raise Poison("type", key, kind)
             if owner is None and any(kind != "none" for kind in found):
                 raise _unowned(session, k.sessions(k.partition(session)))
+            # stage.lua's limit, looked at ahead for a batch over several sessions, none of
+            # which may be staged when one is refused (counting every action as one it
+            # pushes: a denied one, which pushes none, is decided only later)
+            if isinstance(depth, int) and depth + staging[session] > \
+                    self.settings.max_pending_per_session:
+                raise self._full(session, depth)
         if sizes:
             if one_by_one:
                 for p, n in sizes.items():
@@ -325,6 +333,8 @@ class Staging(PolicyPlans):
             raise _foreign(session)
         if got.refused is StageRefusal.UNOWNED:
             raise _unowned(session, k.sessions(k.partition(session)))
+        if got.refused is StageRefusal.FULL:
+            raise self._full(session, int(got.collided))
         if got.refused is StageRefusal.POLICY:
             raise PendingActionsError(
                 f"the policy of tenant {group[0]['tenant']!r} changed {self.POLICY_TRIES} times "
@@ -341,6 +351,12 @@ class Staging(PolicyPlans):
                       f"the id counter {k.seq(p)} was set back; nothing was staged in that "
                       f"session{also}. Its next ids start past that one: stage again")
 
+    def _full(self, session: str, depth: int) -> InvalidInput:
+        limit = self.settings.max_pending_per_session
+        return InvalidInput("session", f"session {session!r} holds {depth} pending action(s) "
+                            f"and may hold at most {limit} (MAX_PENDING_PER_SESSION): nothing "
+                            "was staged; resolve or discard some first")
+
     def _call(self, group: list[dict[str, Any]]) -> Call[Staged]:
         """One stage.lua call for a session's actions, each decided by its tenant's policy as
         this client knows it (the spec keeps the decision), which also writes their feed
@@ -355,7 +371,7 @@ class Staging(PolicyPlans):
         for s in group:
             verdict = None if policy is None else policy.decide(
                 tool=s["tool"], apply=s["apply"], label=s["label"], session=s["session"],
-                payload=s["payload"])
+                payload=s["payload"], reject=s["reject"])
             s["verdict"] = verdict
             s["policy"] = None if verdict is None else verdict.stamp()
             staged.append(self.to_stage(s, verdict))
@@ -378,7 +394,7 @@ class Staging(PolicyPlans):
         # set (decided by the version in force as it is set: a slot has no version check)
         verdict = yield from self.decide(session=session, tool=fields["tool"],
                                          apply=fields["apply"], label=fields["label"],
-                                         payload={})
+                                         payload={}, reject=fields["reject"])
         if verdict is not None and verdict.decision != "allow":
             raise Denied(verdict.reason if verdict.decision == "deny"
                          else texts.slot_needs_people(slot, verdict.approvals), verdict.rule)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from pending_actions.broker.errors import InvalidInput
 from pending_actions.broker.globs import BadGlob, Glob, translate
-from pending_actions.broker.rules import Policy, read_document
+from pending_actions.broker.models import person
+from pending_actions.broker.rules import Policy, read_document, strictness
 
 ALPHABET = "ab.*?[]!-/\\"
 
@@ -242,3 +243,91 @@ def test_yaml_without_pyyaml_is_one_line_saying_so() -> None:
     said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True).stdout
     assert said.count("\n") == 1 and "PyYAML" in said and "pip install" in said, said
+
+
+# --- the one decision of an action (the approval boundary) -----------------------------------
+BOUNDARY = Policy({"default": "allow", "rules": [
+    {"name": "writes", "match": {"apply": "fs.*"}, "decision": "ask", "approvals": 2},
+    {"name": "one", "match": {"apply": "mail.*"}, "decision": "ask"},
+    {"name": "no-shell", "match": {"apply": "shell.*"}, "decision": "deny", "reason": "no"},
+    {"name": "reads", "match": {"tool": "read_*"}, "decision": "allow", "auto": True}]})
+
+
+@pytest.mark.parametrize(("apply", "reject", "want"), [
+    ("ok", None, ("allow", None, 0)),
+    ("ok", "fs.write", ("ask", "writes", 2)),  # the reject handler asks: the action asks
+    ("fs.write", "mail.send", ("ask", "writes", 2)),  # the more approvals
+    ("mail.send", "fs.write", ("ask", "writes", 2)),
+    ("fs.write", "shell.run", ("deny", "no-shell", 0)),  # any deny
+    ("shell.run", "ok", ("deny", "no-shell", 0)),
+    ("ok", "ok", ("allow", None, 0)),
+])
+def test_an_action_is_decided_by_its_stricter_handler(
+        apply: str, reject: str | None, want: tuple[str, str | None, int]) -> None:
+    got = BOUNDARY.decide(tool="t", apply=apply, reject=reject, label="l", session="s",
+                          payload={})
+    assert (got.decision, got.rule, got.approvals) == want
+
+
+def test_auto_stands_only_while_the_reject_handler_asks_nothing_more() -> None:
+    auto = BOUNDARY.decide(tool="read_x", apply="ok", reject="ok2", label="l", session="s",
+                           payload={})
+    assert (auto.decision, auto.auto, auto.rule) == ("allow", True, "reads")
+    asked = BOUNDARY.decide(tool="read_x", apply="ok", reject="fs.undo", label="l",
+                            session="s", payload={})
+    assert (asked.decision, asked.auto, asked.rule) == ("ask", False, "writes")
+
+
+def test_explain_names_the_rules_of_both_handlers() -> None:
+    got = BOUNDARY.explain(tool="read_x", apply="ok", reject="fs.undo", label="l", session="s",
+                           payload={})
+    assert got.verdict.rule == "writes"
+    assert [(r.name, why) for r, why in got.matched] == [
+        ("reads", "an ask wins over allow: writes asks")]
+    # the default decided for one handler while a rule allowed the other
+    strict = Policy({"default": "ask", "rules": [
+        {"name": "ok", "match": {"apply": "ok"}, "decision": "allow"}]})
+    why = strict.explain(tool="t", apply="ok", reject="undo", label="l", session="s",
+                         payload={})
+    assert (why.verdict.decision, why.verdict.rule) == ("ask", None)
+    assert [w for _r, w in why.matched] == ["the default (ask) for the other handler is stricter"]
+
+
+def test_strictness_orders_every_decision() -> None:
+    assert strictness(None) == strictness("allow")  # no policy at all is an allow
+    order = [strictness("allow"), strictness("ask", 1), strictness("ask", 2), strictness("deny")]
+    assert order == sorted(order) and len(set(order)) == len(order)
+    assert strictness("ask", 0) == strictness("ask", 1)  # an ask asks at least one person
+
+
+@pytest.mark.parametrize(("given", "want"), [
+    ("alice", "alice"), ("Alice", "alice"), ("  ALICE\t", "alice"),
+    ("\uff41\uff4c\uff49ce", "alice"),
+    ("Stra\u00dfe", "strasse"), ("bob@example.com", "bob@example.com")])
+def test_a_person_is_one_name_however_it_is_written(given: str, want: str) -> None:
+    assert person("approver", given) == want
+
+
+@pytest.mark.parametrize("given", ["", "   ", "al ice", "x" * 129, 7, None, "a\u0307b"])
+def test_a_name_that_is_no_name_is_refused(given: object) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        person("approver", given)
+    assert caught.value.field == "approver"
+
+
+def test_a_yaml_alias_is_refused_before_anything_is_built() -> None:
+    # nine levels of nine aliases each: 9^9 items if expanded
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 10)]
+    with pytest.raises(InvalidInput, match="aliases"):
+        read_document("\n".join(lines), "p.yaml")
+    with pytest.raises(InvalidInput, match="aliases"):
+        read_document("default: &d allow\nrules: []\nx: *d\n", "p.yaml")
+    # an anchor alone builds nothing bigger than itself, and reads
+    assert read_document("default: &d allow\nrules: []\n", "p.yaml") == {
+        "default": "allow", "rules": []}
+
+
+def test_a_policy_text_over_the_limit_is_refused_unread() -> None:
+    with pytest.raises(InvalidInput, match="the limit is 100"):
+        read_document("rules: [" + "x, " * 100 + "]", "p.yaml", max_bytes=100)

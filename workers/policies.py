@@ -27,7 +27,8 @@ def answer(request: ResolveRequest, got: Taken) -> Result:
     spec, st = got.spec, got.counters
     policy = spec.policy or {}
     need = int(policy.get("approvals") or 1)
-    names = st.approved_by or []
+    # approvals are of one verb at a time: those of the other count for nothing here
+    names = (st.approved_by or []) if (st.approving or "apply") == request.action else []
     details = base_details(request.action, request.reason, request.extra, spec)
     details.update(policy=policy, approved_by=names, revision=st.revision)
     if got.status is TakeStatus.REVISED:
@@ -36,10 +37,11 @@ def answer(request: ResolveRequest, got: Taken) -> Result:
                            is_error=True)
     if got.status is TakeStatus.NEEDS_APPROVAL:
         return text_result(texts.needs_approval(spec.id, spec.label, policy.get("rule"),
-                                                spec.tenant, need, names), details,
-                           is_error=True)
+                                                spec.tenant, need, names, request.action),
+                           details, is_error=True)
     again = None if got.recorded else request.approver
-    return text_result(texts.approved(len(names), need, names, again), details)
+    return text_result(texts.approved(len(names), need, names, again, request.action),
+                       details)
 
 
 def is_auto(request: ResolveRequest) -> bool:

@@ -287,7 +287,8 @@ class ResolveWorker:
                 claimant="" if is_auto(request) else claims.claimant(i, request, token),
                 here=claims.here,
                 trace=traced.trace(i), approver=request.approver or "",
-                revision=request.revision, patched=request.patched or ""))
+                revision=request.revision, patched=request.patched or "",
+                grant=request.grant or ""))
         if not calls:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call

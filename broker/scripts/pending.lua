@@ -2,16 +2,26 @@
 -- KEYS[1] stack (zset: the lowest score is the head)  KEYS[2] inflight (hash)
 -- KEYS[3] actions (hash)  KEYS[4] state (hash)
 -- KEYS[5] the partition's expiries (zset "<session>/<id>" -> expiry ms)
+-- KEYS[6] the partition's revoked grants (set): approvals given through them are not shown
 -- ARGV[1] max stack entries to return  ARGV[2] session
 -- Returns: flat list of quadruples {where, id, spec JSON, state JSON} (a spec does not store
 -- its id: it is the field it is under); where is "in_flight" for leased
 -- actions (listed first) or "pending" for stacked ones (head first). A stacked action past its
 -- ttl is not shown: it is gone from that moment, whether or not the sweep has ended it yet.
 local stack, inflight, actions, state, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local revoked = KEYS[6]
 local limit, session = ARGV[1], ARGV[2]
 redis.replicate_commands()
 local now = now_ms()
 local out = {}
+-- an action's counters as they count: without approvals through a revoked token (only
+-- counters that name grants are decoded)
+local function counted(raw)
+  if not string.find(raw, '"grants"', 1, true) then return raw end
+  local ok, st = pcall(cjson.decode, raw)
+  if ok and type(st) == 'table' and drop_revoked(st, revoked) then return cjson.encode(st) end
+  return raw
+end
 local leases = redis.call('HVALS', inflight)
 for _, raw in ipairs(leases) do
   local ok, lease = pcall(cjson.decode, raw)  -- an unreadable lease is parked by its worker
@@ -36,7 +46,7 @@ for _, id in ipairs(ids) do
     out[#out + 1] = 'pending'
     out[#out + 1] = id
     out[#out + 1] = spec
-    out[#out + 1] = redis.call('HGET', state, id) or '{}'
+    out[#out + 1] = counted(redis.call('HGET', state, id) or '{}')
   end
 end
 return out

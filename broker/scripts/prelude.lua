@@ -121,6 +121,27 @@ local function counters(state_key, id)
   return st, raw
 end
 
+-- people's approvals in counters ``st`` (take.lua) that came through a serve token revoked
+-- since, its grant id in the partition's ``revoked`` set, leave approved_by and grants (each
+-- nil once empty: cjson would write an empty table as an object); true when any left
+local function drop_revoked(st, revoked)
+  if type(st.grants) ~= 'table' or type(st.approved_by) ~= 'table' then return false end
+  local kept, dropped = {}, false
+  for _, name in ipairs(st.approved_by) do
+    local grant = st.grants[name]
+    if type(grant) == 'string' and call_on('SISMEMBER', revoked, grant) == 1 then
+      st.grants[name], dropped = nil, true
+    else
+      kept[#kept + 1] = name
+    end
+  end
+  if dropped then
+    st.approved_by = #kept > 0 and kept or nil
+    st.grants = next(st.grants) and st.grants or nil
+  end
+  return dropped
+end
+
 -- the counters of a leased attempt, as its claim answers them: take keeps an action's counters
 -- in its lease while it is in flight and says whether the state hash holds more of them
 -- (counted), only then read (POISON before a write); attempts is the lease's attempt

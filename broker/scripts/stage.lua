@@ -33,7 +33,8 @@
 -- ARGV[7] the policy version the actions were decided by ("" for none)
 -- ARGV[8] dispatch timeout ms (an auto lease's)   ARGV[9] an auto request's marker ttl s
 -- ARGV[10] a denial marker's ttl s
--- ARGV[11..] seven per action: its id ("pending-action:<tool>:<seq>"), its spec JSON, its ttl
+-- ARGV[11] the most pending actions the session may hold (MAX_PENDING_PER_SESSION)
+-- ARGV[12..] seven per action: its id ("pending-action:<tool>:<seq>"), its spec JSON, its ttl
 -- in ms or "" for none (the expiry is reckoned on the server's clock, so a client's clock can
 -- be off without moving it), its created_at (s) for the feed, its decision ("" without a
 -- policy, allow, ask, deny, auto), the deciding rule ("" for the default), and: deny, the
@@ -45,15 +46,16 @@
 -- first try went through; nothing changed for it). Refused, nothing changed at all:
 -- {STAGE.FOREIGN} (another tenant's session), {STAGE.UNOWNED} (no owner record, keys of its
 -- own), {STAGE.COLLISION, id} (that id holds another spec), {STAGE.POLICY, version} (the
--- partition's version of the tenant's policy, "" for none).
+-- partition's version of the tenant's policy, "" for none), {STAGE.FULL, depth} (the stack
+-- holds depth actions and these would take it past ARGV[11]).
 local stack, actions, hist, sessions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local tenants, expiries, expiries_due, feed = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local policies, inflight, leases, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local markers_at = 13
 local maxlen, tenant, session, indexed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local feed_maxlen, at, policy_version, dispatch_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local marker_ttl_s, denial_ttl_s = ARGV[9], ARGV[10]
-local actions_at = 11
+local marker_ttl_s, denial_ttl_s, max_pending = ARGV[9], ARGV[10], ARGV[11]
+local actions_at = 12
 -- one record per action from ARGV[actions_at] on, its fields in the order of ToStage's
 -- (broker/scripts.py; tests/test_scripts.py compares the two)
 local RECORD = {'id', 'spec', 'ttl_ms', 'created', 'decision', 'rule', 'more'}
@@ -131,6 +133,16 @@ for k, id in ipairs(ids) do
 end
 if #new == 0 then
   return out
+end
+-- a session holds at most max_pending actions on its stack (a model's loop of stages must not
+-- grow it without end); what is in flight and comes back after a failure is never refused
+local pushes = 0
+for _, i in ipairs(new) do
+  if act[i].decision ~= 'deny' and act[i].decision ~= 'auto' then pushes = pushes + 1 end
+end
+if pushes > 0 then
+  local depth = redis.call('ZCARD', stack)
+  if depth + pushes > tonumber(max_pending) then return {STAGE.FULL, tostring(depth)} end
 end
 -- ``base`` with what the policy decided for the action act[i] (for the history and the
 -- feed) and ``more`` appended: the fields of one entry

@@ -11,7 +11,8 @@
 -- KEYS[12] expired (zset)
 -- KEYS[13] the partition's request stream (the request is acked here when ARGV[20] is set)
 -- KEYS[14] dead (list): a stacked id whose spec is missing is dead-lettered there
--- KEYS[15..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
+-- KEYS[15] the partition's revoked grants (set: ids of serve tokens revoked since)
+-- KEYS[16..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
 --            ARGV[14] is empty: the caller enqueues on a broker of its own)
 -- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
 -- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
@@ -41,6 +42,8 @@
 --          changes nothing (REVISED)
 -- ARGV[28] patched: with an approval that edits, the composed JSON Merge Patch of the
 --          original payload to the edited one, as JSON text ("" for none)
+-- ARGV[29] grant: the id of the serve token the approver's resolve came through ("" for none:
+--          an approval given some other way, which no revocation voids)
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
 --          | {TAKE.OK, ..., pool number, spec JSON, counters JSON, lease JSON} (claimed here
@@ -48,18 +51,21 @@
 --          | {TAKE.NONE} (replied here) | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 --          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
 --            nothing changed)
---          | {TAKE.NEEDS_APPROVAL, id, spec JSON, counters JSON} (an apply of an ask target
---            with no approver: nothing changed, not acked)
+--          | {TAKE.NEEDS_APPROVAL, id, spec JSON, counters JSON} (an apply of an ask target,
+--            or a discard of one with a reject handler, with no approver or one whose token
+--            was revoked: nothing changed, not acked)
 --          | {TAKE.REVISED, id, spec JSON, counters JSON} (revision is not the target's:
 --            nothing changed, not acked)
 --          | {TAKE.APPROVED, id, spec JSON, counters JSON, "1"|"0"} (an approval of an ask
 --            target that needs more: "1" recorded, with its history entry, and acked; "0" the
 --            approver had approved already: nothing changed, not acked)
--- An ask target (its spec's policy, read from the JSON text ahead of the payload) is applied
--- only with an approver, once its policy's approvals are given by distinct approvers (the
--- counters' approved_by; an approval with a patch resets them to its approver). The last
--- approval takes it as any apply; the approvals are spent (the lease and the taken entry
--- name them).
+-- An ask target (its spec's policy, read from the JSON text ahead of the payload) is applied,
+-- and discarded when that runs a reject handler, only with an approver, once its policy's
+-- approvals are given by distinct approvers (the counters' approved_by, of one verb at a time:
+-- approving, nil for apply; an approval of the other verb, or with a patch, starts them again
+-- at its approver). Approvals given through a serve token revoked since (its grant in the
+-- revoked set) no longer count. The last approval takes it as any apply or discard; the
+-- approvals are spent (the lease and the taken entry name them).
 -- An action's counters stay in the state hash only between attempts: take copies them into the
 -- lease (attempt, and whether the hash has an entry: "counted"), and readd/recover write them
 -- back; a directive's and a standing handler's are written here as before.
@@ -73,8 +79,8 @@
 local directive, stack, standing, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local state, inflight, hist, marker = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local replies, leases, expiries, expired, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local dead = KEYS[14]
-local streams_at = 15
+local dead, revoked = KEYS[14], KEYS[15]
+local streams_at = 16
 local req, action, token, dispatch_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local marker_ttl_s, maxlen, reason, extra = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local none_reply, reply_ttl_s, session, routes_json = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
@@ -82,6 +88,7 @@ local pool_count, message, expect_id, by = ARGV[13], ARGV[14], ARGV[15], ARGV[16
 local conflict_reply, expired_reply, memory_ms, entry = ARGV[17], ARGV[18], ARGV[19], ARGV[20]
 local group, claimant, lease_ms, own_pool = ARGV[21], ARGV[22], ARGV[23], ARGV[24]
 local trace, approver, revision, patched = ARGV[25], ARGV[26], ARGV[27], ARGV[28]
+local grant = ARGV[29]
 redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(routes_json)
@@ -256,27 +263,36 @@ local st, counted
 if id then
   st, counted = counters(state, id)  -- POISON here changes nothing
 end
--- people's approvals of an ask target (read and decided before anything is written)
+-- people's approvals of an ask target (read and decided before anything is written): an
+-- apply, or a discard that runs a reject handler (the policy decided that handler too)
 local approved_by
 if id and kind == 'action' then
   if revision ~= '' and tonumber(revision) ~= (st.revision or 0) then
     return {TAKE.REVISED, id, spec, cjson.encode(st)}
   end
-  local policy = action == 'apply' and policy_of(spec)
+  local policy = (action == 'apply' or needs(spec)) and policy_of(spec)
   if policy and policy.decision == 'ask' then
-    if approver == '' then
+    drop_revoked(st, revoked)
+    if approver == '' or (grant ~= '' and call_on('SISMEMBER', revoked, grant) == 1) then
       return {TAKE.NEEDS_APPROVAL, id, spec, cjson.encode(st)}
     end
     local names = type(st.approved_by) == 'table' and st.approved_by or {}
+    local grants = type(st.grants) == 'table' and st.grants or {}
+    -- people approve what they saw: an edit's payload, or the other verb, from now on
+    if patched ~= '' or (st.approving or 'apply') ~= action then
+      names, grants = {}, {}
+    end
+    if patched ~= '' then
+      st.edit, st.revision = patched, (st.revision or 0) + 1
+    end
     local given = false
     for _, n in ipairs(names) do given = given or n == approver end
-    if patched ~= '' then  -- people approve what they saw: the edit's payload from now on
-      names, given = {approver}, false
-      st.edit, st.revision = patched, (st.revision or 0) + 1
-    elseif not given then
+    if not given then
       names[#names + 1] = approver
+      if grant ~= '' then grants[approver] = grant end
     end
-    st.approved_by = names
+    st.approved_by, st.grants = names, next(grants) and grants or nil
+    st.approving = action ~= 'apply' and action or nil
     if #names < (tonumber(policy.approvals) or 1) then
       if given then
         return {TAKE.APPROVED, id, spec, cjson.encode(st), '0'}
@@ -293,7 +309,7 @@ if id and kind == 'action' then
     end
     -- the last one: spent by the attempt it starts, which names them
     approved_by = table.concat(names, ',')
-    st.approved_by = nil
+    st.approved_by, st.grants, st.approving = nil, nil, nil
   end
 end
 local pool, name

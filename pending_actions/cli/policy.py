@@ -51,7 +51,8 @@ def set_(obj: Obj, tenant: str, file: str) -> None:
     except OSError as exc:
         raise BadInput(f"invalid FILE: cannot read {file}: {exc.strerror}") from None
     try:
-        document = read_document(text, "" if file == "-" else file)
+        document = read_document(text, "" if file == "-" else file,
+                                 obj.settings().max_payload_bytes)
         with policy_store():
             version = obj.client().set_policy(document, tenant=tenant, by="cli")
     except PendingActionsError as exc:

@@ -237,8 +237,9 @@ class Api:
             # a person's edit: checked against the action's schema, it resets the approvals
             # given to the earlier payload (what people approve is what they saw)
             "edit": body.get("edit"),
-            # a person's resolve: an approval of what a policy asks people for
-            "approver": who.name, "timeout": self.timeout}
+            # a person's resolve: an approval of what a policy asks people for, through this
+            # token (revoked, its approvals stop counting)
+            "approver": who.name, "grant": who.grant or None, "timeout": self.timeout}
         apa = self.aio()
         if apa is not None:
             async with self._resolving:

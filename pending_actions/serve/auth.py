@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import secrets
 import time
 from dataclasses import asdict, dataclass
@@ -25,13 +24,12 @@ import redis
 
 from pending_actions.broker.errors import InvalidInput
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.models import check_tenant
+from pending_actions.broker.models import check_tenant, person
 
 log = logging.getLogger("pending_actions.serve")
 
 Role = Literal["producer", "approver", "admin"]
 ROLES: tuple[Role, ...] = ("producer", "approver", "admin")
-TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 TOKEN_PREFIX = "pat_"
 
 
@@ -39,14 +37,22 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def grant_of(hashed: str) -> str:
+    """A token's grant id: what its approvals carry and its revocation names (the partitions'
+    revoked sets, ``Keys.revoked``). The head of its digest: a hash of a hash of 32 random
+    bytes, which tells nothing of the token, and a token made before grants has one too."""
+    return hashed[:16]
+
+
 @dataclass(frozen=True)
 class Principal:
-    """Who a valid token speaks for."""
+    """Who a valid token speaks for; ``grant``: its grant id (``grant_of``)."""
 
     name: str
     tenant: str
     role: Role
     created_at: float
+    grant: str = ""
 
     def may(self, *roles: Role) -> bool:
         return self.role == "admin" or self.role in roles
@@ -105,43 +111,60 @@ class Tokens:
         check_tenant(tenant)
         if role not in ROLES:
             raise InvalidInput("role", f"must be one of {', '.join(ROLES)} (got {role!r})")
-        if name is None:
-            name = f"{tenant}-{role}-{secrets.token_hex(3)}"
-        if not TOKEN_NAME_RE.match(name):
-            raise InvalidInput("name", f"must be 1-128 characters of A-Z a-z 0-9 . _ : @ - "
-                                       f"(got {name!r})")
+        # a person's name, as approvals compare it: Alice and alice are one token name
+        name = person("name", f"{tenant}-{role}-{secrets.token_hex(3)}" if name is None
+                      else name)
         self._ready()
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        principal = Principal(name, tenant, role, time.time())
         hashed = digest(token)
+        principal = Principal(name, tenant, role, time.time(), grant_of(hashed))
         # the name is claimed first: a crash before the second write leaves a name without a
         # token, which `token revoke NAME` clears; never a token without a revocable name
         if not self.client.hsetnx(self.keys.token_names, name, hashed):
             raise InvalidInput("name", f"a token named {name!r} exists; revoke it first")
-        self.client.hset(self.keys.tokens, hashed, orjson.dumps(asdict(principal)))
+        record = {k: v for k, v in asdict(principal).items() if k != "grant"}
+        self.client.hset(self.keys.tokens, hashed, orjson.dumps(record))
         return token, principal
 
     def lookup(self, token: str) -> Principal | None:
         if not token.startswith(TOKEN_PREFIX):
             return None
         self._ready()
-        raw: Any = self.client.hget(self.keys.tokens, digest(token))
+        hashed = digest(token)
+        raw: Any = self.client.hget(self.keys.tokens, hashed)
         if raw is None:
             return None
-        return Principal(**orjson.loads(raw))
+        return _principal(raw, hashed)
 
     def revoke(self, name: str) -> bool:
+        """The token of ``name`` stops working, and the approvals it gave stop counting: its
+        grant goes into every partition's revoked set first (a crash between the two steps
+        leaves a token whose approvals count for nothing: revoke it again)."""
         self._ready()
-        hashed: Any = self.client.hget(self.keys.token_names, name)
-        if hashed is None:
+        name = person("name", name)
+        found: Any = self.client.hget(self.keys.token_names, name)
+        if found is None:
             return False
+        hashed = found.decode() if isinstance(found, bytes) else str(found)
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        for p in range(k.partitions):
+            pipe.sadd(k.revoked(p), grant_of(hashed))
+        pipe.execute()
         pipe = self.client.pipeline(transaction=True)
-        pipe.hdel(self.keys.tokens, hashed)
-        pipe.hdel(self.keys.token_names, name)
+        pipe.hdel(k.tokens, hashed)
+        pipe.hdel(k.token_names, name)
         pipe.execute()
         return True
 
     def all(self) -> list[Principal]:
         self._ready()
-        values: Any = self.client.hvals(self.keys.tokens)
-        return sorted((Principal(**orjson.loads(v)) for v in values), key=lambda p: p.name)
+        records: Any = self.client.hgetall(self.keys.tokens)
+        return sorted((_principal(v, h.decode()) for h, v in records.items()),
+                      key=lambda p: p.name)
+
+
+def _principal(raw: bytes, hashed: str) -> Principal:
+    fields = orjson.loads(raw)
+    fields.pop("grant", None)
+    return Principal(**fields, grant=grant_of(hashed))
