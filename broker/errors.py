@@ -81,8 +81,9 @@ class Denied(PendingActionsError):
 
     def __init__(self, reason: str | None, rule: str | None,
                  denied: list[dict[str, str | None]] | None = None,
-                 ids: list[str | None] | None = None) -> None:
-        by = f"policy rule {rule!r}" if rule else "the policy's default"
+                 ids: list[str | None] | None = None, by: str | None = None) -> None:
+        # ``by``: what refused it, when no policy did (a handler kept to other tenants)
+        by = by or (f"policy rule {rule!r}" if rule else "the policy's default")
         super().__init__(f"Denied: {reason or 'not allowed'} ({by})")
         self.reason, self.rule = reason, rule
         self.denied = denied or []

@@ -23,8 +23,23 @@ from pending_actions.broker.keys import Keys
 from pending_actions.broker.lua import source
 
 
-def pool_id(names: list[str] | tuple[str, ...]) -> str:
-    return hashlib.sha1(",".join(sorted(names)).encode()).hexdigest()[:10]
+def pool_id(names: list[str] | tuple[str, ...],
+            tenants: dict[str, list[str]] | None = None) -> str:
+    """A short hash of the handler names (and of the tenants any of them is kept to: workers
+    that serve other tenants are another pool)."""
+    text = ",".join(sorted(names))
+    if tenants:
+        text += ";" + ";".join(f"{n}={','.join(sorted(t))}" for n, t in sorted(tenants.items()))
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def record(names: list[str], tenants: dict[str, list[str]] | None = None) -> bytes:
+    """What the pools hash holds for a pool (``parse_live`` reads it): the JSON list of its
+    handler names, or, where some are kept to tenants (``@handler(name, tenants=...)``),
+    ``{"handlers": [...], "tenants": {name: [tenant, ...]}}``."""
+    if not tenants:
+        return orjson.dumps(sorted(names))
+    return orjson.dumps({"handlers": sorted(names), "tenants": tenants})
 
 
 def heartbeat(client: redis.Redis, keys: Keys, pool: str, names: list[str], instance: str,
@@ -35,7 +50,7 @@ def heartbeat(client: redis.Redis, keys: Keys, pool: str, names: list[str], inst
     # by name, as Scripts.register builds them (broker/arguments.py: the scripts' slots)
     slots = RegisterKeys(pools=keys.pools, live=keys.pool_live)
     client.eval(source("register", flags=False), len(slots), *slots, *RegisterArgs(
-        pool=pool, names=orjson.dumps(sorted(names)), member=Keys.pool_member(pool, instance),
+        pool=pool, names=record(names), member=Keys.pool_member(pool, instance),
         ttl_ms=ttl_ms))
 
 
@@ -46,10 +61,13 @@ def leave(client: redis.Redis, keys: Keys, pool: str, instance: str) -> None:
 @dataclass(frozen=True)
 class Live:
     """The live pools at one moment: ``pools`` sorted; ``routes`` handler name -> 1-based
-    indexes into ``pools`` (the form take.lua reads)."""
+    indexes into ``pools`` (the form take.lua reads); ``tenants`` handler name -> the only
+    tenants it is staged for (those every live pool that has it serves; absent: every
+    tenant)."""
 
     pools: tuple[str, ...] = ()
     routes: dict[str, list[int]] = field(default_factory=dict)
+    tenants: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @property
     def routes_json(self) -> bytes:
@@ -58,6 +76,10 @@ class Live:
 
     def has(self, name: str) -> bool:
         return name in self.routes
+
+    def admits(self, name: str, tenant: str) -> bool:
+        kept = self.tenants.get(name)
+        return kept is None or tenant in kept
 
 
 def queue_live(pipe: Any, keys: Keys) -> None:
@@ -72,11 +94,19 @@ def parse_live(replies: list[Any]) -> Live:
     now = int(sec) * 1000 + int(usec) // 1000
     live = sorted({_text(m).partition("/")[0] for m, expiry in members if expiry > now})
     routes: dict[str, list[int]] = {}
+    kept: dict[str, frozenset[str]] = {}
     for index, pool in enumerate(live, start=1):
         raw = names.get(pool.encode()) or names.get(pool)
-        for name in orjson.loads(raw) if raw else ():
+        found = orjson.loads(raw) if raw else []
+        handlers, tenants = (found, {}) if isinstance(found, list) else \
+            (found.get("handlers", []), found.get("tenants", {}))
+        for name in handlers:
             routes.setdefault(name, []).append(index)
-    return Live(tuple(live), routes)
+            if name in tenants:
+                # a task may go to any pool that has the name: only what all serve is staged
+                here = frozenset(tenants[name])
+                kept[name] = kept[name] & here if name in kept else here
+    return Live(tuple(live), routes, kept)
 
 
 def _text(raw: Any) -> str:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
-import orjson
 import redis
 import redis.asyncio
 
@@ -26,6 +25,7 @@ from pending_actions.broker.keys import RESOLVER_GROUP, Keys
 from pending_actions.broker.lua import FLAGS, LUA_TABLES, NAMES, lua_file, prelude, source
 from pending_actions.broker.models import DEFAULT_TENANT
 from pending_actions.broker.pools import Live
+from pending_actions.broker.pools import record as pool_record
 from pending_actions.broker.replies import (
     Begun,
     Concluded,
@@ -417,14 +417,14 @@ class Scripts:
             arg.LeaseKeys(inflight=k.inflight(session), leases=k.leases(k.partition(session))),
             arg.SweepArgs(session=session), int)
 
-    def register(self, *, pool: str, names: list[str], instance: str,
-                 ttl_ms: int) -> Call[int]:
-        """Keep ``instance``, a worker process of ``pool`` (its handler ``names``), live for
-        ``ttl_ms`` (``broker/pools.py``)."""
+    def register(self, *, pool: str, names: list[str], instance: str, ttl_ms: int,
+                 tenants: dict[str, list[str]] | None = None) -> Call[int]:
+        """Keep ``instance``, a worker process of ``pool`` (its handler ``names``, some kept to
+        ``tenants``), live for ``ttl_ms`` (``broker/pools.py``)."""
         k = self._k
         return self._call(
             "register", arg.RegisterKeys(pools=k.pools, live=k.pool_live),
-            arg.RegisterArgs(pool=pool, names=orjson.dumps(sorted(names)),
+            arg.RegisterArgs(pool=pool, names=pool_record(names, tenants),
                              member=Keys.pool_member(pool, instance), ttl_ms=ttl_ms), int)
 
     def beat(self, proc: str, *, loop: str, every_ms: int, ttl_ms: int,

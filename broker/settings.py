@@ -100,6 +100,11 @@ class Settings(BaseSettings):
         default={},
         description="the MCP servers an operator allows behind `mcp-proxy` and in workers: a "
                     "JSON object, name -> 'COMMAND ARGS' (`--mcp-upstream NAME=...` adds to it)")
+    mcp_upstream_tenants: dict[str, list[str]] = Field(
+        default={},
+        description="the tenants an MCP upstream is kept to: a JSON object, name -> [tenant, "
+                    "...]; an upstream not named serves every tenant "
+                    "(`--mcp-upstream-tenants NAME=T1,T2` adds to it)")
     mcp_call_timeout_s: float = Field(
         default=60.0, gt=0, description="longest wait for one tool call of an upstream MCP server")
     mcp_start_timeout_s: float = Field(

@@ -119,6 +119,12 @@ def needs_approval(action_id: str, label: str, rule: str | None, tenant: str, ne
             f"tenant {tenant!r}, in the approval inbox. {end}")
 
 
+def handler_kept(name: str, tenants: list[str], tenant: str) -> str:
+    """A stage naming a handler the workers keep to other tenants (``--mcp-upstream-tenants``,
+    ``@handler(name, tenants=...)``)."""
+    return f"handler {name} serves tenant(s) {', '.join(tenants)} only, not {tenant!r}"
+
+
 def slot_needs_people(slot: str, approvals: int) -> str:
     """A directive or standing handler whose policy asks people: the model's resolve applies a
     slot, so it cannot be one."""

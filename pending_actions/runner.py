@@ -159,6 +159,8 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
         env["PENDING_ACTIONS_DRAMATIQ_URL"] = settings.dramatiq_url
     if settings.mcp_upstreams:  # with the --mcp-upstream options (pending_actions.mcp.worker)
         env["PENDING_ACTIONS_MCP_UPSTREAMS"] = orjson.dumps(settings.mcp_upstreams).decode()
+        env["PENDING_ACTIONS_MCP_UPSTREAM_TENANTS"] = orjson.dumps(
+            settings.mcp_upstream_tenants).decode()
     command = dramatiq_command(modules, settings, int(shutdown_s * 1000))
     name = ResolveWorker.new_name()
     # the dramatiq processes name this one as the process that restarts them (health)

@@ -216,6 +216,14 @@ class Staging(PolicyPlans):
             if isinstance(check, Exception) and isinstance(translate(check), RedisFull):
                 raise translate(check) from check
             raise UnknownHandler(*missing)
+        # a handler the workers keep to some tenants (an MCP upstream set up for one) is not
+        # staged for another: refused before anything is written, as a missing one is
+        kept = next(((f["tenant"], name) for f in checked for name in (f["apply"], f["reject"])
+                     if name is not None and not self._live.admits(name, f["tenant"])), None)
+        if kept is not None:
+            tenant, name = kept
+            raise Denied(texts.handler_kept(name, sorted(self._live.tenants[name]), tenant),
+                         None, by="the workers' tenants of that handler")
         staging = Counter(f["session"] for f in checked)
         for i, (session, tenant) in enumerate(owners):
             owner, *kinds, depth = looked[_LOOKED * i:_LOOKED * (i + 1)]

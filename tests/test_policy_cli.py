@@ -26,6 +26,7 @@ POLICY = {"default": "ask", "rules": [
     {"name": "any-deploy", "match": {"tool": "deploy"}, "decision": "allow"},
     {"name": "frozen", "match": {"payload": {"freeze": True}}, "decision": "deny",
      "reason": "the release is frozen"},
+    {"name": "writes", "match": {"apply": "fs.write*"}, "decision": "ask", "approvals": 2},
 ]}
 
 
@@ -69,6 +70,12 @@ def test_set_show_and_test_explain_precedence(deployment: Deployment, pa: Pendin
     fallback = cli(url, "--json", "policy", "test", "--tenant", t, "--tool", "email")
     assert (orjson.loads(fallback.stdout)["decision"],
             orjson.loads(fallback.stdout)["rule"]) == ("ask", None)
+    # the reject handler is decided too: a read whose undo writes is no auto-apply
+    both_ = cli(url, "--json", "policy", "test", "--tenant", t, "--tool", "read_file",
+                "--apply", "fs.read", "--reject", "fs.write")
+    out = orjson.loads(both_.stdout)
+    assert (out["decision"], out["rule"], out["auto"]) == ("ask", "writes", False), both_.stdout
+    assert [m["rule"] for m in out["matched"]] == ["reads"]
 
     bad = tmp_path / "bad.json"
     bad.write_bytes(orjson.dumps({"rules": [{"name": "oops", "match": {"tool": "[x"},

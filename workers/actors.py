@@ -54,6 +54,7 @@ class Registration(dramatiq.Middleware):
         self.stop = threading.Event()
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.names: list[str] = []
+        self.tenants: dict[str, list[str]] = {}
         self.pool = ""
         self.first = True
         self.local: LocalDispatch | None = None
@@ -61,7 +62,8 @@ class Registration(dramatiq.Middleware):
 
     def before_worker_boot(self, broker: Any, worker: Any) -> None:
         self.names = registry.names()
-        self.pool = pools.pool_id(self.names)
+        self.tenants = registry.tenants()
+        self.pool = pools.pool_id(self.names, self.tenants)
         serve_pool(broker, self.pool)
         # claims on the consumer thread need the state's Redis, and none of REPLICA_WAIT's
         if (isinstance(broker, StreamsBroker) and broker.client is ctx.client
@@ -101,7 +103,7 @@ class Registration(dramatiq.Middleware):
     def _publish(self) -> None:
         # register.lua runs while Redis is full (allow-oom): a pool must never look gone then
         ctx.scripts.register(pool=self.pool, names=self.names, instance=self.instance,
-                             ttl_ms=ctx.settings.pool_ttl_ms).run()
+                             ttl_ms=ctx.settings.pool_ttl_ms, tenants=self.tenants).run()
         if self.first:
             announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.READY, pool=self.pool,
                      handlers=",".join(self.names))

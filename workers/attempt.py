@@ -351,9 +351,7 @@ def _call(view: PendingAction, spec: Spec, task: TaskMessage, key: str) -> Ran:
     try:
         if name is None:  # discard without a reject handler
             return returned(None)
-        fn = registry.get(name)
-        if fn is None:
-            raise LookupError(f"no handler named {name!r} in this worker")
+        fn = registry.serving(name, spec.tenant)
         if task.edit is not None:
             # the producer checked it already; this guards a request written by hand
             check_payload(view.payload, spec.payload_schema, "edit")

@@ -63,6 +63,11 @@ MCP_UPSTREAM = click.option(
     "--mcp-upstream", "mcp_upstreams", multiple=True, metavar="NAME='COMMAND ARGS'",
     help="An MCP server (stdio) the operator allows, by name (repeatable; adds to "
          "PENDING_ACTIONS_MCP_UPSTREAMS). Needs the 'mcp' extra.")
+MCP_UPSTREAM_TENANTS = click.option(
+    "--mcp-upstream-tenants", "mcp_upstream_tenants", multiple=True, metavar="NAME=T1,T2",
+    help="Keep the MCP upstream NAME to these tenants (repeatable; adds to "
+         "PENDING_ACTIONS_MCP_UPSTREAM_TENANTS): another tenant's stage of mcp:NAME is refused "
+         "and its mcp-proxy does not start. Without it, an upstream serves every tenant.")
 
 
 def fail(exc: Exception) -> NoReturn:

@@ -81,12 +81,14 @@ def show(obj: Obj, tenant: str) -> None:
 @TENANT
 @click.option("--tool", required=True, help="The tool that stages the action.")
 @click.option("--apply", "apply_", default="", metavar="HANDLER", help="Its apply handler.")
+@click.option("--reject", metavar="HANDLER",
+              help="Its reject handler: decided too, and the stricter decision is the action's.")
 @click.option("--label", default="", help="Its label.")
 @click.option("--session", default="", help="Its session.")
 @click.option("--payload", metavar="JSON|@FILE|-", help="Its payload (a JSON object).")
 @click.pass_obj
-def test(obj: Obj, tenant: str, tool: str, apply_: str, label: str, session: str,
-         payload: str | None) -> None:
+def test(obj: Obj, tenant: str, tool: str, apply_: str, reject: str | None, label: str,
+         session: str, payload: str | None) -> None:
     """What the tenant's current policy decides for such an action: the decision, the rule
     that decided, and every other rule that matched with why it lost."""
     data = json_object("--payload", payload) or {}
@@ -100,7 +102,7 @@ def test(obj: Obj, tenant: str, tool: str, apply_: str, label: str, session: str
                 f"allow: tenant {tenant} has no policy")
         return
     explained = Policy(found["document"], found["version"]).explain(
-        tool=tool, apply=apply_, label=label, session=session, payload=data)
+        tool=tool, apply=apply_, label=label, session=session, payload=data, reject=reject)
     v = explained.verdict
     out: dict[str, Any] = {
         "decision": v.decision, "rule": v.rule, "approvals": v.approvals, "reason": v.reason,

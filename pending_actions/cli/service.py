@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from pending_actions.broker.errors import PendingActionsError
-from pending_actions.cli.base import MCP_UPSTREAM, Obj, fail
+from pending_actions.cli.base import MCP_UPSTREAM, MCP_UPSTREAM_TENANTS, Obj, fail
 
 
 def _modules(handlers: tuple[str, ...], extra: tuple[str, ...]) -> list[str]:
@@ -24,9 +24,10 @@ def _modules(handlers: tuple[str, ...], extra: tuple[str, ...]) -> list[str]:
 @click.option("--port", type=int, default=6399, show_default=True,
               help="Port of the embedded Redis (0 picks a free one).")
 @MCP_UPSTREAM
+@MCP_UPSTREAM_TENANTS
 @click.pass_obj
 def up(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...], data_dir: Path,
-       port: int, mcp_upstreams: tuple[str, ...]) -> None:
+       port: int, mcp_upstreams: tuple[str, ...], mcp_upstream_tenants: tuple[str, ...]) -> None:
     """Run everything on this machine: Redis, a resolve worker and a dramatiq worker.
 
     With no --redis-url an embedded redis-server is started (AOF on) from PATH or from the
@@ -36,7 +37,7 @@ def up(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...], data
     from pending_actions.runner import embedded_for, run
 
     try:
-        settings = with_options(obj.settings(), mcp_upstreams)
+        settings = with_options(obj.settings(), mcp_upstreams, mcp_upstream_tenants)
         embedded = None if settings.redis_url else embedded_for(data_dir.resolve(), port)
         sys.exit(run(settings, _modules(handlers, more_handlers), embedded=embedded))
     except PendingActionsError as exc:
@@ -50,14 +51,17 @@ def up(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...], data
 @click.option("--processes", type=int, help="dramatiq worker processes [env ..._WORKER_PROCESSES].")
 @click.option("--threads", type=int, help="threads per dramatiq process [env ..._WORKER_THREADS].")
 @MCP_UPSTREAM
+@MCP_UPSTREAM_TENANTS
 @click.pass_obj
 def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
-           processes: int | None, threads: int | None, mcp_upstreams: tuple[str, ...]) -> None:
+           processes: int | None, threads: int | None, mcp_upstreams: tuple[str, ...],
+           mcp_upstream_tenants: tuple[str, ...]) -> None:
     """Run a resolve worker plus dramatiq worker processes against a shared Redis.
 
     Start as many as you like, on as many machines: requests are shared through a consumer
     group and handler runs through the task queue. Each --mcp-upstream NAME registers the
-    handler mcp:NAME, which applies the calls `mcp-proxy` staged."""
+    handler mcp:NAME, which applies the calls `mcp-proxy` staged; it serves every tenant unless
+    --mcp-upstream-tenants keeps it to some."""
     from pending_actions.mcp.upstreams import with_options
     from pending_actions.runner import run
 
@@ -67,7 +71,8 @@ def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
     update = {k: v for k, v in (("worker_processes", processes), ("worker_threads", threads))
               if v is not None}
     try:
-        settings = with_options(settings.model_copy(update=update), mcp_upstreams)
+        settings = with_options(settings.model_copy(update=update), mcp_upstreams,
+                                mcp_upstream_tenants)
         sys.exit(run(settings, _modules(handlers, more_handlers)))
     except PendingActionsError as exc:
         fail(exc)

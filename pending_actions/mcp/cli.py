@@ -15,7 +15,7 @@ from pending_actions.broker import tracing
 from pending_actions.broker.errors import ConfigError, PendingActionsError
 from pending_actions.broker.models import DEFAULT_TENANT, check_session, check_tenant
 from pending_actions.broker.settings import Settings
-from pending_actions.cli.base import MCP_UPSTREAM, SESSION, Obj, fail
+from pending_actions.cli.base import MCP_UPSTREAM, MCP_UPSTREAM_TENANTS, SESSION, Obj, fail
 
 
 def _need_sdk(command: str) -> None:
@@ -124,9 +124,10 @@ def _serve_http(settings: Settings, session: str | None, host: str, port: int) -
 @click.option("--tenant", default=DEFAULT_TENANT, show_default=True,
               help="The tenant whose session it is (and whose policy decides).")
 @MCP_UPSTREAM
+@MCP_UPSTREAM_TENANTS
 @click.pass_obj
 def mcp_proxy(obj: Obj, session: str, upstream: str, tenant: str,
-              mcp_upstreams: tuple[str, ...]) -> None:
+              mcp_upstreams: tuple[str, ...], mcp_upstream_tenants: tuple[str, ...]) -> None:
     """Serve an MCP server's tools, staging the calls that would change something (needs the
     'mcp' extra).
 
@@ -134,13 +135,19 @@ def mcp_proxy(obj: Obj, session: str, upstream: str, tenant: str,
     a pending action, and `resolve` (served here too) applies it: a worker started with the
     same --mcp-upstream calls the tool then. Stdio: an MCP client starts this command."""
     _need_sdk("mcp-proxy")
-    from pending_actions.mcp.upstreams import check_tool_names, pick, with_options
+    from pending_actions.mcp.upstreams import check_tool_names, pick, serves, with_options
 
     try:
         check_session(session)
         check_tenant(tenant)
-        settings = with_options(_settings(obj), mcp_upstreams)
+        settings = with_options(_settings(obj), mcp_upstreams, mcp_upstream_tenants)
         up = pick(settings, upstream)
+        if not serves(settings, up, tenant):
+            # it would forward this tenant's reads itself: an upstream kept to others is not
+            # started for it at all
+            raise ConfigError(f"MCP upstream {up.name} serves tenant(s) "
+                              f"{', '.join(settings.mcp_upstream_tenants[up.name])} only, not "
+                              f"{tenant!r} (--mcp-upstream-tenants)")
     except PendingActionsError as exc:
         fail(exc)
     from pending_actions.mcp.client import Connection, UpstreamError, quiet_sdk_logs

@@ -10,8 +10,8 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pending_actions.broker.errors import ConfigError
-from pending_actions.broker.models import TOOL_RE
+from pending_actions.broker.errors import ConfigError, InvalidInput
+from pending_actions.broker.models import TOOL_RE, check_tenant
 from pending_actions.broker.settings import Settings
 
 # no ':' in a name, so that the handler name ``mcp:NAME`` reads one way only
@@ -62,14 +62,44 @@ def parse_option(text: str) -> tuple[str, str]:
     return name.strip(), command
 
 
-def with_options(settings: Settings, options: Iterable[str]) -> Settings:
+def with_options(settings: Settings, options: Iterable[str],
+                 tenant_options: Iterable[str] = ()) -> Settings:
     """The settings with each ``--mcp-upstream`` option added (an option replaces the setting's
-    upstream of the same name), every upstream checked."""
+    upstream of the same name) and each ``--mcp-upstream-tenants NAME=T1,T2``, every upstream
+    and every tenant checked (the tenants' upstream must be one of them)."""
     merged = dict(settings.mcp_upstreams)
     merged.update(parse_option(o) for o in options)
     for name, command in merged.items():
         upstream(name, command)
-    return settings.model_copy(update={"mcp_upstreams": merged})
+    kept = dict(settings.mcp_upstream_tenants)
+    kept.update(parse_tenants(o) for o in tenant_options)
+    for name, tenants in kept.items():
+        if name not in merged:
+            raise ConfigError(f"--mcp-upstream-tenants names {name!r}, which is no MCP upstream "
+                              f"(configured: {', '.join(sorted(merged)) or 'none'})")
+        if not tenants:
+            raise ConfigError(f"--mcp-upstream-tenants {name}: no tenant named (an upstream "
+                              "kept to nobody is one not configured)")
+        for tenant in tenants:
+            try:
+                check_tenant(tenant)
+            except InvalidInput as exc:
+                raise ConfigError(f"--mcp-upstream-tenants {name}: {exc}") from None
+    return settings.model_copy(update={"mcp_upstreams": merged, "mcp_upstream_tenants": kept})
+
+
+def parse_tenants(text: str) -> tuple[str, list[str]]:
+    """``NAME=T1,T2`` -> (name, [tenants])."""
+    name, sep, tenants = text.partition("=")
+    if not sep or not name.strip():
+        raise ConfigError(f"bad --mcp-upstream-tenants {text!r}: write NAME=TENANT1,TENANT2")
+    return name.strip(), [t.strip() for t in tenants.split(",") if t.strip()]
+
+
+def serves(settings: Settings, up: Upstream, tenant: str) -> bool:
+    """Whether ``up`` serves ``tenant`` (``mcp_upstream_tenants``)."""
+    kept = settings.mcp_upstream_tenants.get(up.name)
+    return kept is None or tenant in kept
 
 
 def configured(settings: Settings) -> dict[str, Upstream]:

@@ -145,7 +145,8 @@ def register(settings: Settings) -> Upstreams:
     found = configured(settings)
     upstreams = Upstreams(settings, found)
     for up in found.values():
-        handler(up.handler)(apply_handler(upstreams, up))
+        handler(up.handler, settings.mcp_upstream_tenants.get(up.name))(
+            apply_handler(upstreams, up))
     if found:
         log.info("MCP upstreams %s: handlers %s", ", ".join(found),
                  ", ".join(up.handler for up in found.values()))
