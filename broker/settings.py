@@ -87,6 +87,19 @@ class Settings(BaseSettings):
     block_ms: int = Field(default=5_000, ge=10, le=10_000,
                           description="idle XREADGROUP block time (below the socket timeout)")
 
+    serve_header_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="longest wait of `serve` for a request's headers, whole: from the "
+                    "connection's opening, and on a kept-alive one from the next request's "
+                    "first byte; past it the connection is closed")
+    serve_body_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="longest wait of `serve` for a request's body, whole, from the end of its "
+                    "headers; past it a 408 (or the connection closed once an answer is out)")
+    serve_keep_alive_s: float = Field(
+        default=5.0, gt=0,
+        description="how long `serve` keeps an idle connection open between two requests")
+
     webhook_urls: str | None = Field(
         default=None, description="comma-separated URLs POSTed every stage and outcome")
     webhook_secret: str | None = Field(

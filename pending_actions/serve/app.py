@@ -22,6 +22,7 @@ from importlib import resources
 from typing import Any
 
 import anyio
+from annotated_types import MaxLen
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -30,7 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pending_actions.broker.errors import ConfigError, InvalidInput
-from pending_actions.broker.models import NAME_RE, Result
+from pending_actions.broker.models import NAME_RE, ResolveRequest, Result
 from pending_actions.producers import AsyncPendingActions, PendingActions
 from pending_actions.serve import metrics
 from pending_actions.serve.auth import Principal, Role, Tokens
@@ -48,6 +49,9 @@ RESOLVE_FIELDS = {"action", "reason", "extra", "edit", "expect_id", "revision"}
 STAGE_FIELDS = {"tool", "label", "apply", "reject", "payload"}
 BATCH_FIELDS = {"session", "id", "action", "reason", "extra", "revision"}
 MAX_BATCH = 100
+# the longest action id a resolve takes: the resolve request's own bound on expect_id
+MAX_ID_CHARS = next(m.max_length for m in ResolveRequest.model_fields["expect_id"].metadata
+                    if isinstance(m, MaxLen))
 # resolves waiting at once; more wait their turn in serve (holding nothing). Each waiting one
 # holds a connection for its reply's BLPOP, so the asyncio client's pool gets that many and
 # room for the short commands beside them (redis-py's default of 100 would refuse the 101st)
@@ -204,7 +208,12 @@ class Api:
         results: list[Any] = [None] * len(items)
         by_session: dict[str, list[int]] = {}
         for n, item in enumerate(items):
-            by_session.setdefault(str(item["session"]), []).append(n)
+            refused = _bad_item(item)
+            if refused is None:
+                by_session.setdefault(item["session"], []).append(n)
+            else:  # never resolved: a null id would go through as "whatever is on top"
+                results[n] = {"session": item["session"], "id": item["id"], "status": 400,
+                              "error": str(refused), "field": refused.field}
 
         async def chain(session: str, order: list[int]) -> None:
             # in the order given: each item's id is checked against the target its
@@ -269,6 +278,19 @@ class Api:
             return self.pa.set_policy(body, tenant=who.tenant, by=who.name)
 
         return json_response({"tenant": who.tenant, "version": await run_in_threadpool(run)})
+
+
+def _bad_item(item: dict[str, Any]) -> InvalidInput | None:
+    """Why a batch item may not be tried, if it may not. Its id is what makes a batch safe:
+    the resolve goes through only if that id is its session's target, so it must be an
+    action id; a missing one (null) would mean "no expectation" and take whatever is on top."""
+    if not isinstance(item["session"], str):
+        return InvalidInput("session", "must be a session name (a string)")
+    action_id = item["id"]
+    if not isinstance(action_id, str) or not action_id or len(action_id) > MAX_ID_CHARS:
+        return InvalidInput("id", f"must be an action id (a string of 1-{MAX_ID_CHARS} "
+                                  "characters)")
+    return None
 
 
 def _conflict(result: Result) -> bool:

@@ -53,7 +53,8 @@ def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None,
     if side is not None:
         click.echo(f"operator metrics on http://{metrics_host}:{metrics_port}/metrics",
                    err=True)
-    listen.run(app, sock, None if side is None else (operator_app(app.state.api), side))
+    listen.run(app, sock, None if side is None else (operator_app(app.state.api), side),
+               listen.Limits.of(app.state.api.settings))
 
 
 @click.group()

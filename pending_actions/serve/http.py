@@ -4,7 +4,8 @@ outage instead of one per request.
 
 Status codes: 400 bad input (``{"error", "field"}``), 401 no or bad token, 403 a role that may
 not (or a stage the tenant's policy denied: ``{"error", "rule", "reason"}``), 404 no such
-session (another tenant's answers the same), 413 a body over
+session (another tenant's answers the same), 408 a body slower than
+``SERVE_BODY_TIMEOUT_S`` (answered by ``listen.Deadlines``), 413 a body over
 ``broker.payloads.max_body_bytes``, 503 Redis unavailable or full, 500 anything else (logged
 once, with its traceback: that one is a bug).
 """
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -162,6 +163,10 @@ def errors(fn: Handler, outage: Outage | None = None) -> Handler:
             return json_response({"error": "no such session"}, 404)
         except PendingActionsError as exc:
             return json_response({"error": str(exc)}, 500)
+        except ClientDisconnect:
+            # no one to answer: the client left mid-body, or its body came too slowly and the
+            # connection has had its 408 already (listen.Deadlines); never a traceback
+            return json_response({"error": "the client went away"}, 400)
         except Exception:
             log.exception("%s %s failed", request.method, request.url.path)
             return json_response({"error": "internal error (logged by the server)"}, 500)

@@ -29,9 +29,11 @@ def free_port() -> int:
 
 class Server:
     """``serve`` with its operator listener (``--metrics-port``) on a second free port; with
-    ``log``, its stderr goes to that file (else to ours)."""
+    ``log``, its stderr goes to that file (else to ours); ``overrides``: settings of its own
+    (``{"serve_body_timeout_s": "1"}``)."""
 
-    def __init__(self, url: str, log: Path | None = None) -> None:
+    def __init__(self, url: str, log: Path | None = None,
+                 overrides: dict[str, str] | None = None) -> None:
         self.port, self.metrics_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -40,7 +42,8 @@ class Server:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pending_actions", "serve", "--port", str(self.port),
                  "--resolve-timeout", "30", "--metrics-port", str(self.metrics_port)],
-                env=worker_env(url), cwd=ROOT, stdin=subprocess.DEVNULL, stderr=stderr)
+                env=worker_env(url, **(overrides or {})), cwd=ROOT, stdin=subprocess.DEVNULL,
+                stderr=stderr)
         self.http = httpx.Client(base_url=self.base, timeout=60, trust_env=False)
         self.operator = httpx.Client(base_url=f"http://127.0.0.1:{self.metrics_port}",
                                      timeout=60, trust_env=False)

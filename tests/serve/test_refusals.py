@@ -128,6 +128,32 @@ def test_bad_tokens_write_nothing(server: Server, single: Deployment, tokens: To
         assert set(r.json()) == {"error"}
 
 
+def test_a_batch_item_needs_a_string_id_and_session(server: Server, single: Deployment,
+                                                    victim: Party) -> None:
+    """An item's id fences its resolve to that action: a null one is refused like any other
+    non-id, not taken as "no id" (which would apply whatever is on top), and writes nothing."""
+    good = {"session": victim.session, "id": victim.ids[0], "action": "apply", "reason": "r"}
+    bad: list[tuple[str, dict[str, Any]]] = [
+        ("id", {"id": None}), ("id", {"id": 123}), ("id", {"id": ""}), ("id", {"id": ["x"]}),
+        ("id", {"id": "x" * 301}), ("session", {"session": None}),
+        ("session", {"session": 123}), ("session", {"session": [victim.session]})]
+    for field, change in bad:
+        item = {**good, **change}
+        with redis_unchanged(single.rc):
+            r = send(server, victim.approver, "POST", "/v1/resolve-batch", {"items": [item]})
+        assert r.status_code == 200, r.text
+        assert r.json()["results"] == [{
+            "session": item["session"], "id": item["id"], "status": 400,
+            "error": r.json()["results"][0]["error"], "field": field}], change
+    assert [a.id for a in single.pa.pending(victim.session)] == victim.ids[::-1]
+    # beside a refused one, a good item still goes through: the head, named by its id
+    head = {**good, "id": victim.ids[-1]}
+    r = send(server, victim.approver, "POST", "/v1/resolve-batch",
+             {"items": [{**good, "id": None}, head]})
+    assert [x["status"] for x in r.json()["results"]] == [400, 200], r.text
+    assert [a.id for a in single.pa.pending(victim.session)] == victim.ids[:1]
+
+
 def bad_bodies(session: str, action_id: str) -> Iterator[tuple[str, str, Any, str]]:
     """(token role, path, body, the field the 400 must name) for deep and oversized input."""
     actions, resolve = f"/v1/sessions/{session}/actions", f"/v1/sessions/{session}/resolve"
