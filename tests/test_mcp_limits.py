@@ -33,6 +33,7 @@ from tests.support.mcp import (
     http_server,
     proxy_args,
     text,
+    writes,
 )
 from tests.support.unchanged import redis_unchanged
 
@@ -128,6 +129,13 @@ async def answered(mcp: ClientSession, tool: str, arguments: dict[str, Any]) -> 
     return text(got), bool(got.is_error)
 
 
+async def whole(mcp: ClientSession, tool: str, arguments: dict[str, Any]
+                ) -> tuple[str, bool, dict[str, Any] | None]:
+    with anyio.fail_after(ANSWER_S):
+        got = await mcp.call_tool(tool, arguments)
+    return text(got), bool(got.is_error), got.meta
+
+
 @pytest.mark.parametrize("kind", SURFACES)
 def test_a_request_past_a_limit_is_answered_at_once_and_the_next_one_is_served(
         kind: str, url: str, folder: Path, endpoint: str, token: str, rc: redis.Redis,
@@ -172,7 +180,7 @@ def test_an_upstream_answer_past_the_cap_fails_the_proxys_call_at_once_and_it_se
             assert failed, said[:200]
             assert f"answered the call of read_file with more than {RESULT_CAP} bytes" in said
             assert "MCP_MAX_RESULT_BYTES" in said and len(said) < 1000
-            for _ in range(3):  # the same upstream process, its line dropped, serves on
+            for _ in range(3):  # the rest of the big line read away, the upstream serves on
                 assert await answered(proxy, "read_file", {"path": f"{session}.txt"}) == \
                     ("small", False)
 
@@ -182,7 +190,17 @@ def test_an_upstream_answer_past_the_cap_fails_the_proxys_call_at_once_and_it_se
 def test_an_upstream_answer_past_the_cap_fails_the_apply_and_the_worker_applies_the_next(
         pa: PendingActions, folder: Path, session: str) -> None:
     (folder / f"{session}-big.txt").write_text("y" * (RESULT_CAP * 5))
-    (folder / f"{session}.txt").write_text("small")
+
+    def write(text: str) -> int:
+        """A write applied by the worker's upstream: the pid of the process that wrote it."""
+        pa.stage(session=session, tool="write_file", label="w", apply="mcp:files",
+                 payload={"path": f"{session}.txt", "text": text})
+        done = pa.resolve(session=session, action="apply", reason="r")
+        assert not done.is_error, done.text
+        pid: int = [w for w in writes(folder) if w["path"] == f"{session}.txt"][-1]["pid"]
+        return pid
+
+    before = write("small")
     action_id = pa.stage(session=session, tool="read_file", label="big", apply="mcp:files",
                          payload={"path": f"{session}-big.txt"})
     started = time.monotonic()
@@ -198,6 +216,7 @@ def test_an_upstream_answer_past_the_cap_fails_the_apply_and_the_worker_applies_
              payload={"path": f"{session}.txt"})
     done = pa.resolve(session=session, action="apply", reason="r")
     assert not done.is_error and done.text == "small", done.text
+    assert write("again") == before  # the same upstream process: it was never restarted
 
 
 @pytest.mark.parametrize("kind", [*SURFACES, "mcp --tenant"])
@@ -222,10 +241,10 @@ def test_another_tenants_session_answers_as_a_missing_one_at_every_call(
             theirs = pa.stage(session=session, tool="edit", label="beta's secret plan",
                               apply="t.ok", payload={"secret": "s3cret"}, tenant=OTHER)
             with redis_unchanged(rc):
-                got = [await answered(mine, *c) for c in calls]
-            expected = [await answered(nowhere, *c) for c in calls]
-            assert got == expected
-            assert not any("secret" in said or theirs in said for said, _ in got)
+                got = [await whole(mine, *c) for c in calls]
+            expected = [await whole(nowhere, *c) for c in calls]
+            assert got == expected  # text, isError and the result in _meta alike
+            assert not any("secret" in said or theirs in said for said, _, _ in got)
             if kind == "mcp-proxy":
                 for tool in ("write_file", "read_file"):
                     with redis_unchanged(rc):
