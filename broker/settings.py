@@ -123,6 +123,15 @@ class Settings(BaseSettings):
     mcp_start_timeout_s: float = Field(
         default=30.0, gt=0,
         description="longest wait for an upstream MCP server to start and answer `initialize`")
+    mcp_max_result_bytes: int = Field(
+        default=2_097_152, ge=1_024,
+        description="the longest message read from an upstream MCP server (one JSON-RPC line): "
+                    "an answer past it is dropped unread and its call fails at once")
+    """Twice the default ``max_payload_bytes``: an SDK server sends a text result twice (its
+    content and its structuredContent), so this reads a text of about the payload limit, some
+    250k tokens, more than a model's context holds. A worker stores what it reads as the
+    resolve's result in Redis; a cap there keeps one answer from filling it (a 20 MB one took
+    36 s to reach the model, and a 50 MB one stalled the proxy for a minute)."""
 
     @field_validator("key_prefix")
     @classmethod

@@ -114,7 +114,7 @@ def check_mcp_upstreams(settings: Settings) -> None:
     for up in configured(settings).values():
         try:
             tools = anyio.run(probe, up, settings.mcp_start_timeout_s,
-                              settings.mcp_call_timeout_s)
+                              settings.mcp_call_timeout_s, settings.mcp_max_result_bytes)
         except UpstreamError as exc:
             raise ConfigError(str(exc)) from None
         log.info("MCP upstream %s: %d tools, applied by handler %s", up.name, len(tools),

@@ -211,6 +211,9 @@ class AsyncPendingActions:
     async def pending(self, session: str, limit: int = 1000) -> list[PendingAction]:
         return await self._run(self.core.pending(session, limit))
 
+    async def stack_depth(self, session: str) -> int:
+        return await self._run(self.core.stack_depth(session))
+
     async def show(self, session: str, action_id: str) -> PendingAction | None:
         return await self._run(self.core.show(session, action_id))
 

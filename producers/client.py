@@ -247,6 +247,10 @@ class PendingActions:
         """In-flight actions first, then the stack, head first."""
         return self._run(self.core.pending(session, limit))
 
+    def stack_depth(self, session: str) -> int:
+        """How many actions are stacked in the session (not in flight), none of them read."""
+        return self._run(self.core.stack_depth(session))
+
     def show(self, session: str, action_id: str) -> PendingAction | None:
         """One staged action, directive or standing handler by id; None if it is gone."""
         return self._run(self.core.show(session, action_id))

@@ -159,6 +159,13 @@ class Core(Staging):
         got: Pending = yield Run(self.scripts.pending(session, limit))
         return got.actions
 
+    def stack_depth(self, session: str) -> Plan[int]:
+        """How many actions the session's stack holds, without reading them (one past its ttl
+        that the sweep has not ended yet still counts)."""
+        check_session(session)
+        depth, = yield Batch(lambda p: p.zcard(self.keys.stack(session)))
+        return int(depth)
+
     def show(self, session: str, action_id: str) -> Plan[PendingAction | None]:
         found = next((a for a in (yield from self.pending(session)) if a.id == action_id), None)
         if found is not None:

@@ -68,8 +68,12 @@ async def _owned(backend: Any, session: str, tenant: str) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="(http) Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True,
               help="(http) Port to listen on.")
+@click.option("--tenant", default=DEFAULT_TENANT, show_default=True,
+              help="(stdio) The tenant whose session it is: another tenant's session is "
+                   "answered as one with nothing in it. (http: the token's tenant.)")
 @click.pass_obj
-def mcp_(obj: Obj, session: str | None, transport: str, host: str, port: int) -> None:
+def mcp_(obj: Obj, session: str | None, transport: str, host: str, port: int,
+         tenant: str) -> None:
     """Serve the `resolve` and `pending` tools over MCP (needs the 'mcp' extra).
 
     Over stdio, for --session. Over HTTP (endpoint /mcp), every request needs
@@ -78,6 +82,7 @@ def mcp_(obj: Obj, session: str | None, transport: str, host: str, port: int) ->
     _need_sdk("mcp")
     settings = _settings(obj)
     try:
+        check_tenant(tenant)
         if session is not None:
             check_session(session)
         elif transport == "stdio":
@@ -95,7 +100,7 @@ def mcp_(obj: Obj, session: str | None, transport: str, host: str, port: int) ->
         backend = Backend(settings)
         try:
             await backend.tenant_of(session)  # Redis answers, before the client is told we do
-            await SessionServer(backend, session, DEFAULT_TENANT).run_stdio_async()
+            await SessionServer(backend, session, tenant).run_stdio_async()
         finally:
             await backend.close()
 
@@ -113,7 +118,7 @@ def _serve_http(settings: Settings, session: str | None, host: str, port: int) -
     server = SessionServer(Backend(settings), session, DEFAULT_TENANT, http=True,
                            **http_auth(settings, host, port))
     click.echo(f"MCP (streamable HTTP) on http://{host}:{port}/mcp", err=True)
-    listen.run(server.streamable_http_app(host=host), sock)
+    listen.run(server.http_app(host), sock)
 
 
 @click.command("mcp-proxy")
@@ -161,7 +166,8 @@ def mcp_proxy(obj: Obj, session: str, upstream: str, tenant: str,
         try:
             await _owned(backend, session, tenant)
             async with Connection(up, settings.mcp_start_timeout_s,
-                                  settings.mcp_call_timeout_s) as connection:
+                                  settings.mcp_call_timeout_s,
+                                  max_result_bytes=settings.mcp_max_result_bytes) as connection:
                 try:
                     tools = await connection.tools()
                 except UpstreamError as exc:

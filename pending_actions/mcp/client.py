@@ -1,8 +1,10 @@
-"""One upstream MCP server as we call it: its process, started over stdio by the SDK's
-``stdio_client``, and one client session on it, started on first use and again after it dies.
-Every wait is bounded (the start by ``mcp_start_timeout_s``, a call by ``mcp_call_timeout_s``)
-and every failure is one line (``UpstreamError``): a call never hangs on a server that exited,
-crashed mid-call or wrote something that is not JSON-RPC.
+"""One upstream MCP server as we call it: its process, started over stdio by our transport
+(``stdio``: what the SDK's ``stdio_client`` does, its stdout read through ``wire.Lines``, so
+that an answer is never held past ``mcp_max_result_bytes``), and one client session on it,
+started on first use and again after it dies. Every wait is bounded (the start by
+``mcp_start_timeout_s``, a call by ``mcp_call_timeout_s``) and every failure is one line
+(``UpstreamError``): a call never hangs on a server that exited, crashed mid-call, wrote
+something that is not JSON-RPC or an answer past the cap.
 
 The transport's messages pass through a relay of ours on their way to the session: it is what
 tells, the moment it happens, that the process closed its stdout (it exited) or wrote a line
@@ -15,7 +17,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, TextIO, cast
@@ -23,17 +25,27 @@ from typing import Any, Self, TextIO, cast
 import anyio
 import anyio.abc
 import mcp_types as types
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from pending_actions.broker.settings import Settings
 from pending_actions.mcp.upstreams import Upstream
+from pending_actions.mcp.wire import Line, Lines, Oversized, dumped, head
 
-# the whole of a stop: stdio_client closes stdin, waits 2 s, SIGTERMs, waits 2 s, SIGKILLs
+log = logging.getLogger("pending_actions.mcp")
+
+# the whole of a stop: close its stdin, wait 2 s, SIGTERM its process group, wait 2 s,
+# SIGKILL, wait for it to be reaped
 STOP_S = 7.0
+GRACE_S = 2.0
+# the error our transport answers a request with when the upstream's answer is over the cap:
+# never sent on a wire (in JSON-RPC's range for implementations' own errors)
+TOO_LARGE = -32_090
+DEFAULT_MAX_RESULT_BYTES: int = Settings.model_fields["mcp_max_result_bytes"].default
 CLIENT_INFO = types.Implementation(name="pending-actions", version="0.1.0")
 
 
@@ -71,10 +83,12 @@ class Connection:
     requests)."""
 
     def __init__(self, upstream: Upstream, start_timeout_s: float, call_timeout_s: float,
-                 errlog: TextIO | None = None) -> None:
+                 errlog: TextIO | None = None,
+                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> None:
         self.upstream = upstream
         self.start_timeout_s = start_timeout_s
         self.call_timeout_s = call_timeout_s
+        self.max_result_bytes = max_result_bytes
         # its stderr is ours (a log, or the MCP client's log of the proxy); never stdout
         self.errlog = errlog or sys.__stderr__ or sys.stderr
         self._link: _Link | None = None
@@ -119,10 +133,9 @@ class Connection:
     async def _hold(self, link: _Link) -> None:
         """Start the process, keep its session until the link ends, then stop it. Never
         raises: what went wrong is the link's ``why``."""
-        params = StdioServerParameters(command=self.upstream.argv[0],
-                                       args=list(self.upstream.argv[1:]), env=upstream_env())
         try:
-            async with stdio_client(params, errlog=self.errlog) as (read, write):
+            async with stdio(self.upstream.argv, upstream_env(), self.errlog,
+                             self.max_result_bytes) as (read, write):
                 relayed, inbox = anyio.create_memory_object_stream[SessionMessage | Exception](0)
                 async with anyio.create_task_group() as group:
                     group.start_soon(self._relay, link, read, relayed)
@@ -204,6 +217,10 @@ class Connection:
 
     def _failure(self, what: str, exc: Exception) -> UpstreamError:
         link = self._link
+        if isinstance(exc, MCPError) and exc.code == TOO_LARGE:
+            return UpstreamError(f"{self._name()} answered {what} with more than "
+                                 f"{self.max_result_bytes} bytes, the most read of an upstream "
+                                 "(MCP_MAX_RESULT_BYTES): its answer was dropped unread")
         if isinstance(exc, MCPError) and exc.code == types.CONNECTION_CLOSED:
             why = link.why if link is not None and link.why else "closed its connection"
             return UpstreamError(f"{self._name()} {why} during {what}")
@@ -221,6 +238,8 @@ def _line(exc: Exception) -> str:
     """The line a transport could not parse, as far as its error says."""
     if isinstance(exc, ValidationError) and exc.errors():
         given = exc.errors()[0].get("input")
+        if isinstance(given, bytes):  # (our transport parses the bytes it read)
+            given = given.decode("utf-8", "replace")
         if isinstance(given, str):
             return repr(given if len(given) <= 80 else given[:79] + "…")
     return f"({_one_line(exc)})"
@@ -248,8 +267,110 @@ def content_of(result: types.CallToolResult) -> list[dict[str, Any]]:
     return [c.model_dump(by_alias=True, mode="json", exclude_none=True) for c in result.content]
 
 
-async def probe(upstream: Upstream, start_timeout_s: float,
-                call_timeout_s: float) -> list[types.Tool]:
+async def probe(upstream: Upstream, start_timeout_s: float, call_timeout_s: float,
+                max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> list[types.Tool]:
     """Start ``upstream``, list its tools and stop it: what the operator is told at start."""
-    async with Connection(upstream, start_timeout_s, call_timeout_s) as up:
+    async with Connection(upstream, start_timeout_s, call_timeout_s,
+                          max_result_bytes=max_result_bytes) as up:
         return await up.tools()
+
+
+# --- the transport ---------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def stdio(argv: Sequence[str], env: dict[str, str], errlog: TextIO, cap: int
+                ) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception],
+                                         MemoryObjectSendStream[SessionMessage]]]:
+    """The upstream's process and its messages, as the SDK's ``stdio_client`` gives them, but
+    read through ``wire.Lines``: an answer over ``cap`` bytes is never held or parsed; the
+    request it answers gets a ``TOO_LARGE`` error the moment the cap is passed, and the rest of
+    that line is dropped as it comes, so the next answer is read as soon as the upstream
+    writes it. (The SDK's reader holds a line whole and joins it again at every chunk: a
+    50 MB answer took longer than the call's timeout, and the calls after it timed out behind
+    it.) Its process is in a session of its own, stopped as a whole (``_stop``)."""
+    process = await anyio.open_process(list(argv), env=env, stderr=errlog,
+                                       start_new_session=True)
+    inbox_in, inbox = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    outbox, outbox_out = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def read() -> None:
+        assert process.stdout is not None
+        lines = Lines(cap)
+        session_gone = False
+        async with inbox_in:
+            with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError,
+                                     anyio.BrokenResourceError, OSError):
+                async for chunk in process.stdout:
+                    if session_gone:
+                        continue  # drained, so that a process writing still can exit
+                    for event in lines.feed(chunk):
+                        item = _received(event, cap)
+                        if item is None:
+                            continue
+                        try:
+                            await inbox_in.send(item)
+                        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                            session_gone = True
+                            break
+
+    async def write() -> None:
+        assert process.stdin is not None
+        async with outbox_out:
+            try:
+                async for message in outbox_out:
+                    await process.stdin.send(dumped(message.message) + b"\n")
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                await inbox_in.aclose()  # it stopped reading: the session is told at once
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(read)
+        group.start_soon(write)
+        try:
+            yield inbox, outbox
+        finally:
+            with anyio.CancelScope(shield=True):
+                inbox.close()
+                outbox.close()
+                await _stop(process)
+            group.cancel_scope.cancel()
+
+
+def _received(event: Line | Oversized, cap: int) -> SessionMessage | Exception | None:
+    """A line of the upstream as the session takes it: a message, or what did not parse (the
+    relay ends the link on it); a line over the cap, the error answer to its request (or
+    nothing, for a notification or a request of the upstream's: no call waits on it)."""
+    if isinstance(event, Line):
+        try:
+            return SessionMessage(types.jsonrpc_message_adapter.validate_json(event.data,
+                                                                              by_name=False))
+        except ValueError as exc:
+            return exc
+    found = head(event.head)
+    if not found.is_response:
+        log.warning("an MCP upstream's message over %d bytes was dropped unread (%s)", cap,
+                    found.method or "not an answer with an id")
+        return None
+    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=found.id, error=types.ErrorData(
+        code=TOO_LARGE, message=f"an answer over {cap} bytes, dropped unread")))
+
+
+async def _stop(process: anyio.abc.Process) -> None:
+    """As MCP's lifecycle says: close its stdin, and what has not exited after a grace is
+    terminated, its whole process group (an ``npx`` wrapper's children too); every wait
+    bounded."""
+    assert process.stdin is not None
+    with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.stdin.aclose()
+    if not await _exited(process, GRACE_S):
+        await terminate_posix_process_tree(process, GRACE_S)
+        await _exited(process, GRACE_S)
+    with contextlib.suppress(OSError), anyio.move_on_after(GRACE_S):
+        await process.aclose()
+
+
+async def _exited(process: anyio.abc.Process, within_s: float) -> bool:
+    # returncode, not wait(): asyncio's wait also waits for the pipes, which a child of the
+    # upstream that inherited them may hold open after the upstream itself exited
+    with anyio.move_on_after(within_s):
+        while process.returncode is None:
+            await anyio.sleep(0.01)
+    return process.returncode is not None

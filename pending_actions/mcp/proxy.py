@@ -125,12 +125,20 @@ class ProxyServer(SessionServer):
         tool = self.tools.get(name)
         if name in OURS or tool is None:
             return await super().call_tool(name, arguments, context)
-        where = await self.where(context)
+        try:
+            where = await self.where(context)
+        except PendingActionsError as exc:  # Redis unavailable: nothing runs
+            return error_result(texts.not_staged(str(exc).rstrip(".")))
         settings = self.backend.settings
         try:
             check_json(arguments, "arguments", settings.max_payload_bytes)
         except InvalidInput as exc:
             return error_result(texts.not_staged(str(exc)))
+        if where.foreign:
+            # claimed by another tenant since the proxy started: nothing is forwarded on it,
+            # and the stage refuses it as it refuses any stage into another tenant's session
+            # (and writes nothing); no policy of ours is asked about a session not ours
+            return await self.stage(where, name, arguments)
         try:
             verdict = await decide(where.tenant, where.session, name, arguments,
                                    tool.annotations, self.policy)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio.to_thread
 import mcp_types as types
@@ -25,6 +25,8 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.stdio import stdio_server
+from starlette.applications import Starlette
 
 from pending_actions.broker import rules
 from pending_actions.broker.errors import ConfigError, PendingActionsError
@@ -34,6 +36,7 @@ from pending_actions.broker.settings import Settings
 from pending_actions.broker.texts import REMINDER
 from pending_actions.mcp import texts
 from pending_actions.mcp.upstreams import OURS
+from pending_actions.mcp.wire import BodyGuard, Limits, Stdin
 from pending_actions.producers import AsyncPendingActions, PendingActions
 from pending_actions.producers.tool import DESCRIPTION, PARAMETERS, render
 from pending_actions.serve.auth import ROLES, Tokens
@@ -41,6 +44,10 @@ from pending_actions.serve.auth import ROLES, Tokens
 T = TypeVar("T")
 SESSION_HEADER = "Pending-Actions-Session"
 RESULT_META = "pending-actions/result"
+# what `pending` lists: the head and the next ones, each a label (max_label_chars) and a
+# bounded error; the rest is a count
+SHOWN = 10
+ERROR_CHARS = 200
 
 RESOLVE = types.Tool(name="resolve", title="Resolve", description=DESCRIPTION,
                      input_schema=PARAMETERS)
@@ -92,9 +99,14 @@ class Backend:
                                           arguments=arguments)
         return result
 
-    async def pending(self, session: str) -> list[PendingAction]:
-        items: list[PendingAction] = await self._call("pending", session=session)
+    async def pending(self, session: str, limit: int) -> list[PendingAction]:
+        """Every action in flight and the first ``limit`` of the stack."""
+        items: list[PendingAction] = await self._call("pending", session=session, limit=limit)
         return items
+
+    async def depth(self, session: str) -> int:
+        found: int = await self._call("stack_depth", session=session)
+        return found
 
     async def reminder(self, session: str) -> str | None:
         """The reminder while the session's soft requirement says to resolve, else None."""
@@ -143,11 +155,25 @@ def http_auth(settings: Settings, host: str, port: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Where:
-    """Whose call this is: its session and tenant, never from the model's arguments."""
+    """Whose call this is: its session and tenant, never from the model's arguments, and the
+    session's owner as read at this call (a session is claimed by its first stage, which may
+    be another tenant's after the server started)."""
 
     session: str
     tenant: str
-    unclaimed: bool = False  # (HTTP) the session belongs to no tenant yet: nothing is there
+    owner: str | None = None
+    http: bool = False
+
+    @property
+    def foreign(self) -> bool:
+        return self.owner is not None and self.owner != self.tenant
+
+    @property
+    def empty(self) -> bool:
+        """Nothing of the session is the caller's: another tenant's session, told as one that
+        does not exist, or (HTTP) one that no tenant has claimed yet (its slots are nobody's
+        token's to resolve)."""
+        return self.foreign or (self.http and self.owner is None)
 
 
 class SessionServer(MCPServer[Any]):
@@ -162,6 +188,27 @@ class SessionServer(MCPServer[Any]):
         self.session = session
         self.tenant = tenant
         self.http = http
+        self.limits = Limits.of(backend.settings)
+
+    async def run_stdio_async(self) -> None:
+        """The SDK's stdio transport with our stdin under it (``wire.Stdin``): a request past a
+        limit is answered at once instead of reaching the SDK's parser, which drops what it
+        cannot parse unanswered. The rest is what the SDK's own method does."""
+        stdin = Stdin(self.limits)
+        async with stdio_server(stdin=cast(Any, stdin)) as (read, write):
+            stdin.answer_on(write)
+            await self._lowlevel_server.run(
+                read, write, self._lowlevel_server.create_initialization_options())
+
+    def http_app(self, host: str) -> Starlette:
+        """The streamable HTTP app with ``wire.BodyGuard`` behind the bearer check: a body past
+        a limit is answered before the SDK reads it (the SDK's own cap, given ours, is then
+        never reached)."""
+        app = self.streamable_http_app(host=host,
+                                       max_request_body_size=self.limits.request_bytes)
+        manager: Any = self.session_manager  # (typed as the one layer the SDK puts there)
+        manager.asgi_app = BodyGuard(manager.asgi_app, self.limits)
+        return app
 
     async def list_tools(self) -> list[types.Tool]:
         return [RESOLVE, PENDING]
@@ -179,44 +226,58 @@ class SessionServer(MCPServer[Any]):
             return error_result(str(exc))
 
     async def where(self, context: Context[Any, Any] | None) -> Where:
+        """The call's session and tenant, and the session's owner read now: at every call,
+        not once at start."""
         if not self.http:
             assert self.session is not None
-            return Where(self.session, self.tenant)
-        request = context.request_context.request if context is not None else None
-        user = request.scope.get("user") if request is not None else None
-        if not isinstance(user, AuthenticatedUser):  # the SDK's middleware let none through
-            raise Refused("no bearer token")
-        tenant = str((user.access_token.claims or {}).get("tenant"))
-        session = request.headers.get(SESSION_HEADER) if request is not None else None
-        session = session or self.session
-        if not session:
-            raise Refused(texts.no_session(SESSION_HEADER))
+            session, tenant = self.session, self.tenant
+        else:
+            request = context.request_context.request if context is not None else None
+            user = request.scope.get("user") if request is not None else None
+            if not isinstance(user, AuthenticatedUser):  # the SDK's middleware let none through
+                raise Refused("no bearer token")
+            tenant = str((user.access_token.claims or {}).get("tenant"))
+            header = request.headers.get(SESSION_HEADER) if request is not None else None
+            session = header or self.session or ""
+            if not session:
+                raise Refused(texts.no_session(SESSION_HEADER))
         check_session(session)
-        owner = await self.backend.tenant_of(session)
-        if owner is not None and owner != tenant:
-            raise Refused(texts.no_such_session(session))
-        return Where(session, tenant, unclaimed=owner is None)
+        return Where(session, tenant, await self.backend.tenant_of(session), self.http)
 
     async def resolve(self, where: Where, arguments: dict[str, Any]) -> types.CallToolResult:
         given = ResolveInput.of_call(arguments)  # the model's: never an approver, an edit
-        if where.unclaimed:  # nothing was ever staged there by this tenant: nothing to take
+        if where.empty:  # what a session with nothing in it answers, word for word
             result = nothing_to_target(given.action, given.reason, given.extra)
         else:
             result = await self.backend.resolve(where.session, arguments)
         return tool_result(result)
 
     async def pending(self, where: Where) -> types.CallToolResult:
-        items = [] if where.unclaimed else await self.backend.pending(where.session)
+        """The first ``SHOWN`` (in flight first, then the head first) and how many more: the
+        text a model reads stays short however deep the stack is (a write loop had built 2,002
+        and a 252 KB text). Only those are read, and the stack's depth."""
+        items: list[PendingAction] = []
+        depth = 0
+        if not where.empty:
+            items = await self.backend.pending(where.session, SHOWN)
+            depth = await self.backend.depth(where.session) if len(items) >= SHOWN else 0
+        # one staged by another tenant after this call's owner check: not shown
+        items = [a for a in items if a.tenant == where.tenant]
         if not items:
             return text_result(texts.NOTHING_PENDING)
-        lines = [f"{len(items)} pending (resolve takes the first one that is not in flight):"]
-        lines += [_line(n, a) for n, a in enumerate(items, 1)]
+        shown = items[:SHOWN]
+        in_flight = sum(a.state == "in_flight" for a in items)
+        total = max(len(items), in_flight + depth)
+        lines = [f"{total} pending (resolve takes the first one that is not in flight):"]
+        lines += [_line(n, a) for n, a in enumerate(shown, 1)]
+        if total > len(shown):
+            lines.append(texts.more_pending(total - len(shown)))
         waiting = any(a.state == "pending" for a in items)
         return text_result("\n".join(lines), *([REMINDER] if waiting else []))
 
 
 class Refused(PendingActionsError):
-    """A request the server refuses before anything is read (no session, another tenant's)."""
+    """A request the server refuses before anything is read (no token, no session)."""
 
 
 def tool_result(result: Result) -> types.CallToolResult:
@@ -227,5 +288,8 @@ def tool_result(result: Result) -> types.CallToolResult:
 
 def _line(n: int, a: PendingAction) -> str:
     state = " (in flight: being applied now)" if a.state == "in_flight" else ""
-    error = f"; last error: {a.last_error}" if a.last_error else ""
+    last = a.last_error or ""
+    if len(last) > ERROR_CHARS:  # a handler's error text has no bound of its own
+        last = last[:ERROR_CHARS - 1] + "…"
+    error = f"; last error: {last}" if last else ""
     return f"{n}. {a.id}: {a.label}{state} (attempts {a.attempts}{error})"

@@ -39,8 +39,8 @@ def unknown_tool(name: str) -> str:
     return f"Unknown tool: {name}"
 
 
-def no_such_session(session: str) -> str:
-    return f"No such session for this token: {session!r}."
+def more_pending(count: int) -> str:
+    return (f"… and {count} more (older, listed here once the ones above are resolved)")
 
 
 def no_session(header: str) -> str:

@@ -90,7 +90,8 @@ class Upstreams:
                 for up in self.found.values():  # nothing starts yet: a process on first use
                     self.connections[up.name] = await stack.enter_async_context(
                         Connection(up, settings.mcp_start_timeout_s,
-                                   settings.mcp_call_timeout_s))
+                                   settings.mcp_call_timeout_s,
+                                   max_result_bytes=settings.mcp_max_result_bytes))
                 self.loop = asyncio.get_running_loop()
                 ready.set()
                 await self.stop.wait()

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 from pending_actions.broker.models import Result
+from pending_actions.embedded import free_port
 from pending_actions.procs import ROOT
 from tests.support.procs import Worker, worker_env
 
@@ -69,3 +74,34 @@ def resolved(result: types.CallToolResult) -> Result:
     """The resolve's own result, which the MCP result carries in its _meta."""
     assert result.meta is not None
     return Result.model_validate(result.meta["pending-actions/result"])
+
+
+@contextmanager
+def http_server(url: str, **env: str) -> Iterator[str]:
+    """``pending-actions mcp --transport http`` on a free port: its endpoint, once it says it
+    listens (its first line); its later output is read away so that it never blocks on it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pending_actions", "mcp", "--transport", "http", "--port",
+         str(port)], cwd=ROOT, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**worker_env(url), **{f"PENDING_ACTIONS_{k.upper()}": v for k, v in env.items()}})
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("MCP (streamable HTTP) on"), first
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@asynccontextmanager
+async def http_connect(endpoint: str, token: str, session: str) -> AsyncIterator[ClientSession]:
+    """An MCP client of ``endpoint`` with ``token`` for ``session``, initialized."""
+    headers = {"Authorization": f"Bearer {token}", "Pending-Actions-Session": session}
+    async with httpx2.AsyncClient(headers=headers, timeout=60) as http, \
+            streamable_http_client(endpoint, http_client=http) as (read, write), \
+            ClientSession(read, write) as mcp:
+        await mcp.initialize()
+        yield mcp
