@@ -142,6 +142,7 @@ class TakeKeys(NamedTuple):
     requests: str
     dead: str
     revoked: str
+    sessions: str
 
 
 class TakeArgs(NamedTuple):
@@ -174,6 +175,7 @@ class TakeArgs(NamedTuple):
     revision: str
     patched: str
     grant: str
+    tenant: str
 
 
 class ExpireKeys(NamedTuple):

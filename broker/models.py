@@ -299,6 +299,9 @@ class ResolveRequest(BaseModel):
     # the serve token an approver's resolve came through (``Principal.grant``): revoked, its
     # approvals stop counting
     grant: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
+    # whose resolve this is (serve's token, an MCP server's tenant): another tenant's session
+    # is, to it, a session with nothing in it
+    tenant: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
     # the W3C trace context of the caller's resolve (broker/tracing.py); not written without one
     trace: str | None = Field(default=None, max_length=600)
 
@@ -326,7 +329,8 @@ class ResolveRequest(BaseModel):
                timeout_ms: int, deadline_ms: int, expect_id: str | None, by: str | None,
                edit: dict[str, Any] | None, trace: str | None = None,
                approver: str | None = None, revision: int | None = None,
-               patched: str | None = None, grant: str | None = None) -> bytes:
+               patched: str | None = None, grant: str | None = None,
+               tenant: str | None = None) -> bytes:
         """``ResolveRequest(...).model_dump_json()``, made without the model from fields the
         producer has checked as the model would: the caller's side of a resolve, where the
         model's validation and dump cost an idle process ~0.15 ms. Same fields in the same
@@ -334,7 +338,8 @@ class ResolveRequest(BaseModel):
         fields = {"req": req, "session": session, "action": action, "reason": reason,
                   "extra": extra, "timeout_ms": timeout_ms, "deadline_ms": deadline_ms,
                   "expect_id": expect_id, "by": by, "edit": edit, "approver": approver,
-                  "revision": revision, "patched": patched, "grant": grant}
+                  "revision": revision, "patched": patched, "grant": grant,
+                  "tenant": tenant}
         if trace is not None:
             fields["trace"] = trace
         return orjson.dumps(fields)

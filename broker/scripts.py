@@ -211,7 +211,7 @@ class Scripts:
              conflict_reply: bytes = b"", expired_reply: bytes = b"",
              entry: bytes | str = b"", claimant: str = "", here: int = 0,
              trace: str = "", approver: str = "", revision: int | None = None,
-             patched: str = "", grant: str = "") -> Call[Taken]:
+             patched: str = "", grant: str = "", tenant: str = "") -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself. ``entry``: the request's
         id in its partition's request stream, acked by the script (b"": the caller acks).
@@ -227,7 +227,8 @@ class Scripts:
             inflight=k.inflight(session), hist=k.history(session),
             marker=k.request_marker(session, req), replies=k.reply(session, req),
             leases=k.leases(p), expiries=k.expiries(p), expired=k.expired(session),
-            requests=k.requests(p), dead=k.dead(session), revoked=k.revoked(p))
+            requests=k.requests(p), dead=k.dead(session), revoked=k.revoked(p),
+            sessions=k.sessions(p))
         args = arg.TakeArgs.__new__(
             arg.TakeArgs, req=req, action=action, token=token, dispatch_ms=s.dispatch_timeout_ms,
             marker_ttl_s=marker_ttl_s, maxlen=s.history_maxlen, reason=reason, extra=extra,
@@ -237,7 +238,8 @@ class Scripts:
             expired_reply=expired_reply, memory_ms=s.expired_memory_s * 1000, entry=entry,
             group=RESOLVER_GROUP, claimant=claimant, lease_ms=s.lease_ms,
             own_pool=here if claimant else 0, trace=trace, approver=approver,
-            revision="" if revision is None else str(revision), patched=patched, grant=grant)
+            revision="" if revision is None else str(revision), patched=patched, grant=grant,
+            tenant=tenant)
         return self._call("take", keys if message is None else keys + self._task_queues(p, live),
                           args, partial(Taken.decode, session=session))
 

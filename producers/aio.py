@@ -181,18 +181,19 @@ class AsyncPendingActions:
                       edit: dict[str, Any] | None = None,
                       expect_id: str | None = None, by: str | None = None,
                       approver: str | None = None, revision: int | None = None,
-                      grant: str | None = None) -> Result:
+                      grant: str | None = None, tenant: str | None = None) -> Result:
         with tracing.current(tracing.RESOLVE, {}):
             return await self._run(self.core.resolve(session, action, reason, extra, timeout,
                                                      edit, expect_id, by, approver, revision,
-                                                     grant))
+                                                     grant, tenant))
 
     async def resolve_tool_call(self, *, session: str, arguments: object,
-                                expect_id: str | None = None,
-                                timeout: float | None = None) -> Result:
+                                expect_id: str | None = None, timeout: float | None = None,
+                                tenant: str | None = None) -> Result:
         given = ResolveInput.of_call(arguments)
         return await self.resolve(session=session, action=given.action, reason=given.reason,
-                                  extra=given.extra, expect_id=expect_id, timeout=timeout)
+                                  extra=given.extra, expect_id=expect_id, timeout=timeout,
+                                  tenant=tenant)
 
     async def set_policy(self, document: dict[str, Any] | str, tenant: str = DEFAULT_TENANT,
                          by: str | None = None) -> int:

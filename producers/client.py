@@ -192,7 +192,8 @@ class PendingActions:
                 extra: dict[str, Any] | None = None, timeout: float | None = None,
                 edit: dict[str, Any] | None = None, expect_id: str | None = None,
                 by: str | None = None, approver: str | None = None,
-                revision: int | None = None, grant: str | None = None) -> Result:
+                revision: int | None = None, grant: str | None = None,
+                tenant: str | None = None) -> Result:
         """Apply or discard the session's current target and wait for the outcome.
 
         ``edit``: a JSON Merge Patch for the payload, applied before the handler runs (apply
@@ -204,14 +205,15 @@ class PendingActions:
         ``alice``). ``grant``: the serve token the approval came through (``serve`` sets it):
         once that token is revoked, the approval no longer counts. ``revision``: go through
         only if the target's payload is still at that revision (the number of people's
-        edits)."""
+        edits). ``tenant``: whose resolve this is: in a session of another tenant it finds
+        nothing (checked in the step that takes), as in one that does not exist."""
         with tracing.current(tracing.RESOLVE, {}):
             return self._run(self.core.resolve(session, action, reason, extra, timeout, edit,
-                                               expect_id, by, approver, revision, grant))
+                                               expect_id, by, approver, revision, grant, tenant))
 
     def resolve_tool_call(self, *, session: str, arguments: object,
-                          expect_id: str | None = None,
-                          timeout: float | None = None) -> Result:
+                          expect_id: str | None = None, timeout: float | None = None,
+                          tenant: str | None = None) -> Result:
         """The model's call of the ``resolve`` tool, its arguments as the model sent them: only
         ``action``, ``reason`` and ``extra`` (any other key, ``approver`` among them, is an
         ``InvalidInput`` naming it, and nothing is sent). What an agent runtime calls for the
@@ -219,7 +221,8 @@ class PendingActions:
         id the reminder was about)."""
         given = ResolveInput.of_call(arguments)
         return self.resolve(session=session, action=given.action, reason=given.reason,
-                            extra=given.extra, expect_id=expect_id, timeout=timeout)
+                            extra=given.extra, expect_id=expect_id, timeout=timeout,
+                            tenant=tenant)
 
     # --- policies --------------------------------------------------------------------------
     def set_policy(self, document: dict[str, Any] | str, tenant: str = DEFAULT_TENANT,

@@ -20,6 +20,7 @@ from pending_actions.broker.models import (
     Result,
     Spec,
     check_session,
+    check_tenant,
     merge_patch,
     patch_between,
     person,
@@ -48,7 +49,8 @@ class Core(Staging):
     def resolve(self, session: str, action: object, reason: object, extra: object,
                 timeout: object, edit: object = None, expect_id: object = None,
                 by: object = None, approver: object = None,
-                revision: object = None, grant: object = None) -> Plan[Result]:
+                revision: object = None, grant: object = None,
+                tenant: object = None) -> Plan[Result]:
         check_session(session)
         given = ResolveInput.parse(action, reason, extra)
         if len(given.reason) > self.settings.max_reason_chars:
@@ -74,6 +76,8 @@ class Core(Staging):
                                   or not GRANT_RE.match(grant)):
             raise InvalidInput("grant", "the id of the serve token an approver's resolve came "
                                "through (16 hex digits), only with an approver")
+        if tenant is not None:
+            check_tenant(tenant)
         if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int)
                                      or revision < 0):
             raise InvalidInput("revision", "must be a revision number (0 or more)")
@@ -98,7 +102,8 @@ class Core(Staging):
         request = ResolveRequest.encode(req, session, given.action, given.reason, given.extra,
                                         int(wait * 1000), int((time.time() + wait) * 1000),
                                         expect_id, by, edit, tracing.carried(),
-                                        approver, revision, patched, grant)
+                                        approver, revision, patched, grant,
+                                        None if tenant is None else str(tenant))
         requests = self.keys.requests(self.keys.partition(session))
         got = yield Wait(self.keys.reply(session, req), wait,
                          first=lambda p: p.execute_command("XADD", requests, "*",

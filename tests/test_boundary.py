@@ -27,7 +27,7 @@ from tests.conftest import Deployment, both
 from tests.support.faults import K, wait_history
 from tests.support.replies import entries
 from tests.support.runs import runs
-from tests.support.unchanged import redis_unchanged
+from tests.support.unchanged import live, redis_unchanged
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "broker" / "scripts"
 
@@ -239,3 +239,30 @@ def test_a_session_holds_at_most_max_pending(deployment: Deployment, rc: redis.R
         assert len(pa.pending(session)) == 3
     finally:
         pa.close()
+
+
+def test_a_tenants_resolve_finds_nothing_in_another_tenants_session(
+        pa: PendingActions, rc: redis.Redis, session: str) -> None:
+    """Checked in the step that takes (serve and the MCP servers say whose resolve it is): a
+    session another tenant claimed a moment before the caller's own check answers as one that
+    does not exist, and nothing of it changes."""
+    theirs = pa.stage(session=session, tool="edit", label="secret", apply="t.ok",
+                      payload={"secret": 1}, tenant="beta")
+    missing = f"{session}-none"
+
+    def own(key: bytes) -> bool:  # the request's own marker is written for a missing one too
+        return b":req:" in key or b":reply:" in key or live()(key)
+
+    for action in ("apply", "discard"):
+        want = pa.resolve(session=missing, action=action, reason="r", tenant="acme")
+        with redis_unchanged(rc, ignore=own):
+            got = pa.resolve(session=session, action=action, reason="r", tenant="acme")
+        assert (got.text, got.is_error, got.details) == (want.text, want.is_error,
+                                                         want.details), got.text
+    expect = pa.resolve(session=session, action="apply", reason="r", tenant="acme",
+                        expect_id=theirs)
+    assert expect.is_error and "expect_id" in expect.details
+    assert [a.id for a in pa.pending(session)] == [theirs] and runs(rc, session) == []
+    # its own tenant resolves it as ever
+    done = pa.resolve(session=session, action="apply", reason="r", tenant="beta")
+    assert not done.is_error and [r["id"] for r in runs(rc, session)] == [theirs]

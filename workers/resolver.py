@@ -288,7 +288,7 @@ class ResolveWorker:
                 here=claims.here,
                 trace=traced.trace(i), approver=request.approver or "",
                 revision=request.revision, patched=request.patched or "",
-                grant=request.grant or ""))
+                grant=request.grant or "", tenant=request.tenant or ""))
         if not calls:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call

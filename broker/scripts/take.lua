@@ -12,7 +12,8 @@
 -- KEYS[13] the partition's request stream (the request is acked here when ARGV[20] is set)
 -- KEYS[14] dead (list): a stacked id whose spec is missing is dead-lettered there
 -- KEYS[15] the partition's revoked grants (set: ids of serve tokens revoked since)
--- KEYS[16..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
+-- KEYS[16] the partition's sessions (hash: session -> tenant), read with ARGV[30]
+-- KEYS[17..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
 --            ARGV[14] is empty: the caller enqueues on a broker of its own)
 -- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
 -- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
@@ -44,6 +45,8 @@
 --          original payload to the edited one, as JSON text ("" for none)
 -- ARGV[29] grant: the id of the serve token the approver's resolve came through ("" for none:
 --          an approval given some other way, which no revocation voids)
+-- ARGV[30] tenant: whose resolve this is ("" for unsaid): in a session another tenant owns it
+--          finds nothing, and answers as in a session that does not exist
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
 --          | {TAKE.OK, ..., pool number, spec JSON, counters JSON, lease JSON} (claimed here
@@ -79,8 +82,8 @@
 local directive, stack, standing, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local state, inflight, hist, marker = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local replies, leases, expiries, expired, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local dead, revoked = KEYS[14], KEYS[15]
-local streams_at = 16
+local dead, revoked, sessions = KEYS[14], KEYS[15], KEYS[16]
+local streams_at = 17
 local req, action, token, dispatch_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local marker_ttl_s, maxlen, reason, extra = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local none_reply, reply_ttl_s, session, routes_json = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
@@ -88,7 +91,7 @@ local pool_count, message, expect_id, by = ARGV[13], ARGV[14], ARGV[15], ARGV[16
 local conflict_reply, expired_reply, memory_ms, entry = ARGV[17], ARGV[18], ARGV[19], ARGV[20]
 local group, claimant, lease_ms, own_pool = ARGV[21], ARGV[22], ARGV[23], ARGV[24]
 local trace, approver, revision, patched = ARGV[25], ARGV[26], ARGV[27], ARGV[28]
-local grant = ARGV[29]
+local grant, tenant = ARGV[29], ARGV[30]
 redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(routes_json)
@@ -250,6 +253,14 @@ local function target()
 end
 
 local id, kind, spec, stale_directive, skipped = target()
+-- a tenant's resolve in a session another tenant owns finds nothing there, in the step that
+-- takes (a stage by that tenant just before is never taken), and touches none of it
+if tenant ~= '' and (id or stale_directive or skipped > 0) then
+  local owner = call_on('HGET', sessions, session)
+  if owner and owner ~= '' and owner ~= tenant then
+    id, kind, spec, stale_directive, skipped = nil, nil, nil, false, 0
+  end
+end
 if expect_id ~= '' and id ~= expect_id then
   local gone = call_on('ZSCORE', expired, expect_id)
     or past_ttl(expiries, session .. '/' .. expect_id, now)

@@ -93,10 +93,11 @@ class Backend:
         action_id: str = await self._call("stage", **kwargs)
         return action_id
 
-    async def resolve(self, session: str, arguments: dict[str, Any]) -> Result:
-        """The model's call: its arguments go only where a model's may (never an approver)."""
+    async def resolve(self, session: str, arguments: dict[str, Any], tenant: str) -> Result:
+        """The model's call: its arguments go only where a model's may (never an approver),
+        as ``tenant``'s (the take finds nothing in another tenant's session)."""
         result: Result = await self._call("resolve_tool_call", session=session,
-                                          arguments=arguments)
+                                          arguments=arguments, tenant=tenant)
         return result
 
     async def pending(self, session: str, limit: int) -> list[PendingAction]:
@@ -249,7 +250,7 @@ class SessionServer(MCPServer[Any]):
         if where.empty:  # what a session with nothing in it answers, word for word
             result = nothing_to_target(given.action, given.reason, given.extra)
         else:
-            result = await self.backend.resolve(where.session, arguments)
+            result = await self.backend.resolve(where.session, arguments, where.tenant)
         return tool_result(result)
 
     async def pending(self, where: Where) -> types.CallToolResult:

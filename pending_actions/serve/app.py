@@ -248,7 +248,8 @@ class Api:
             "edit": body.get("edit"),
             # a person's resolve: an approval of what a policy asks people for, through this
             # token (revoked, its approvals stop counting)
-            "approver": who.name, "grant": who.grant or None, "timeout": self.timeout}
+            "approver": who.name, "grant": who.grant or None, "tenant": who.tenant,
+            "timeout": self.timeout}
         apa = self.aio()
         if apa is not None:
             async with self._resolving:
