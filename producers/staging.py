@@ -241,7 +241,7 @@ class Staging(PolicyPlans):
             # pushes: a denied one, which pushes none, is decided only later)
             if isinstance(depth, int) and depth + staging[session] > \
                     self.settings.max_pending_per_session:
-                raise self._full(session, depth)
+                raise self._full(session, depth, staging[session])
         if sizes:
             if one_by_one:
                 for p, n in sizes.items():
@@ -342,7 +342,7 @@ class Staging(PolicyPlans):
         if got.refused is StageRefusal.UNOWNED:
             raise _unowned(session, k.sessions(k.partition(session)))
         if got.refused is StageRefusal.FULL:
-            raise self._full(session, int(got.collided))
+            raise self._full(session, int(got.collided), len(group))
         if got.refused is StageRefusal.POLICY:
             raise PendingActionsError(
                 f"the policy of tenant {group[0]['tenant']!r} changed {self.POLICY_TRIES} times "
@@ -359,11 +359,12 @@ class Staging(PolicyPlans):
                       f"the id counter {k.seq(p)} was set back; nothing was staged in that "
                       f"session{also}. Its next ids start past that one: stage again")
 
-    def _full(self, session: str, depth: int) -> InvalidInput:
+    def _full(self, session: str, depth: int, adding: int) -> InvalidInput:
         limit = self.settings.max_pending_per_session
-        return InvalidInput("session", f"session {session!r} holds {depth} pending action(s) "
-                            f"and may hold at most {limit} (MAX_PENDING_PER_SESSION): nothing "
-                            "was staged; resolve or discard some first")
+        return InvalidInput("session", f"session {session!r} holds {depth} pending action(s), "
+                            f"and {adding} more would take it past {limit} "
+                            "(MAX_PENDING_PER_SESSION): nothing was staged; resolve or discard "
+                            "some first")
 
     def _call(self, group: list[dict[str, Any]]) -> Call[Staged]:
         """One stage.lua call for a session's actions, each decided by its tenant's policy as

@@ -80,7 +80,8 @@ def test_a_resolve_worker_upgrades_the_older_list_stacks(tmp_path: Path) -> None
     keys = Keys()
     overrides = {"claim_idle_ms": "300"}
     worker = Worker(redis_server.url, overrides=overrides).start()
-    pa = PendingActions.from_url(redis_server.url)
+    # "deep" holds more than a session may by default
+    pa = PendingActions.from_url(redis_server.url, max_pending_per_session=2000)
     try:
         def stage(session: str, n: int) -> None:
             pa.stage_many({"session": session, "tool": "t", "label": f"{session}-{i}",

@@ -290,7 +290,8 @@ def _ours(r: Run, url: str, scratch_url: str, logs: Path, progress: Progress) ->
 def _ours_figures(r: Run, url: str, scratch_url: str, processes: int,
                   progress: Progress) -> None:
     s = r.sizes
-    pa = PendingActions.from_url(url)
+    # the memory figures stage thousands into one session, past the default cap
+    pa = PendingActions.from_url(url, max_pending_per_session=10 * s.memory_actions)
     conn = redis.Redis.from_url(url)
     try:
         with progress.phase("ours: idle Redis commands", int(s.settle_s + s.idle_window_s),
