@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pending_actions.broker.errors import InvalidInput
-from pending_actions.broker.globs import BadGlob, Glob, translate
+from pending_actions.broker.globs import BadGlob, Glob, parse
 from pending_actions.broker.rules import Policy, read_document
 
 ALPHABET = "ab.*?[]!-/\\"
@@ -191,7 +191,7 @@ def test_the_glob_syntax(glob: str, text: str, matches: bool) -> None:
 @pytest.mark.parametrize("glob", ["[a-", "[]", "[z-a]", "ab\\", "[a\\"])
 def test_bad_globs_are_refused(glob: str) -> None:
     with pytest.raises(BadGlob):
-        translate(glob)
+        parse(glob)
 
 
 FIELDS = ("tool", "apply", "label", "session")

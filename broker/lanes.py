@@ -1,0 +1,250 @@
+"""Where a run of glob atoms of fixed length first occurs in a text, with every character of the
+text tested in C, never in a Python loop per character: the text becomes one lane per
+character of a big int, each atom a mask of the lanes it accepts, and the run the AND of its
+atoms' masks, each shifted back by the atom's place in the run. The work is a few passes over
+the text per atom (``broker/globs.py`` splits a glob at its stars into these runs).
+
+A byte per character wherever one can say all the run needs: ``bytes.translate`` then tests a
+byte against up to 8 atoms at once, a bit each. That byte is the character itself in a
+Latin-1 text. In any other text, characters the run never names are all alike to it, so each
+one can be written as ``?`` (``encode(..., 'replace')``), provided ``?`` is one of them or is
+not in the text: as Latin-1 when the run names nothing above U+00FF, else through a charmap of
+the (at most 254) characters it names. Otherwise (a range of many characters above U+00FF,
+a character beyond the BMP, a ``?`` of the text the run names) UTF-32, a lane of 32 bits, each
+atom's test arithmetic on all lanes at once: a code point is below 2**21, so adding a constant
+below 2**21 to each lane never carries into the next, and bit 21 of a lane's sum tells whether
+the lane was at least the constant's complement."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+LATIN = 0x100
+OTHER = -1  # a decoder's code for every character the run does not name (all alike to it)
+QUESTION = ord("?")
+_NAMED_MAX = 254  # the bytes a charmap has for named characters: 0 is NUL's, 255 is ``?``'s
+_FLAG = 21  # the bit of a UTF-32 lane that a comparison leaves its answer in
+_TOP = 1 << _FLAG
+_LOW_BIT = bytes(b & 1 for b in range(256))  # bytes.translate: a byte's bit 0 alone
+LATIN_CODES = tuple(range(256))
+REPLACED_CODES = tuple(OTHER if c == QUESTION else c for c in range(256))
+
+
+@dataclass(frozen=True)
+class CharSet:
+    """``[...]`` (``negate``: ``[!...]``): code point ranges, both ends included."""
+
+    negate: bool
+    ranges: tuple[tuple[int, int], ...]
+
+    def accepts(self, code: int) -> bool:
+        return any(lo <= code <= hi for lo, hi in self.ranges) != self.negate
+
+
+# one character: itself (a str of one), one of a set, or any (None, which ``?`` is)
+Atom = str | CharSet | None
+
+
+def accepts(atom: Atom, code: int) -> bool:
+    """Whether ``atom`` takes the character ``code`` (``OTHER``: one it does not name)."""
+    if atom is None:
+        return True
+    if isinstance(atom, str):
+        return ord(atom) == code
+    return atom.negate if code == OTHER else atom.accepts(code)
+
+
+class Text:
+    """One text's facts a run may ask, each found the first time and shared by the runs of
+    one match."""
+
+    __slots__ = ("_latin", "_question", "_tried", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._tried = False
+        self._latin: bytes | None = None
+        self._question: bool | None = None
+
+    def latin(self) -> bytes | None:
+        """The text in Latin-1, or None when a character is above U+00FF."""
+        if not self._tried:
+            self._tried = True
+            with contextlib.suppress(UnicodeEncodeError):  # above U+00FF: stays None
+                self._latin = self.text.encode("latin-1")
+        return self._latin
+
+    def question(self) -> bool:
+        if self._question is None:
+            self._question = "?" in self.text
+        return self._question
+
+
+class Run:
+    """A run of atoms without a star: ``at`` (does it match here) and ``find`` (the leftmost
+    place it matches)."""
+
+    __slots__ = ("_charmap", "_checks", "_codes", "_latin_named", "_literal_runs",
+                 "_names_question", "_tables", "atoms", "literal", "size")
+
+    def __init__(self, atoms: tuple[Atom, ...]) -> None:
+        self.atoms = atoms
+        self.size = len(atoms)
+        # all literal: str.find / startswith, no masks
+        self.literal: str | None = "".join(a for a in atoms if isinstance(a, str)) \
+            if all(isinstance(a, str) for a in atoms) else None
+        # for ``at``: each stretch of literal characters compared as one string (startswith),
+        # each set by itself; ``?`` needs no test
+        runs: list[tuple[int, str]] = []
+        checks: list[tuple[int, CharSet]] = []
+        for i, atom in enumerate(atoms):
+            if isinstance(atom, str):
+                if runs and runs[-1][0] + len(runs[-1][1]) == i:
+                    runs[-1] = (runs[-1][0], runs[-1][1] + atom)
+                else:
+                    runs.append((i, atom))
+            elif atom is not None:
+                checks.append((i, atom))
+        self._literal_runs = tuple(runs)
+        self._checks = tuple(checks)
+        literals = [ord(a) for a in atoms if isinstance(a, str)]
+        ranges = [r for a in atoms if isinstance(a, CharSet) for r in a.ranges]
+        self._names_question = QUESTION in literals or any(lo <= QUESTION <= hi
+                                                           for lo, hi in ranges)
+        self._latin_named = all(c < LATIN for c in literals) and all(hi < LATIN
+                                                                     for _lo, hi in ranges)
+        self._charmap: tuple[Any, tuple[int, ...]] | None = None
+        if not self._latin_named and self.literal is None:
+            self._charmap = _charmap(literals, ranges)
+        self._tables: dict[tuple[int, ...], tuple[tuple[bytes, tuple[int, ...]], ...]] = {}
+
+    def at(self, text: str, start: int) -> bool:
+        """Whether the run matches ``text`` at ``start`` (which leaves room for it): work in
+        the run's size, not the text's."""
+        for offset, chars in self._literal_runs:
+            if not text.startswith(chars, start + offset):
+                return False
+        return all(atom.accepts(ord(text[start + offset])) for offset, atom in self._checks)
+
+    def find(self, text: Text, start: int, end: int) -> int:
+        """The leftmost place in ``text[start:end]`` the run matches whole, or -1."""
+        if end - start < self.size:
+            return -1
+        if self.literal is not None:
+            return text.text.find(self.literal, start, end)
+        if not self._checks and not self._literal_runs:  # only ``?``: anywhere there is room
+            return start
+        found = -1
+        latin = text.latin()
+        if latin is not None:
+            found = self._find_bytes(latin[start:end], LATIN_CODES)
+        elif self._names_question and text.question():
+            found = self._find_wide(text.text[start:end])
+        elif self._latin_named:
+            found = self._find_bytes(text.text[start:end].encode("latin-1", "replace"),
+                                     REPLACED_CODES)
+        elif self._charmap is not None:
+            mapping, codes = self._charmap
+            found = self._find_bytes(
+                codecs.charmap_encode(text.text[start:end], "replace", mapping)[0], codes)
+        else:
+            found = self._find_wide(text.text[start:end])
+        return -1 if found < 0 or found > end - start - self.size else start + found
+
+    # Each finder may answer a place too late for the run to fit (a ``?`` at its end tests
+    # nothing past the text); ``find`` refuses those, and since the leftmost answer is too late
+    # only when every answer is, nothing is lost.
+    def _find_bytes(self, data: bytes, codes: tuple[int, ...]) -> int:
+        """``data``: a byte a character, byte ``b`` standing for the character ``codes[b]``."""
+        together = -1  # all ones: the AND of nothing yet
+        for table, shifts in self._tables_for(codes):
+            lanes = int.from_bytes(data.translate(table), "little")
+            for shift in shifts:
+                together &= lanes >> shift
+        # bit 0 of each byte is the answer at that place; the other bits are other atoms' tests
+        return together.to_bytes(len(data), "little").translate(_LOW_BIT).find(1)
+
+    def _tables_for(self, codes: tuple[int, ...]) -> tuple[tuple[bytes, tuple[int, ...]], ...]:
+        """Up to 8 distinct atoms a table, each a bit of every byte ``translate`` writes; for
+        the atom at ``i`` in the run, the shift that brings its bit for place ``p + i`` down to
+        bit 0 of place ``p``."""
+        made = self._tables.get(codes)
+        if made is None:
+            distinct = list(dict.fromkeys(a for a in self.atoms if a is not None))
+            groups = []
+            for first in range(0, len(distinct), 8):
+                members = distinct[first:first + 8]
+                table = bytes(sum(1 << bit for bit, atom in enumerate(members)
+                                  if accepts(atom, code)) for code in codes)
+                shifts = tuple(8 * i + members.index(atom)
+                               for i, atom in enumerate(self.atoms) if atom in members)
+                groups.append((table, shifts))
+            made = self._tables[codes] = tuple(groups)
+        return made
+
+    def _find_wide(self, text: str) -> int:
+        lanes = int.from_bytes(text.encode("utf-32-le", "surrogatepass"), "little")
+        ones = _ones(len(text))
+        below = ones * (_TOP - 1)
+        # bit 21 of a lane of ``missed``: some atom refused the character its place put it on
+        missed = 0
+        refused: dict[Atom, int] = {}
+        for i, atom in enumerate(self.atoms):
+            if atom is None:
+                continue
+            if atom not in refused:
+                refused[atom] = _refusals(atom, lanes, ones, below)
+            missed |= refused[atom] >> (32 * i)
+        hits = ~missed & (ones << _FLAG)
+        if not hits:
+            return -1
+        return ((hits & -hits).bit_length() - 1 - _FLAG) // 32
+
+
+def _charmap(literals: list[int], ranges: list[tuple[int, int]]) \
+        -> tuple[Any, tuple[int, ...]] | None:
+    """The charmap that writes each character the run names as a byte of its own, NUL as 0 and
+    every other character as ``?`` (255), and the code each byte stands for; None when the
+    run names too many, or one a charmap cannot hold (beyond the BMP; U+FFFE, its mark of a
+    byte unused)."""
+    named = set(literals)
+    for lo, hi in ranges:
+        if hi - lo > _NAMED_MAX:
+            return None
+        named.update(range(lo, hi + 1))
+    named -= {0, QUESTION}  # NUL has byte 0 anyway; ``?`` is ``find``'s to worry about
+    if len(named) > _NAMED_MAX or any(c >= 0xFFFE for c in named):
+        return None
+    order = sorted(named)
+    decoding = "\x00" + "".join(map(chr, order)) + "\ufffe" * (_NAMED_MAX - len(order)) + "?"
+    codes = (0, *order, *[OTHER] * (255 - len(order)))
+    mapping = codecs.charmap_build(decoding)
+    if isinstance(mapping, dict):  # a Python lookup a character: named across too many blocks
+        return None
+    return mapping, codes
+
+
+def _ones(lanes: int) -> int:
+    """1 in each of ``lanes`` 32-bit lanes, doubled up: each step copies all there is."""
+    out, width = 1, 1
+    while width < lanes:
+        out |= out << (32 * width)
+        width *= 2
+    return out & ((1 << (32 * lanes)) - 1)
+
+
+def _refusals(atom: CharSet | str, lanes: int, ones: int, below: int) -> int:
+    """Bit 21 of each lane set where ``atom`` refuses the lane's character (other bits:
+    anything). ``below``: 2**21 - 1 in every lane."""
+    if isinstance(atom, str):
+        # a lane XOR the character is 0 exactly where they are equal; any other value plus
+        # 2**21 - 1 reaches bit 21
+        return (lanes ^ ones * ord(atom)) + below
+    inside = 0
+    for lo, hi in atom.ranges:
+        # bit 21: at least lo, and (XOR) more than hi; more than hi implies at least lo
+        inside |= (lanes + ones * (_TOP - lo)) ^ (lanes + below - ones * hi)
+    return inside if atom.negate else ~inside
