@@ -8,8 +8,8 @@ never closed, a reversed range or a trailing ``\\`` is refused (``BadGlob``). No
 expression, so no backtracking: a glob is parsed into runs of atoms between its stars, each
 run found at its leftmost place after the one before (``broker/lanes.py``), and a match takes
 time in proportion to the text's length (times the glob's) at worst. Paths: keys joined by
-dots; an all-digit part (no sign, no leading zero) indexes a list; an absent path is
-``MISSING``. Values compare as JSON does (``same``: a boolean is no number)."""
+dots; an all-digit part (no sign, no leading zero, at most 9 digits) indexes a list; an absent
+path is ``MISSING``. Values compare as JSON does (``same``: a boolean is no number)."""
 
 from __future__ import annotations
 
@@ -161,13 +161,13 @@ def parse_path(path: str) -> tuple[str, ...]:
 
 def lookup(value: Any, parts: tuple[str, ...]) -> Any:
     """``value`` at the dotted path, or ``MISSING``: into objects by key, into lists by an
-    all-digit part (0, 1, ...: no sign, no leading zero)."""
+    index (``index_of``)."""
     for part in parts:
         if isinstance(value, dict):
             if part not in value:
                 return MISSING
             value = value[part]
-        elif isinstance(value, list) and index_of(part) is not None:
+        elif isinstance(value, list):
             k = index_of(part)
             if k is None or k >= len(value):
                 return MISSING
@@ -177,8 +177,16 @@ def lookup(value: Any, parts: tuple[str, ...]) -> Any:
     return value
 
 
+# No list in a payload is a billion items long; and int() refuses a digit string past 4,300
+# digits (Python's guard against quadratic conversion), which a policy's path may well be.
+INDEX_DIGITS = 9
+
+
 def index_of(part: str) -> int | None:
-    if part.isascii() and part.isdigit() and (part == "0" or not part.startswith("0")):
+    """The list index a path part names: all digits, no sign, no leading zero, at most
+    ``INDEX_DIGITS`` of them; None for any other part (an object's key only)."""
+    if len(part) <= INDEX_DIGITS and part.isascii() and part.isdigit() \
+            and (part == "0" or not part.startswith("0")):
         return int(part)
     return None
 

@@ -14,8 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pending_actions.broker.errors import InvalidInput
-from pending_actions.broker.globs import BadGlob, Glob, parse
-from pending_actions.broker.rules import Policy, read_document
+from pending_actions.broker.globs import (
+    INDEX_DIGITS,
+    MISSING,
+    BadGlob,
+    Glob,
+    index_of,
+    lookup,
+    parse,
+    parse_path,
+)
+from pending_actions.broker.rules import Policy, check_document, read_document
 
 ALPHABET = "ab.*?[]!-/\\"
 
@@ -126,6 +135,31 @@ def test_payload_paths_match_as_the_model_does(payload: dict[str, Any], path: st
         expected = model_same(got, want)
     verdict = policy.decide(tool="t", apply="h", label="l", session="s", payload=payload)
     assert (verdict.decision == "deny") == expected
+
+
+def test_a_digit_part_too_long_for_an_index_is_a_key() -> None:
+    """A path part of 5,000 digits (past int()'s 4,300) is set and decided like any key: it
+    names an object's key, and on a list it matches nothing; 9 digits still index."""
+    digits = "7" * 5_000
+    document = {"rules": [
+        {"name": "key", "match": {"payload": {digits: "x*"}}, "decision": "deny"},
+        {"name": "listed", "match": {"payload": {f"items.{digits}": "x"}}, "decision": "ask"}]}
+    check_document(document)
+    policy = Policy(document)
+
+    def decide(payload: dict[str, Any]) -> str | None:
+        return policy.decide(tool="t", apply="h", label="l", session="s", payload=payload).rule
+
+    assert decide({digits: "xy"}) == "key"
+    assert decide({digits: "y"}) is None
+    assert decide({"items": {digits: "x"}}) == "listed"
+    assert decide({"items": ["x"] * 3}) is None
+    assert policy.explain(tool="t", apply="h", label="l", session="s",
+                          payload={"items": ["x"]}).matched == []
+    assert lookup({"a": ["x"]}, parse_path("a." + digits)) is MISSING
+    assert lookup({"a": {digits: 1}}, parse_path("a." + digits)) == 1
+    assert index_of("1" * INDEX_DIGITS) == int("1" * INDEX_DIGITS)
+    assert index_of("1" * (INDEX_DIGITS + 1)) is None
 
 
 rules = st.lists(st.tuples(st.sampled_from(["allow", "ask", "deny"]), st.integers(1, 4),
