@@ -120,7 +120,7 @@ def _matcher(text: str, found: tuple[tuple[Atom, ...], ...] | None) -> Callable[
     if len(runs) == 1:  # no star: the text is exactly the run
         if first.literal is not None:
             return first.literal.__eq__
-        return lambda value: len(value) == first.size and first.at(value, 0)
+        return first.exact
     middle = runs[1:-1]
     head, tail = first.literal, last.literal
     if not middle and head is not None and tail is not None:
@@ -138,7 +138,7 @@ def _matcher(text: str, found: tuple[tuple[Atom, ...], ...] | None) -> Callable[
 
     def matches(value: str) -> bool:
         n = len(value)
-        if n < least or not first.at(value, 0) or not last.at(value, n - last.size):
+        if n < least or not first.head(value) or not last.tail(value):
             return False
         start, end = first.size, n - last.size
         lanes = Text(value)

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 LATIN = 0x100
 OTHER = -1  # a decoder's code for every character the run does not name (all alike to it)
 QUESTION = ord("?")
+_BY_CHARACTER = 4  # a literal stretch up to this long is compared character by character
 _NAMED_MAX = 254  # the bytes a charmap has for named characters: 0 is NUL's, 255 is ``?``'s
 _FLAG = 21  # the bit of a UTF-32 lane that a comparison leaves its answer in
 _TOP = 1 << _FLAG
@@ -84,11 +87,12 @@ class Text:
 
 
 class Run:
-    """A run of atoms without a star: ``at`` (does it match here) and ``find`` (the leftmost
-    place it matches)."""
+    """A run of atoms without a star: ``head``/``tail`` (does it match at the start / the end
+    of a text long enough), ``exact`` (is it the whole text), ``at`` (here) and ``find`` (the
+    leftmost place it matches)."""
 
-    __slots__ = ("_charmap", "_checks", "_codes", "_latin_named", "_literal_runs",
-                 "_names_question", "_tables", "atoms", "literal", "size")
+    __slots__ = ("_charmap", "_latin_named", "_names_question", "_sets",
+                 "_stretches", "_tables", "atoms", "exact", "head", "literal", "size", "tail")
 
     def __init__(self, atoms: tuple[Atom, ...]) -> None:
         self.atoms = atoms
@@ -96,20 +100,23 @@ class Run:
         # all literal: str.find / startswith, no masks
         self.literal: str | None = "".join(a for a in atoms if isinstance(a, str)) \
             if all(isinstance(a, str) for a in atoms) else None
-        # for ``at``: each stretch of literal characters compared as one string (startswith),
-        # each set by itself; ``?`` needs no test
-        runs: list[tuple[int, str]] = []
-        checks: list[tuple[int, CharSet]] = []
+        # each stretch of literal characters compared as one string, each set by itself; ``?``
+        # needs no test
+        stretches: list[tuple[int, str]] = []
+        sets: list[tuple[int, CharSet]] = []
         for i, atom in enumerate(atoms):
             if isinstance(atom, str):
-                if runs and runs[-1][0] + len(runs[-1][1]) == i:
-                    runs[-1] = (runs[-1][0], runs[-1][1] + atom)
+                if stretches and stretches[-1][0] + len(stretches[-1][1]) == i:
+                    stretches[-1] = (stretches[-1][0], stretches[-1][1] + atom)
                 else:
-                    runs.append((i, atom))
+                    stretches.append((i, atom))
             elif atom is not None:
-                checks.append((i, atom))
-        self._literal_runs = tuple(runs)
-        self._checks = tuple(checks)
+                sets.append((i, atom))
+        self._stretches = tuple(stretches)
+        self._sets = tuple(sets)
+        self.head = self._anchored(0)
+        self.tail = self._anchored(-self.size)
+        self.exact = self._anchored(0, exact=True)
         literals = [ord(a) for a in atoms if isinstance(a, str)]
         ranges = [r for a in atoms if isinstance(a, CharSet) for r in a.ranges]
         self._names_question = QUESTION in literals or any(lo <= QUESTION <= hi
@@ -121,13 +128,49 @@ class Run:
             self._charmap = _charmap(literals, ranges)
         self._tables: dict[tuple[int, ...], tuple[tuple[bytes, tuple[int, ...]], ...]] = {}
 
+    def _anchored(self, base: int, exact: bool = False) -> Callable[[str], bool]:
+        """The test at one end of a text (``base`` 0: the start, ``-size``: the end; ``exact``:
+        and the text is exactly as long as the run), in one Python call: the stretches cut by one
+        C call (itemgetter) and compared at once, so that a glob without a star (``ed?t``)
+        costs about what a regex's match did."""
+        # a short stretch by its characters (str indexing hands out shared one-character
+        # strings, no copy), a long one as a slice
+        cuts: list[int | slice] = []
+        wanted: list[str] = []
+        for offset, chars in self._stretches:
+            if len(chars) <= _BY_CHARACTER:
+                cuts += range(base + offset, base + offset + len(chars))
+                wanted += chars
+            else:
+                cuts.append(slice(base + offset, base + offset + len(chars) or None))
+                wanted.append(chars)
+        sets = tuple((base + offset, charset) for offset, charset in self._sets)
+        take: Callable[[str], object]
+        want: object
+        if len(cuts) > 1:
+            take, want = operator.itemgetter(*cuts), tuple(wanted)
+        elif cuts:
+            take, want = operator.itemgetter(cuts[0]), wanted[0]
+        else:
+            take, want = (lambda value: None), None
+        size = self.size
+        if exact and sets:
+            return lambda value: len(value) == size and take(value) == want and all(
+                charset.accepts(ord(value[i])) for i, charset in sets)
+        if exact:
+            return lambda value: len(value) == size and take(value) == want
+        if sets:
+            return lambda value: take(value) == want and all(
+                charset.accepts(ord(value[i])) for i, charset in sets)
+        return lambda value: take(value) == want
+
     def at(self, text: str, start: int) -> bool:
         """Whether the run matches ``text`` at ``start`` (which leaves room for it): work in
         the run's size, not the text's."""
-        for offset, chars in self._literal_runs:
+        for offset, chars in self._stretches:
             if not text.startswith(chars, start + offset):
                 return False
-        return all(atom.accepts(ord(text[start + offset])) for offset, atom in self._checks)
+        return all(charset.accepts(ord(text[start + offset])) for offset, charset in self._sets)
 
     def find(self, text: Text, start: int, end: int) -> int:
         """The leftmost place in ``text[start:end]`` the run matches whole, or -1."""
@@ -135,7 +178,7 @@ class Run:
             return -1
         if self.literal is not None:
             return text.text.find(self.literal, start, end)
-        if not self._checks and not self._literal_runs:  # only ``?``: anywhere there is room
+        if not self._sets and not self._stretches:  # only ``?``: anywhere there is room
             return start
         found = -1
         latin = text.latin()
