@@ -2,7 +2,9 @@
 text tested in C, never in a Python loop per character: the text becomes one lane per
 character of a big int, each atom a mask of the lanes it accepts, and the run the AND of its
 atoms' masks, each shifted back by the atom's place in the run. The work is a few passes over
-the text per atom (``broker/globs.py`` splits a glob at its stars into these runs).
+the text per atom (``broker/globs.py`` splits a glob at its stars into these runs). Before any
+mask, a run with a literal character tries a few places where str.find sees its longest
+literal stretch: most texts answer there, or have no such stretch at all.
 
 A byte per character wherever one can say all the run needs: ``bytes.translate`` then tests a
 byte against up to 8 atoms at once, a bit each. That byte is the character itself in a
@@ -28,6 +30,7 @@ LATIN = 0x100
 OTHER = -1  # a decoder's code for every character the run does not name (all alike to it)
 QUESTION = ord("?")
 _BY_CHARACTER = 4  # a literal stretch up to this long is compared character by character
+_TRIES = 4  # places ``find`` tries by str.find before it makes masks
 _NAMED_MAX = 254  # the bytes a charmap has for named characters: 0 is NUL's, 255 is ``?``'s
 _FLAG = 21  # the bit of a UTF-32 lane that a comparison leaves its answer in
 _TOP = 1 << _FLAG
@@ -91,7 +94,7 @@ class Run:
     of a text long enough), ``exact`` (is it the whole text), ``at`` (here) and ``find`` (the
     leftmost place it matches)."""
 
-    __slots__ = ("_charmap", "_latin_named", "_names_question", "_sets",
+    __slots__ = ("_anchor", "_charmap", "_latin_named", "_names_question", "_sets",
                  "_stretches", "_tables", "atoms", "exact", "head", "literal", "size", "tail")
 
     def __init__(self, atoms: tuple[Atom, ...]) -> None:
@@ -114,6 +117,8 @@ class Run:
                 sets.append((i, atom))
         self._stretches = tuple(stretches)
         self._sets = tuple(sets)
+        # where ``find`` looks first: the longest stretch, found by str.find
+        self._anchor = max(stretches, key=lambda s: len(s[1]), default=None)
         self.head = self._anchored(0)
         self.tail = self._anchored(-self.size)
         self.exact = self._anchored(0, exact=True)
@@ -178,8 +183,22 @@ class Run:
             return -1
         if self.literal is not None:
             return text.text.find(self.literal, start, end)
-        if not self._sets and not self._stretches:  # only ``?``: anywhere there is room
+        if self._anchor is not None:
+            # a few places where the longest stretch is, tried one by one: most texts answer
+            # here (or have no such stretch at all), long before a mask could be made
+            offset, chars = self._anchor
+            last = end - self.size + offset + len(chars)  # the stretch ends by here
+            for _try in range(_TRIES):
+                hit = text.text.find(chars, start + offset, last)
+                if hit < 0:
+                    return -1
+                if self.at(text.text, hit - offset):
+                    return hit - offset
+                start = hit - offset + 1
+        elif not self._sets:  # only ``?``: anywhere there is room
             return start
+        if end - start < self.size:
+            return -1
         found = -1
         latin = text.latin()
         if latin is not None:
