@@ -9,13 +9,14 @@ literal stretch: most texts answer there, or have no such stretch at all.
 A byte per character wherever one can say all the run needs: ``bytes.translate`` then tests a
 byte against up to 8 atoms at once, a bit each. That byte is the character itself in a
 Latin-1 text. In any other text, characters the run never names are all alike to it, so each
-one can be written as ``?`` (``encode(..., 'replace')``), provided ``?`` is one of them or is
-not in the text: as Latin-1 when the run names nothing above U+00FF, else through a charmap of
-the (at most 254) characters it names. Otherwise (a range of many characters above U+00FF,
-a character beyond the BMP, a ``?`` of the text the run names) UTF-32, a lane of 32 bits, each
-atom's test arithmetic on all lanes at once: a code point is below 2**21, so adding a constant
-below 2**21 to each lane never carries into the next, and bit 21 of a lane's sum tells whether
-the lane was at least the constant's complement."""
+is written as ``?`` (``encode(..., 'replace')``): as Latin-1 when the run names nothing above
+U+00FF, else through a charmap of the (at most 254) characters it names; when the run names
+``?`` and the text holds some, those are found apart (three byte planes of its UTF-32) and
+written into the masks. Otherwise (a range of many characters above U+00FF, a character beyond
+the BMP) UTF-32, a lane of 32 bits, each atom's test arithmetic on all lanes at once: a code
+point is below 2**21, so adding a constant below 2**21 to each lane never carries into the
+next, and bit 21 of a lane's sum tells whether the lane was at least the constant's
+complement."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ _NAMED_MAX = 254  # the bytes a charmap has for named characters: 0 is NUL's, 25
 _FLAG = 21  # the bit of a UTF-32 lane that a comparison leaves its answer in
 _TOP = 1 << _FLAG
 _LOW_BIT = bytes(b & 1 for b in range(256))  # bytes.translate: a byte's bit 0 alone
+_IS_QUESTION = bytes(b == QUESTION for b in range(256))
+_IS_ZERO = bytes(b == 0 for b in range(256))
 LATIN_CODES = tuple(range(256))
 REPLACED_CODES = tuple(OTHER if c == QUESTION else c for c in range(256))
 
@@ -52,6 +55,9 @@ class CharSet:
 
 # one character: itself (a str of one), one of a set, or any (None, which ``?`` is)
 Atom = str | CharSet | None
+# a translate table for up to 8 atoms, the shift of each atom of the run it holds, and the
+# byte it makes of ``?``
+_Group = tuple[bytes, tuple[int, ...], int]
 
 
 def accepts(atom: Atom, code: int) -> bool:
@@ -131,7 +137,7 @@ class Run:
         self._charmap: tuple[Any, tuple[int, ...]] | None = None
         if not self._latin_named and self.literal is None:
             self._charmap = _charmap(literals, ranges)
-        self._tables: dict[tuple[int, ...], tuple[tuple[bytes, tuple[int, ...]], ...]] = {}
+        self._tables: dict[tuple[int, ...], tuple[_Group, ...]] = {}
 
     def _anchored(self, base: int, exact: bool = False) -> Callable[[str], bool]:
         """The test at one end of a text (``base`` 0: the start, ``-size``: the end; ``exact``:
@@ -203,15 +209,16 @@ class Run:
         latin = text.latin()
         if latin is not None:
             found = self._find_bytes(latin[start:end], LATIN_CODES)
-        elif self._names_question and text.question():
-            found = self._find_wide(text.text[start:end])
-        elif self._latin_named:
-            found = self._find_bytes(text.text[start:end].encode("latin-1", "replace"),
-                                     REPLACED_CODES)
-        elif self._charmap is not None:
-            mapping, codes = self._charmap
-            found = self._find_bytes(
-                codecs.charmap_encode(text.text[start:end], "replace", mapping)[0], codes)
+        elif self._latin_named or self._charmap is not None:
+            part = text.text[start:end]
+            if self._charmap is None:
+                data, codes = part.encode("latin-1", "replace"), REPLACED_CODES
+            else:
+                data, codes = codecs.charmap_encode(part, "replace", self._charmap[0])[0], \
+                    self._charmap[1]
+            # the text's own ``?``s, written as the others are: found apart, if they matter
+            questions = _questions(part) if self._names_question and text.question() else 0
+            found = self._find_bytes(data, codes, questions)
         else:
             found = self._find_wide(text.text[start:end])
         return -1 if found < 0 or found > end - start - self.size else start + found
@@ -219,31 +226,34 @@ class Run:
     # Each finder may answer a place too late for the run to fit (a ``?`` at its end tests
     # nothing past the text); ``find`` refuses those, and since the leftmost answer is too late
     # only when every answer is, nothing is lost.
-    def _find_bytes(self, data: bytes, codes: tuple[int, ...]) -> int:
-        """``data``: a byte a character, byte ``b`` standing for the character ``codes[b]``."""
+    def _find_bytes(self, data: bytes, codes: tuple[int, ...], questions: int = 0) -> int:
+        """``data``: a byte a character, byte ``b`` standing for the character ``codes[b]``;
+        ``questions``: 1 in the byte of each ``?`` of the text the bytes do not tell."""
         together = -1  # all ones: the AND of nothing yet
-        for table, shifts in self._tables_for(codes):
+        spread = questions * 0xFF  # each of those bytes all ones
+        for table, shifts, question in self._tables_for(codes):
             lanes = int.from_bytes(data.translate(table), "little")
+            if questions:
+                lanes = lanes & ~spread | questions * question
             for shift in shifts:
                 together &= lanes >> shift
         # bit 0 of each byte is the answer at that place; the other bits are other atoms' tests
         return together.to_bytes(len(data), "little").translate(_LOW_BIT).find(1)
 
-    def _tables_for(self, codes: tuple[int, ...]) -> tuple[tuple[bytes, tuple[int, ...]], ...]:
+    def _tables_for(self, codes: tuple[int, ...]) -> tuple[_Group, ...]:
         """Up to 8 distinct atoms a table, each a bit of every byte ``translate`` writes; for
         the atom at ``i`` in the run, the shift that brings its bit for place ``p + i`` down to
-        bit 0 of place ``p``."""
+        bit 0 of place ``p``; and the byte a ``?`` is written as."""
         made = self._tables.get(codes)
         if made is None:
             distinct = list(dict.fromkeys(a for a in self.atoms if a is not None))
             groups = []
             for first in range(0, len(distinct), 8):
                 members = distinct[first:first + 8]
-                table = bytes(sum(1 << bit for bit, atom in enumerate(members)
-                                  if accepts(atom, code)) for code in codes)
                 shifts = tuple(8 * i + members.index(atom)
                                for i, atom in enumerate(self.atoms) if atom in members)
-                groups.append((table, shifts))
+                groups.append((bytes(_bits(members, code) for code in codes), shifts,
+                               _bits(members, QUESTION)))
             made = self._tables[codes] = tuple(groups)
         return made
 
@@ -277,7 +287,7 @@ def _charmap(literals: list[int], ranges: list[tuple[int, int]]) \
         if hi - lo > _NAMED_MAX:
             return None
         named.update(range(lo, hi + 1))
-    named -= {0, QUESTION}  # NUL has byte 0 anyway; ``?`` is ``find``'s to worry about
+    named -= {0, QUESTION}  # NUL has byte 0 anyway; the text's ``?``s are found apart
     if len(named) > _NAMED_MAX or any(c >= 0xFFFE for c in named):
         return None
     order = sorted(named)
@@ -287,6 +297,20 @@ def _charmap(literals: list[int], ranges: list[tuple[int, int]]) \
     if isinstance(mapping, dict):  # a Python lookup a character: named across too many blocks
         return None
     return mapping, codes
+
+
+def _bits(members: list[CharSet | str], code: int) -> int:
+    """The byte for a character: bit k set when ``members[k]`` takes it."""
+    return sum(1 << bit for bit, atom in enumerate(members) if accepts(atom, code))
+
+
+def _questions(text: str) -> int:
+    """1 in the byte of each ``?`` of ``text``, 0 in every other: a character's code point is
+    the three low bytes of its UTF-32, each read in one C pass (a slice of every 4th byte)."""
+    wide = text.encode("utf-32-le", "surrogatepass")
+    low, middle, high = (int.from_bytes(wide[k::4].translate(table), "little")
+                         for k, table in ((0, _IS_QUESTION), (1, _IS_ZERO), (2, _IS_ZERO)))
+    return low & middle & high
 
 
 def _ones(lanes: int) -> int:

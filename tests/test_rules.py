@@ -308,15 +308,19 @@ SCATTERED = "".join(chr(0x100 + 128 * i) for i in range(255))
 @pytest.mark.parametrize(("glob", "text", "matches"), [
     # Latin-1 text: a byte a character as it is
     ("*[sS]?[d][!x]*", "xxSudo", True), ("*[sS]?[d][!o]*", "xxSudo", False),
-    # above U+00FF, a glob naming nothing there: each such character written as ?
-    ("*[?x][b]*", "€b", False), ("*[?x][b]*", "€?b", True), ("*[a]?[b]*", "a€b", True),
-    ("*[!a][b]*", "😀b", True), ("*[!?][b]*", "ж?b", False),
-    # naming characters above U+00FF: a charmap of them
-    ("*[?€][b]*", "жb", False), ("*[?€][b]*", "ж€b", True), ("*[ж-я]?[!ж]*", "жx€", True),
-    ("*[ж-я]?[!ж]*", "жxж", False), ("*[ж]?[ж]*", "жжж", True),
-    # UTF-32: a ? of the text that the glob names, a character beyond the BMP, a wide range,
-    # the scattered set
-    ("*[?€][b]*", "?€b", True), ("*[?€][b]*", "?жb", False), ("*[😀]?[b]*", "😀€b", True),
+    # above U+00FF, a glob naming nothing there: each such character written as ?, and the
+    # text's own ? found apart when the glob names ?
+    ("*[?x][b]*", "€b", False), ("*[?x][b]*", "€?b", True), ("*[?x][b]*", "?€b", False),
+    ("*[a]?[b]*", "a€b", True), ("*[!a][b]*", "😀b", True), ("*[!?][b]*", "ж?b", False),
+    ("*[!?][b]*", "?жb", True), ("*[?x][b]*", "?\u013fb", False),
+    ("*[?x][b]*", "?\U0001003fb", False),  # ? is 0x3F: these end in 3F too
+    # naming characters above U+00FF: a charmap of them (and ? as above)
+    ("*[x€][b]*", "жb", False), ("*[x€][b]*", "ж€b", True), ("*[ж-я]?[!ж]*", "жx€", True),
+    ("*[ж-я]?[!ж]*", "жxж", False), ("*[ж]?[ж]*", "жжж", True), ("*[?€][b]*", "жb", False),
+    ("*[?€][b]*", "?€b", True), ("*[?€][b]*", "?жb", False), ("*[?€][b]*", "ж?b", True),
+    ("*[!?][€]*", "?€", False), ("*[!?][€]*", "ж€", True),
+    # UTF-32: a character beyond the BMP, a wide range, the scattered set
+    ("*[😀]?[b]*", "😀€b", True),
     ("*[😀]?[b]*", "😁€b", False), ("*[😀][b-d]*", "😀d", True), ("*[😀][b-d]*", "😀e", False),
     ("*[😀][b-d]*", "😀a", False), ("*[😀][!b-d]*", "😀e", True), ("*[😀][!b-d]*", "😀b", False),
     ("*[Ā-\uffff][x]*", "€x", True), ("*[Ā-\uffff][x]*", "éx", False),
