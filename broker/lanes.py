@@ -260,20 +260,22 @@ class Run:
     def _find_wide(self, text: str) -> int:
         lanes = int.from_bytes(text.encode("utf-32-le", "surrogatepass"), "little")
         ones = _ones(len(text))
-        below = ones * (_TOP - 1)
-        # bit 21 of a lane of ``missed``: some atom refused the character its place put it on
+        below, flags = ones * (_TOP - 1), ones << _FLAG
+        # bit 21 of a lane of ``missed``: some atom refused the character its place put it on.
+        # Every int here stays positive: a negative one costs CPython a two's complement copy
+        # in each bitwise operation.
         missed = 0
         refused: dict[Atom, int] = {}
         for i, atom in enumerate(self.atoms):
             if atom is None:
                 continue
             if atom not in refused:
-                refused[atom] = _refusals(atom, lanes, ones, below)
+                refused[atom] = _refusals(atom, lanes, ones, below, flags)
             missed |= refused[atom] >> (32 * i)
-        hits = ~missed & (ones << _FLAG)
-        if not hits:
-            return -1
-        return ((hits & -hits).bit_length() - 1 - _FLAG) // 32
+        hits = (missed & flags) ^ flags
+        # bit 21 of a lane down to its bit 0: the lane's first byte is 1, all else 0
+        found = (hits >> _FLAG).to_bytes(4 * len(text), "little").find(1)
+        return found if found < 0 else found // 4
 
 
 def _charmap(literals: list[int], ranges: list[tuple[int, int]]) \
@@ -322,15 +324,22 @@ def _ones(lanes: int) -> int:
     return out & ((1 << (32 * lanes)) - 1)
 
 
-def _refusals(atom: CharSet | str, lanes: int, ones: int, below: int) -> int:
+def _refusals(atom: CharSet | str, lanes: int, ones: int, below: int, flags: int) -> int:
     """Bit 21 of each lane set where ``atom`` refuses the lane's character (other bits:
-    anything). ``below``: 2**21 - 1 in every lane."""
+    anything). ``below``: 2**21 - 1 in every lane; ``flags``: bit 21 of every lane."""
     if isinstance(atom, str):
+        return _outside(ord(atom), ord(atom), lanes, ones, below, flags)
+    outside = -1  # outside every range: the AND of each range's
+    for lo, hi in atom.ranges:
+        outside &= _outside(lo, hi, lanes, ones, below, flags)
+    return (outside & flags) ^ flags if atom.negate else outside
+
+
+def _outside(lo: int, hi: int, lanes: int, ones: int, below: int, flags: int) -> int:
+    """Bit 21 of each lane set where its character is not in lo..hi (other bits: anything)."""
+    if lo == hi:
         # a lane XOR the character is 0 exactly where they are equal; any other value plus
         # 2**21 - 1 reaches bit 21
-        return (lanes ^ ones * ord(atom)) + below
-    inside = 0
-    for lo, hi in atom.ranges:
-        # bit 21: at least lo, and (XOR) more than hi; more than hi implies at least lo
-        inside |= (lanes + ones * (_TOP - lo)) ^ (lanes + below - ones * hi)
-    return inside if atom.negate else ~inside
+        return (lanes ^ ones * lo) + below
+    # bit 21: at least lo, and (XOR) more than hi (which implies at least lo); then not
+    return (lanes + ones * (_TOP - lo)) ^ (lanes + below - ones * hi) ^ flags
