@@ -233,8 +233,8 @@ class Run:
         spread = questions * 0xFF  # each of those bytes all ones
         for table, shifts, question in self._tables_for(codes):
             lanes = int.from_bytes(data.translate(table), "little")
-            if questions:
-                lanes = lanes & ~spread | questions * question
+            if questions:  # (lanes & ~spread would make a negative int: see _find_wide)
+                lanes = lanes ^ (lanes & spread) | questions * question
             for shift in shifts:
                 together &= lanes >> shift
         # bit 0 of each byte is the answer at that place; the other bits are other atoms' tests
@@ -286,9 +286,9 @@ def _charmap(literals: list[int], ranges: list[tuple[int, int]]) \
     byte unused)."""
     named = set(literals)
     for lo, hi in ranges:
-        if hi - lo > _NAMED_MAX:
+        named.update(range(lo, min(hi, lo + _NAMED_MAX + 2) + 1))
+        if len(named) > _NAMED_MAX + 2:  # NUL and ``?`` may be among them
             return None
-        named.update(range(lo, hi + 1))
     named -= {0, QUESTION}  # NUL has byte 0 anyway; the text's ``?``s are found apart
     if len(named) > _NAMED_MAX or any(c >= 0xFFFE for c in named):
         return None
