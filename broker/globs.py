@@ -113,14 +113,14 @@ def _matcher(text: str, found: tuple[tuple[Atom, ...], ...] | None) -> Callable[
     ``endswith``, ``in``; else a literal start and end checked first, then each run between
     stars at the leftmost place it fits after the one before. Leftmost is always right: a run
     matched earlier leaves the rest more room, and a star takes up whatever lies between."""
+    # ``==`` in a lambda, not text.__eq__: that answers NotImplemented (truthy) to a non-str
     if found is None:
-        return text.__eq__
+        return lambda value: value == text
     runs = tuple(Run(atoms) for atoms in found)
     first, last = runs[0], runs[-1]
     if len(runs) == 1:  # no star: the text is exactly the run
-        if first.literal is not None:
-            return first.literal.__eq__
-        return first.exact
+        whole = first.literal
+        return first.exact if whole is None else lambda value: value == whole
     middle = runs[1:-1]
     head, tail = first.literal, last.literal
     if not middle and head is not None and tail is not None:
@@ -141,9 +141,9 @@ def _matcher(text: str, found: tuple[tuple[Atom, ...], ...] | None) -> Callable[
         if n < least or not first.head(value) or not last.tail(value):
             return False
         start, end = first.size, n - last.size
-        lanes = Text(value)
+        subject = Text(value)
         for run in middle:
-            place = run.find(lanes, start, end)
+            place = run.find(subject, start, end)
             if place < 0:
                 return False
             start = place + run.size
