@@ -4,14 +4,19 @@ payload, as docs/policies.md states them.
 Globs (``Glob``): the whole string, case-sensitive, no path meaning (``/`` and ``.`` are
 ordinary characters): ``*`` any run, ``?`` one character, ``[...]``/``[!...]`` a set (``]``
 first is itself, ``-`` first or last is itself), ``\\`` the next character literally; a ``[``
-never closed, a reversed range or a trailing ``\\`` is refused (``BadGlob``). Paths: keys
-joined by dots; an all-digit part (no sign, no leading zero) indexes a list; an absent path is
-``MISSING``. Values compare as JSON does (``same``: a boolean is no number)."""
+never closed, a reversed range or a trailing ``\\`` is refused (``BadGlob``). No regular
+expression, so no backtracking: a glob is parsed into runs of atoms between its stars, each
+run found at its leftmost place after the one before (``broker/lanes.py``), and a match takes
+time in proportion to the text's length (times the glob's) at worst. Paths: keys joined by
+dots; an all-digit part (no sign, no leading zero, at most 9 digits) indexes a list; an absent
+path is ``MISSING``. Values compare as JSON does (``same``: a boolean is no number)."""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from typing import Any
+
+from pending_actions.broker.lanes import Atom, CharSet, Run, Text
 
 MISSING = object()  # what ``lookup`` finds at a path that is not there
 
@@ -20,10 +25,11 @@ class BadGlob(ValueError):
     """A pattern that is no glob of ours: what is wrong, in a few words."""
 
 
-def translate(pattern: str) -> str | None:
-    """The regular expression (for ``fullmatch``) a glob stands for; None when it has no special
-    character at all (a literal, compared as is). Raises BadGlob."""
-    out: list[str] = []
+def parse(pattern: str) -> tuple[tuple[Atom, ...], ...] | None:
+    """The glob's runs of atoms between its stars (a run of stars is one star; n stars, n + 1
+    runs, the first and the last maybe empty); None when it has no special character at all
+    (a literal, compared as is). Raises BadGlob."""
+    runs: list[list[Atom]] = [[]]
     special = False
     i, n = 0, len(pattern)
     while i < n:
@@ -31,36 +37,36 @@ def translate(pattern: str) -> str | None:
         if c == "\\":
             if i + 1 >= n:
                 raise BadGlob("it ends with a lone \\")
-            out.append(re.escape(pattern[i + 1]))
+            runs[-1].append(pattern[i + 1])
             special = True
             i += 2
         elif c == "*":
-            if not out or out[-1] != ".*":  # a run of stars is one star
-                out.append(".*")
+            if runs[-1] or len(runs) == 1:  # a run of stars is one star
+                runs.append([])
             special = True
             i += 1
         elif c == "?":
-            out.append(".")
+            runs[-1].append(None)
             special = True
             i += 1
         elif c == "[":
-            text, i = _char_set(pattern, i)
-            out.append(text)
+            charset, i = _char_set(pattern, i)
+            runs[-1].append(charset)
             special = True
         else:
-            out.append(re.escape(c))
+            runs[-1].append(c)
             i += 1
-    return "".join(out) if special else None
+    return tuple(tuple(r) for r in runs) if special else None
 
 
-def _char_set(pattern: str, start: int) -> tuple[str, int]:
-    """The set opening at ``pattern[start]`` (a ``[``) as a regex class, and where it ends."""
+def _char_set(pattern: str, start: int) -> tuple[CharSet, int]:
+    """The set opening at ``pattern[start]`` (a ``[``), and where it ends."""
     n = len(pattern)
     j = start + 1
     negate = j < n and pattern[j] == "!"
     if negate:
         j += 1
-    ranges: list[tuple[str, str]] = []
+    ranges: list[tuple[int, int]] = []
     first = True
     while True:
         if j >= n:
@@ -73,13 +79,11 @@ def _char_set(pattern: str, start: int) -> tuple[str, int]:
             high, j = _set_char(pattern, j + 1)
             if high < c:
                 raise BadGlob(f"the range {c}-{high} runs backwards")
-            ranges.append((c, high))
+            ranges.append((ord(c), ord(high)))
         else:
-            ranges.append((c, c))
+            ranges.append((ord(c), ord(c)))
         first = False
-    body = "".join(re.escape(a) if a == b else f"{re.escape(a)}-{re.escape(b)}"
-                   for a, b in ranges)
-    return f"[{'^' if negate else ''}{body}]", j + 1
+    return CharSet(negate, tuple(ranges)), j + 1
 
 
 def _set_char(pattern: str, j: int) -> tuple[str, int]:
@@ -91,24 +95,61 @@ def _set_char(pattern: str, j: int) -> tuple[str, int]:
 
 
 class Glob:
-    """A compiled glob: ``matches(text)``."""
+    """A compiled glob: ``matches(text)``, in time linear in the text (``broker/lanes.py``).
+    ``literal``: no special character (``matches`` is ``==``); ``everything``: only stars."""
 
-    __slots__ = ("literal", "regex", "text")
+    __slots__ = ("everything", "literal", "matches", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
-        found = translate(text)
+        found = parse(text)
         self.literal = found is None
-        self.regex = None if found is None else re.compile(found, re.DOTALL)
+        self.everything = found is not None and not any(found)
+        self.matches: Callable[[str], bool] = _matcher(text, found)
 
-    def matches(self, value: str) -> bool:
-        if self.regex is None:
-            return value == self.text
-        return self.regex.fullmatch(value) is not None
 
-    @property
-    def everything(self) -> bool:
-        return self.regex is not None and self.regex.pattern == ".*"
+def _matcher(text: str, found: tuple[tuple[Atom, ...], ...] | None) -> Callable[[str], bool]:
+    """The test for one glob, the cheapest its shape allows: ``==``, ``startswith``/
+    ``endswith``, ``in``; else a literal start and end checked first, then each run between
+    stars at the leftmost place it fits after the one before. Leftmost is always right: a run
+    matched earlier leaves the rest more room, and a star takes up whatever lies between."""
+    # ``==`` in a lambda, not text.__eq__: that answers NotImplemented (truthy) to a non-str
+    if found is None:
+        return lambda value: value == text
+    runs = tuple(Run(atoms) for atoms in found)
+    first, last = runs[0], runs[-1]
+    if len(runs) == 1:  # no star: the text is exactly the run
+        whole = first.literal
+        return first.exact if whole is None else lambda value: value == whole
+    middle = runs[1:-1]
+    head, tail = first.literal, last.literal
+    if not middle and head is not None and tail is not None:
+        least = len(head) + len(tail)
+        if not tail:
+            return lambda value: value.startswith(head)
+        if not head:
+            return lambda value: value.endswith(tail)
+        return lambda value: len(value) >= least and value.startswith(head) \
+            and value.endswith(tail)
+    if len(middle) == 1 and not first.size and not last.size and middle[0].literal is not None:
+        inner = middle[0].literal
+        return lambda value: inner in value
+    least = sum(r.size for r in runs)
+
+    def matches(value: str) -> bool:
+        n = len(value)
+        if n < least or not first.head(value) or not last.tail(value):
+            return False
+        start, end = first.size, n - last.size
+        subject = Text(value)
+        for run in middle:
+            place = run.find(subject, start, end)
+            if place < 0:
+                return False
+            start = place + run.size
+        return True
+
+    return matches
 
 
 def parse_path(path: str) -> tuple[str, ...]:
@@ -120,13 +161,13 @@ def parse_path(path: str) -> tuple[str, ...]:
 
 def lookup(value: Any, parts: tuple[str, ...]) -> Any:
     """``value`` at the dotted path, or ``MISSING``: into objects by key, into lists by an
-    all-digit part (0, 1, ...: no sign, no leading zero)."""
+    index (``index_of``)."""
     for part in parts:
         if isinstance(value, dict):
             if part not in value:
                 return MISSING
             value = value[part]
-        elif isinstance(value, list) and index_of(part) is not None:
+        elif isinstance(value, list):
             k = index_of(part)
             if k is None or k >= len(value):
                 return MISSING
@@ -136,8 +177,16 @@ def lookup(value: Any, parts: tuple[str, ...]) -> Any:
     return value
 
 
+# No list in a payload is a billion items long; and int() refuses a digit string past 4,300
+# digits (Python's guard against quadratic conversion), which a policy's path may well be.
+INDEX_DIGITS = 9
+
+
 def index_of(part: str) -> int | None:
-    if part.isascii() and part.isdigit() and (part == "0" or not part.startswith("0")):
+    """The list index a path part names: all digits, no sign, no leading zero, at most
+    ``INDEX_DIGITS`` of them; None for any other part (an object's key only)."""
+    if len(part) <= INDEX_DIGITS and part.isascii() and part.isdigit() \
+            and (part == "0" or not part.startswith("0")):
         return int(part)
     return None
 

@@ -25,9 +25,9 @@ from pending_actions.broker.globs import (
     Glob,
     index_of,
     lookup,
+    parse,
     parse_path,
     same,
-    translate,
 )
 
 Decision = Literal["allow", "ask", "deny"]
@@ -199,7 +199,7 @@ def _compiled(policy: Policy) -> Callable[..., Verdict]:
             return f"{subject} == {const(glob.text)}"
         if glob.everything:
             return "True"
-        return f"{const(glob.regex.fullmatch if glob.regex else None)}({subject}) is not None"
+        return f"{const(glob.matches)}({subject})"
 
     def walk(parts: tuple[str, ...]) -> list[str]:
         steps = [f"(w := payload.get({parts[0]!r}, M)) is not M"]
@@ -346,7 +346,7 @@ def _check_glob(value: object, field: str, bad: Callable[[str, str], InvalidInpu
     if not isinstance(value, str):
         raise bad(field, "must be a glob (a string)")
     try:
-        translate(value)
+        parse(value)
     except BadGlob as exc:
         raise bad(field, f"bad glob {value!r}: {exc}") from None
 
