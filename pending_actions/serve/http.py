@@ -100,7 +100,10 @@ async def read_json(request: Request, settings: Settings,
     recursion."""
     limit = max_body_bytes(settings)
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit):
+    # ASCII digits only, and never int() of more than fit in a length: a header of thousands
+    # of digits would raise past int()'s digit limit (a 500)
+    if length is not None and (not (length.isascii() and length.isdigit())
+                               or len(length) > 18 or int(length) > limit):
         raise HTTPError(413, f"the body is over the limit of {limit} bytes", "body")
     chunks, size = [], 0
     async for chunk in request.stream():
