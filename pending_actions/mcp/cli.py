@@ -118,7 +118,8 @@ def _serve_http(settings: Settings, session: str | None, host: str, port: int) -
     server = SessionServer(Backend(settings), session, DEFAULT_TENANT, http=True,
                            **http_auth(settings, host, port))
     click.echo(f"MCP (streamable HTTP) on http://{host}:{port}/mcp", err=True)
-    listen.run(server.http_app(host), sock)
+    # held to serve's connection deadlines: the same port kind, the same slow clients
+    listen.run(server.http_app(host), sock, limits=listen.Limits.of(settings))
 
 
 @click.command("mcp-proxy")
