@@ -141,8 +141,13 @@ class Tokens:
         grant goes into every partition's revoked set first (a crash between the two steps
         leaves a token whose approvals count for nothing: revoke it again)."""
         self._ready()
-        name = person("name", name)
-        found: Any = self.client.hget(self.keys.token_names, name)
+        # a name as people are compared; a token made before names were folded keeps its own
+        found: Any = None
+        for candidate in dict.fromkeys((person("name", name), name)):
+            found = self.client.hget(self.keys.token_names, candidate)
+            if found is not None:
+                name = candidate
+                break
         if found is None:
             return False
         hashed = found.decode() if isinstance(found, bytes) else str(found)
