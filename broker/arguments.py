@@ -143,6 +143,7 @@ class TakeKeys(NamedTuple):
     dead: str
     revoked: str
     sessions: str
+    policies: str
 
 
 class TakeArgs(NamedTuple):
@@ -176,6 +177,8 @@ class TakeArgs(NamedTuple):
     patched: str
     grant: str
     tenant: str
+    edit_tenant: str
+    edit_version: str
 
 
 class ExpireKeys(NamedTuple):

@@ -114,6 +114,9 @@ class TakeStatus(StrEnum):
     # more are needed, nothing taken
     APPROVED = "approved"
     REVISED = "revised"  # the request's revision is not the target's: nothing changed
+    # the request's edit was decided by another version of the tenant's policy than the one
+    # in force now: nothing changed (decided again, it might be refused)
+    REDECIDE = "redecide"
 
 
 class Taken(NamedTuple):
@@ -122,7 +125,7 @@ class Taken(NamedTuple):
     NO_WORKER, the target's id and the handler no live pool has ("" when it needs none but
     there is no live pool at all). ``claimed``: when the take claimed the attempt for the
     caller's own worker, begin.lua's answer as it would come (decoded where it runs). With
-    NEEDS_APPROVAL, APPROVED and REVISED, the target's id, spec and counters (after the
+    NEEDS_APPROVAL, APPROVED, REVISED and REDECIDE, the target's id, spec and counters (after the
     approval), and whether the script changed anything (``recorded``: then it acked too)."""
 
     status: TakeStatus
@@ -141,7 +144,8 @@ class Taken(NamedTuple):
     @classmethod
     def decode(cls, raw: Any, session: str) -> Taken:
         status = TakeStatus(_text(raw[0]))
-        if status in (TakeStatus.NEEDS_APPROVAL, TakeStatus.APPROVED, TakeStatus.REVISED):
+        if status in (TakeStatus.NEEDS_APPROVAL, TakeStatus.APPROVED, TakeStatus.REVISED,
+                      TakeStatus.REDECIDE):
             action_id = _text(raw[1])
             return cls(status, action_id, spec=Spec.read(raw[2], action_id, session),
                        counters=ActionState.model_validate_json(raw[3]),

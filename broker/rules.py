@@ -29,10 +29,11 @@ from pending_actions.broker.globs import (
     parse_path,
     same,
 )
+from pending_actions.broker.models import RESERVED_BY
 
 Decision = Literal["allow", "ask", "deny"]
 DECISIONS: tuple[Decision, ...] = ("allow", "ask", "deny")
-RULE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+RULE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 MAX_RULES = 1_000
 MAX_APPROVALS = 16
 MAX_REASON_CHARS = 1_000
@@ -40,7 +41,7 @@ GLOB_FIELDS = ("tool", "apply", "label", "session")
 MATCH_KEYS = (*GLOB_FIELDS, "payload")
 RULE_KEYS = ("name", "match", "decision", "reason", "approvals", "auto")
 DOCUMENT_KEYS = ("default", "rules")
-AUTO_BY = "policy:"  # the ``by`` of what a policy applies at once: ``policy:<rule>``
+AUTO_BY = RESERVED_BY  # the ``by`` of what a policy applies at once: ``policy:<rule>``
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,8 @@ class Scripts:
              conflict_reply: bytes = b"", expired_reply: bytes = b"",
              entry: bytes | str = b"", claimant: str = "", here: int = 0,
              trace: str = "", approver: str = "", revision: int | None = None,
-             patched: str = "", grant: str = "", tenant: str = "") -> Call[Taken]:
+             patched: str = "", grant: str = "", tenant: str = "",
+             decided: tuple[str, str] | None = None) -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself. ``entry``: the request's
         id in its partition's request stream, acked by the script (b"": the caller acks).
@@ -228,7 +229,7 @@ class Scripts:
             marker=k.request_marker(session, req), replies=k.reply(session, req),
             leases=k.leases(p), expiries=k.expiries(p), expired=k.expired(session),
             requests=k.requests(p), dead=k.dead(session), revoked=k.revoked(p),
-            sessions=k.sessions(p))
+            sessions=k.sessions(p), policies=k.policy_markers(p))
         args = arg.TakeArgs.__new__(
             arg.TakeArgs, req=req, action=action, token=token, dispatch_ms=s.dispatch_timeout_ms,
             marker_ttl_s=marker_ttl_s, maxlen=s.history_maxlen, reason=reason, extra=extra,
@@ -239,7 +240,8 @@ class Scripts:
             group=RESOLVER_GROUP, claimant=claimant, lease_ms=s.lease_ms,
             own_pool=here if claimant else 0, trace=trace, approver=approver,
             revision="" if revision is None else str(revision), patched=patched, grant=grant,
-            tenant=tenant)
+            tenant=tenant, edit_tenant=decided[0] if decided else "",
+            edit_version=decided[1] if decided else "")
         return self._call("take", keys if message is None else keys + self._task_queues(p, live),
                           args, partial(Taken.decode, session=session))
 

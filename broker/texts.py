@@ -119,10 +119,10 @@ def needs_approval(action_id: str, label: str, rule: str | None, tenant: str, ne
             f"tenant {tenant!r}, in the approval inbox. {end}")
 
 
-def handler_kept(name: str, tenants: list[str], tenant: str) -> str:
+def handler_kept(name: str, tenant: str) -> str:
     """A stage naming a handler the workers keep to other tenants (``--mcp-upstream-tenants``,
-    ``@handler(name, tenants=...)``)."""
-    return f"handler {name} serves tenant(s) {', '.join(tenants)} only, not {tenant!r}"
+    ``@handler(name, tenants=...)``): which ones is not said (their names are theirs)."""
+    return f"handler {name} does not serve tenant {tenant!r}"
 
 
 def slot_needs_people(slot: str, approvals: int) -> str:
@@ -156,6 +156,12 @@ def edit_stricter(action_id: str, verdict: Any, staged: dict[str, Any]) -> str:
     before = said(staged.get("decision"), int(staged.get("approvals") or 0), staged.get("rule"))
     return (f"the edited payload of {action_id} is decided {now}, stricter than it was staged "
             f"with ({before}); nothing was changed: stage the edited action anew instead")
+
+
+def policy_changed(action_id: str) -> str:
+    """An edit decided by a version of the tenant's policy that changed before it was taken."""
+    return (f"edit: the tenant's policy changed while the edit of {action_id} was decided; "
+            "nothing was changed: resolve again, and it is decided by the policy in force")
 
 
 def revised(action_id: str, seen: int | None, current: int) -> str:

@@ -227,6 +227,9 @@ class AsyncPendingActions:
     async def dead_letters(self, session: str) -> list[dict[str, Any]]:
         return await self._run(self.core.dead_letters(session))
 
+    async def admits(self, handler: str, tenant: str) -> bool:
+        return await self._run(self.core.admits(handler, tenant))
+
     async def tenant_of(self, session: str) -> str | None:
         return await self._run(self.core.tenant_of(session))
 

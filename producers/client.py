@@ -268,6 +268,11 @@ class PendingActions:
     def dead_letters(self, session: str) -> list[dict[str, Any]]:
         return self._run(self.core.dead_letters(session))
 
+    def admits(self, handler: str, tenant: str) -> bool:
+        """Whether the live workers serve ``handler`` to ``tenant`` (``@handler(name,
+        tenants=...)``, ``--mcp-upstream-tenants``)."""
+        return self._run(self.core.admits(handler, tenant))
+
     def tenant_of(self, session: str) -> str | None:
         """The tenant the session belongs to (its first stage's); None while it has none."""
         return self._run(self.core.tenant_of(session))

@@ -36,7 +36,7 @@ from pending_actions.producers.staging import Staging
 from pending_actions.producers.tool import soft_requirement
 
 __all__ = ["Batch", "Chunks", "Core", "Plan", "Run", "Wait"]
-GRANT_RE = re.compile(r"^[0-9a-f]{16}$")
+GRANT_RE = re.compile(r"^[0-9a-f]{16}\Z")
 
 
 class Core(Staging):
@@ -81,14 +81,15 @@ class Core(Staging):
         if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int)
                                      or revision < 0):
             raise InvalidInput("revision", "must be a revision number (0 or more)")
-        patched = None
+        patched, decided = None, None
         if edit is not None:
             if not isinstance(edit, dict):
                 raise InvalidInput("edit", "must be a JSON Merge Patch object")
             check_json(edit, "edit", self.settings.max_payload_bytes)
             if given.action != "apply":
                 raise InvalidInput("edit", "only an apply can edit the payload")
-            expect_id, seen, patched = yield from self._check_edit(session, edit, expect_id)
+            expect_id, seen, patched, decided = yield from self._check_edit(session, edit,
+                                                                            expect_id)
             if revision is not None and revision != seen:
                 raise InvalidInput("revision", f"{expect_id} is at revision {seen}, not "
                                    f"{revision}; nothing was changed")
@@ -103,7 +104,7 @@ class Core(Staging):
                                         int(wait * 1000), int((time.time() + wait) * 1000),
                                         expect_id, by, edit, tracing.carried(),
                                         approver, revision, patched, grant,
-                                        None if tenant is None else str(tenant))
+                                        None if tenant is None else str(tenant), decided)
         requests = self.keys.requests(self.keys.partition(session))
         got = yield Wait(self.keys.reply(session, req), wait,
                          first=lambda p: p.execute_command("XADD", requests, "*",
@@ -118,11 +119,13 @@ class Core(Staging):
         return result
 
     def _check_edit(self, session: str, edit: dict[str, Any],
-                    expect_id: str | None) -> Plan[tuple[str, int, str]]:
+                    expect_id: str | None) -> Plan[tuple[str, int, str, tuple[str, str]]]:
         """An edit is checked here, against the target it will meet (its payload as people
         edited it so far), and goes only with that target and revision: the request carries
-        its id as ``expect_id`` (the caller's own when given) and the revision seen. Returns
-        those and the patch from the staged payload to the edited one (JSON text)."""
+        its id as ``expect_id`` (the caller's own when given), the revision seen and the
+        policy version the edited payload was decided by. Returns those (the version as
+        (tenant, version)) and the patch from the staged payload to the edited one (JSON
+        text)."""
         found = yield from self._target(session)
         if found is None:
             raise InvalidInput("edit", "there is no pending action to edit")
@@ -136,14 +139,16 @@ class Core(Staging):
         check_payload(edited, target.payload_schema, "edit")
         # what people approve must not be stricter than what they were asked: the edited
         # action is decided again (both handlers), by the policy in force now
-        verdict = yield from self.decide(session=session, tool=target.tool, apply=target.apply,
-                                         label=target.label, payload=edited,
-                                         tenant=target.tenant, reject=target.reject)
+        verdict, version = yield from self.decided(
+            session=session, tool=target.tool, apply=target.apply, label=target.label,
+            payload=edited, tenant=target.tenant, reject=target.reject)
         staged = target.policy or {}
         if verdict is not None and verdict.weight > strictness(staged.get("decision"),
                                                                staged.get("approvals")):
             raise InvalidInput("edit", texts.edit_stricter(target.id, verdict, staged))
-        return target.id, st.revision, orjson.dumps(patch_between(target.payload, edited)).decode()
+        patch = orjson.dumps(patch_between(target.payload, edited)).decode()
+        # the take checks that this version is still in force (REDECIDE otherwise)
+        return target.id, st.revision, patch, (target.tenant, version)
 
     def _target(self, session: str) -> Plan[tuple[Spec, ActionState] | None]:
         got: Peeked = yield Run(self.scripts.peek(session))

@@ -73,6 +73,16 @@ class PolicyPlans:
         caller that acts on a decision without staging (``mcp-proxy`` forwards what is
         allowed, refuses what is denied; a slot; an edit). One read of the partition's
         marker; the version itself is read once."""
+        verdict, _version = yield from self.decided(
+            session=session, tool=tool, apply=apply, label=label, payload=payload,
+            tenant=tenant, reject=reject)
+        return verdict
+
+    def decided(self, *, session: str, tool: str, apply: str, label: str,
+                payload: dict[str, Any], tenant: str = DEFAULT_TENANT,
+                reject: str | None = None) -> Plan[tuple[Verdict | None, str]]:
+        """``decide``'s verdict and the version of the policy it is by ("" for none), which a
+        later step checks is still in force (an edit's take)."""
         check_tenant(tenant)
         markers = self.keys.policy_markers(self.keys.partition(session))
         raw, = yield Batch(lambda p: p.hget(markers, tenant))
@@ -80,9 +90,9 @@ class PolicyPlans:
         yield from self.load_policy(tenant, version)
         policy = self.policy_of(tenant, version)
         if policy is None:
-            return None
+            return None, version
         return policy.decide(tool=tool, apply=apply, label=label, session=session,
-                             payload=payload, reject=reject)
+                             payload=payload, reject=reject), version
 
     def to_stage(self, s: dict[str, Any], verdict: Verdict | None) -> ToStage:
         """One action of a stage.lua call, with what ``verdict`` decided for it."""

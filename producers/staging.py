@@ -59,8 +59,8 @@ def _unowned(session: str, record: str) -> Unowned:
 
 
 # the replies the owner check reads per session: its owner record, a TYPE for each of the
-# three keys of _session_types, then its stack's depth
-_LOOKED = 5
+# three keys of _session_types, then its stack's depth and its in-flight count
+_LOOKED = 6
 
 
 def _session_types(k: Keys, session: str) -> tuple[tuple[str, str], ...]:
@@ -194,6 +194,7 @@ class Staging(PolicyPlans):
                 for key, _want in _session_types(k, session):
                     pipe.type(key)
                 pipe.zcard(k.stack(session))
+                pipe.hlen(k.inflight(session))
 
         replies: list[Any] = []
         if reread or owners:
@@ -222,11 +223,11 @@ class Staging(PolicyPlans):
                      if name is not None and not self._live.admits(name, f["tenant"])), None)
         if kept is not None:
             tenant, name = kept
-            raise Denied(texts.handler_kept(name, sorted(self._live.tenants[name]), tenant),
-                         None, by="the workers' tenants of that handler")
+            raise Denied(texts.handler_kept(name, tenant), None,
+                         by="the workers' tenants of that handler")
         staging = Counter(f["session"] for f in checked)
         for i, (session, tenant) in enumerate(owners):
-            owner, *kinds, depth = looked[_LOOKED * i:_LOOKED * (i + 1)]
+            owner, *kinds, stacked, flying = looked[_LOOKED * i:_LOOKED * (i + 1)]
             if isinstance(owner, bytes) and owner and owner.decode() != tenant:
                 raise _foreign(session)
             # stage.lua's order: a key of another type is POISON before a lost owner record
@@ -239,9 +240,9 @@ class Staging(PolicyPlans):
             # stage.lua's limit, looked at ahead for a batch over several sessions, none of
             # which may be staged when one is refused (counting every action as one it
             # pushes: a denied one, which pushes none, is decided only later)
-            if isinstance(depth, int) and depth + staging[session] > \
-                    self.settings.max_pending_per_session:
-                raise self._full(session, depth, staging[session])
+            if isinstance(stacked, int) and isinstance(flying, int) and \
+                    stacked + flying + staging[session] > self.settings.max_pending_per_session:
+                raise self._full(session, stacked + flying, staging[session])
         if sizes:
             if one_by_one:
                 for p, n in sizes.items():
@@ -265,6 +266,17 @@ class Staging(PolicyPlans):
                 self._ids[p] = (first + need[p], int(end) + 1)
         taken = {p: iter(v) for p, v in got.items()}
         return [next(taken[p]) * k.partitions + p for p in parts]
+
+    def admits(self, name: str, tenant: str) -> Plan[bool]:
+        """Whether the live workers serve handler ``name`` to ``tenant`` (one kept to some
+        tenants does not serve another), as a stage sees them (the view at most
+        ``LIVE_MAX_AGE_S`` old): for a caller that runs what the handler stands for itself
+        (``mcp-proxy`` forwards an allowed call to its upstream)."""
+        check_tenant(tenant)
+        if time.monotonic() - self._live_at > self.LIVE_MAX_AGE_S:
+            replies = yield Batch(lambda pipe: queue_live(pipe, self.keys))
+            self._live, self._live_at = parse_live(replies), time.monotonic()
+        return self._live.admits(name, tenant)
 
     def _reserve(self, pipe: Any, p: int, size: int, floor: int) -> None:
         self.scripts.reserve(p, size=size, floor=floor).on(pipe)
@@ -414,8 +426,9 @@ class Staging(PolicyPlans):
         def queue(pipe: Any) -> None:
             self.scripts.set_slot(session, slot, action_id=spec["id"],
                                   spec=spec_json(spec)).on(pipe)
-            # indexed for stats, views and retirement; claimed by no tenant ("") until a stage
-            pipe.hsetnx(k.sessions(k.partition(session)), session, "")
+            # indexed for stats, views and retirement, and the default tenant's (slots are its
+            # alone): another tenant's stage must never take over a session that holds one
+            pipe.hsetnx(k.sessions(k.partition(session)), session, DEFAULT_TENANT)
 
         yield Batch(queue)
         return str(spec["id"])

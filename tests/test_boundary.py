@@ -13,15 +13,20 @@ that is not one of them."""
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import redis
 
 import pending_actions
 from pending_actions.broker.errors import InvalidInput
+from pending_actions.broker.models import ResolveRequest, Result
+from pending_actions.broker.pools import heartbeat
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from tests.conftest import Deployment, both
 from tests.support.faults import K, wait_history
@@ -186,20 +191,26 @@ def test_an_allowed_action_edited_into_a_denied_one_is_refused(
     assert runs(rc, session) == []
 
 
-def test_a_slot_is_decided_with_both(pa: PendingActions, rc: redis.Redis, session: str) -> None:
-    # slots are the default tenant's: a policy of its own is set for this test, and removed
-    before = pa.get_policy()
-    pa.set_policy({"default": "allow", "rules": [
-        {"name": "writes", "match": {"apply": "t.reject_*"}, "decision": "ask"}]})
+def test_a_slot_is_decided_with_both(tmp_path: Path, session: str) -> None:
+    # slots are the default tenant's: its policy is set on a Redis of this test's own (a
+    # policy cannot be taken back, and the suite's other tests stage as the default tenant)
+    server = EmbeddedRedis(directory=tmp_path).start()
+    pa = PendingActions.from_url(server.url)
     try:
-        with redis_unchanged(rc):
+        heartbeat(pa.client, K, "slots", ["t.ok", "t.reject_text"], "i1", 60_000)
+        pa.set_policy({"default": "allow", "rules": [
+            {"name": "writes", "match": {"apply": "t.reject_*"}, "decision": "ask"}]})
+        with redis_unchanged(pa.client):
             for setter in (pa.set_directive, pa.set_standing):
                 with pytest.raises(pending_actions.Denied):
                     setter(session, tool="plan", label="P", apply="t.ok",
                            reject="t.reject_text")
         assert pa.next_tool_choice(session) is None
+        pa.set_directive(session, tool="plan", label="P", apply="t.ok")  # both allowed
+        assert pa.next_tool_choice(session) is not None
     finally:
-        pa.set_policy(before["document"] if before else {"default": "allow", "rules": []})
+        pa.close()
+        server.stop()
 
 
 def test_one_person_counts_once_whatever_the_spelling(
@@ -266,3 +277,84 @@ def test_a_tenants_resolve_finds_nothing_in_another_tenants_session(
     # its own tenant resolves it as ever
     done = pa.resolve(session=session, action="apply", reason="r", tenant="beta")
     assert not done.is_error and [r["id"] for r in runs(rc, session)] == [theirs]
+
+
+def test_a_session_that_holds_a_slot_is_the_default_tenants(
+        pa: PendingActions, rc: redis.Redis, session: str) -> None:
+    """A slot is the default tenant's: another tenant's stage never takes its session over
+    (and with it, the slot's handler, applied by that tenant's model)."""
+    pa.set_standing(session, tool="mode", label="M", apply="t.ok")
+    with redis_unchanged(rc), pytest.raises(pending_actions.Forbidden):
+        pa.stage(session=session, tool="edit", label="E", apply="t.ok", tenant="beta")
+    assert pa.tenant_of(session) == "default"
+    got = pa.resolve(session=session, action="apply", reason="r", tenant="beta")
+    assert got.text == pa.resolve(session=f"{session}-none", action="apply", reason="r",
+                                  tenant="beta").text
+    assert runs(rc, session) == []
+
+
+def test_a_payload_key_named_like_a_field_is_payload(pa: PendingActions, rc: redis.Redis,
+                                                     session: str, tenant: str) -> None:
+    """take.lua reads a spec's handlers and policy from the spec's own fields only: a payload
+    key "reject" (a model's arguments through mcp-proxy) is no reject handler, and a schema's
+    "policy" no decision."""
+    pa.stage(session=session, tool="migrate", label="M", apply="t.ok",
+             payload={"env": "dev", "reject": "t.reject_raise"}, tenant=tenant)
+    done = pa.resolve(session=session, action="discard", reason="not now")
+    assert not done.is_error and done.text.startswith("Discarded: M"), done.text
+    # no policy and no payload (so no payload field in the spec): the schema comes after the
+    # spec's own fields, and its keys are no decision
+    plain = f"{session}-plain"
+    pa.stage(session=plain, tool="edit", label="E", apply="t.ok",
+             schema={"type": "object", "policy": {"decision": "ask", "approvals": 3}})
+    applied = pa.resolve(session=plain, action="apply", reason="r")
+    assert not applied.is_error, applied.text
+    assert [r["handler"] for r in runs(rc, plain)] == ["t.ok"] and runs(rc, session) == []
+
+
+def test_the_pending_cap_counts_what_is_in_flight_and_applied_at_once(
+        deployment: Deployment, rc: redis.Redis, session: str, tenant: str) -> None:
+    pa = PendingActions.from_url(deployment.url, max_pending_per_session=3)
+    gate = f"gate-{session}"
+    try:
+        # three applied at once, held running: the session holds three
+        for n in range(3):
+            pa.stage(session=session, tool="read_file", label=f"R{n}", apply="t.gate",
+                     payload={"gate": gate}, tenant=tenant)
+        for _n in range(3):
+            assert rc.blpop([f"test:started:{session}"], timeout=20) is not None
+        with redis_unchanged(rc, ignore=lambda k: b"test:" in k or live()(k)), \
+                pytest.raises(InvalidInput) as caught:
+            pa.stage(session=session, tool="read_file", label="R3", apply="t.gate",
+                     payload={"gate": gate}, tenant=tenant)
+        assert "holds 3" in str(caught.value), caught.value
+    finally:
+        rc.rpush(gate, *["open"] * 3)
+        pa.close()
+
+
+def test_an_edit_decided_by_a_policy_that_changed_is_refused(
+        pa: PendingActions, rc: redis.Redis, session: str, tenant: str) -> None:
+    """The edit's request names the version it was decided by; a take under another changes
+    nothing and says so (a request built here, as a client that decided before the change
+    would have sent it)."""
+    action_id = pa.stage(session=session, tool="migrate", label="M", apply="t.ok",
+                         payload={"env": "dev"}, tenant=tenant)
+    pa.set_policy(POLICY, tenant=tenant)  # version 2 in force
+    req = uuid.uuid4().hex
+    request = ResolveRequest.encode(req, session, "apply", "r", None, 20_000,
+                                    int(time.time() * 1000) + 20_000, action_id, "alice",
+                                    {"note": "x"}, None, "alice", 0,
+                                    orjson.dumps({"note": "x"}).decode(), None, None,
+                                    (tenant, "1"))
+    with redis_unchanged(rc, ignore=lambda k: b":reply:" in k or live()(k)):
+        rc.xadd(K.requests(K.partition(session)), {ResolveRequest.FIELD: request})
+        got = rc.blpop([K.reply(session, req)], timeout=20)
+    assert got is not None
+    result = Result.model_validate_json(got[1])
+    assert result.is_error and result.text.startswith("edit: the tenant's policy changed"), \
+        result.text
+    assert [a.id for a in pa.pending(session)] == [action_id] and runs(rc, session) == []
+    # decided now, by the version in force, it goes through
+    assert not pa.resolve(session=session, action="apply", reason="r", approver="alice",
+                          edit={"note": "x"}).is_error

@@ -26,7 +26,12 @@ from pending_actions.broker.globs import (
     parse,
     parse_path,
 )
-from pending_actions.broker.models import person
+from pending_actions.broker.models import (
+    check_handler_name,
+    check_session,
+    check_tenant,
+    person,
+)
 from pending_actions.broker.rules import Policy, check_document, read_document, strictness
 
 ALPHABET = "ab.*?[]!-/\\"
@@ -513,3 +518,21 @@ def test_a_yaml_alias_is_refused_before_anything_is_built() -> None:
 def test_a_policy_text_over_the_limit_is_refused_unread() -> None:
     with pytest.raises(InvalidInput, match="the limit is 100"):
         read_document("rules: [" + "x, " * 100 + "]", "p.yaml", max_bytes=100)
+
+
+def test_what_a_policy_applied_cannot_be_a_persons_name() -> None:
+    # a token named "policy:reads" would make a person's approvals read as an auto-apply
+    for name in ("policy:reads", "Policy:Reads", " POLICY:x"):
+        with pytest.raises(InvalidInput, match="never a person"):
+            person("name", name)
+
+
+@pytest.mark.parametrize(("check", "field"), [
+    (check_session, "session"), (check_tenant, "tenant"),
+    (lambda v: check_handler_name("apply", v), "apply")])
+def test_a_name_with_a_trailing_newline_is_no_name(check: Any, field: str) -> None:
+    # ``$`` matches before a final newline: key names and ids with one went through
+    with pytest.raises(InvalidInput) as caught:
+        check("abc\n")
+    assert caught.value.field == field
+    assert person("approver", "alice\n") == "alice"  # a person's name is trimmed instead

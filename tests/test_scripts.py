@@ -118,9 +118,9 @@ def test_the_slot_check_finds_a_swap() -> None:
     swapped[0], swapped[2] = swapped[2], swapped[0]
     assert disagreements(code, sig.keys._fields, swapped, sig.keys_tail) == [
         f"ARGV: the script names {list(TakeArgs._fields)}, its object {swapped}"]
-    assert disagreements(code.replace("local streams_at = 17", "local streams_at = 16"),
+    assert disagreements(code.replace("local streams_at = 18", "local streams_at = 17"),
                          sig.keys._fields, sig.args._fields, sig.keys_tail) == [
-        "KEYS: no local streams_at = 17 (its tail)"]
+        "KEYS: no local streams_at = 18 (its tail)"]
     assert disagreements(code + "return ARGV[3]\n", sig.keys._fields, sig.args._fields,
                          sig.keys_tail)
     assert disagreements(code, sig.keys._fields, sig.args._fields) == [

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 import pending_actions
@@ -20,7 +21,7 @@ from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from tests.support.faults import K
-from tests.support.mcp import McpWorker, upstream_option, writes
+from tests.support.mcp import McpWorker, connect, text, upstream_option, writes
 from tests.support.procs import worker_env
 from tests.support.unchanged import redis_unchanged
 
@@ -72,7 +73,8 @@ def test_another_tenants_stage_is_refused_and_its_proxy_does_not_start(
         with redis_unchanged(pa.client), pytest.raises(pending_actions.Denied) as caught:
             pa.stage(session=session, tool="write_file", label="W", apply="mcp:files",
                      payload={"path": "x.txt", "text": "beta"}, tenant="beta")
-        assert "serves tenant(s) acme, acme-2 only, not 'beta'" in str(caught.value), caught.value
+        assert "does not serve tenant 'beta'" in str(caught.value), caught.value
+        assert "acme" not in str(caught.value)  # the other tenants' names are theirs
         assert caught.value.rule is None
         # the tenants it is kept to stage and apply as ever
         mine = pa.stage(session=session + "a", tool="write_file", label="W", apply="mcp:files",
@@ -83,8 +85,7 @@ def test_another_tenants_stage_is_refused_and_its_proxy_does_not_start(
         assert (folder / "acme.txt").read_text() == "acme"
         # the action staged before: the worker that has the upstream now never runs it
         failed = pa.resolve(session=before, action="apply", reason="r")
-        assert failed.is_error and "serves tenant(s) acme, acme-2 only" in failed.text, \
-            failed.text
+        assert failed.is_error and "does not serve tenant 'beta'" in failed.text, failed.text
         assert [a.id for a in pa.pending(before)] == [early]
         assert not (folder / "early.txt").exists()
         assert [w["path"] for w in writes(folder)] == ["acme.txt"]
@@ -96,6 +97,11 @@ def test_another_tenants_stage_is_refused_and_its_proxy_does_not_start(
             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert proxy.returncode == 2, proxy.stderr
         assert proxy.stderr.count("\n") == 1 and "not 'beta'" in proxy.stderr, proxy.stderr
+        # started without the option, beta's proxy asks the live workers at its calls: it
+        # forwards nothing to an upstream they keep to others
+        (folder / "seen.txt").write_text("acme's")
+        anyio.run(_forward_refused, url, folder, session + "p")
+        assert [w["path"] for w in writes(folder)] == ["acme.txt"]
     finally:
         pa.close()
         kept.stop()
@@ -111,3 +117,12 @@ def test_a_bad_tenants_option_is_one_line(url: str, folder: Path) -> None:
             stdin=subprocess.DEVNULL)
         assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr
         assert said in got.stderr, got.stderr
+
+
+async def _forward_refused(url: str, folder: Path, session: str) -> None:
+    args = ["mcp-proxy", "--session", session, "--upstream", "files", "--tenant", "beta",
+            "--mcp-upstream", upstream_option(folder)]
+    async with connect(url, *args) as proxy:
+        read = await proxy.call_tool("read_file", {"path": "seen.txt"})
+        assert read.is_error and "does not serve tenant 'beta'" in text(read), text(read)
+        assert "acme's" not in text(read)

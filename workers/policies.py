@@ -31,6 +31,9 @@ def answer(request: ResolveRequest, got: Taken) -> Result:
     names = (st.approved_by or []) if (st.approving or "apply") == request.action else []
     details = base_details(request.action, request.reason, request.extra, spec)
     details.update(policy=policy, approved_by=names, revision=st.revision)
+    if got.status is TakeStatus.REDECIDE:
+        return text_result(texts.policy_changed(spec.id), {**details, "edit": request.edit},
+                           is_error=True)
     if got.status is TakeStatus.REVISED:
         details["revision_seen"] = request.revision
         return text_result(texts.revised(spec.id, request.revision, st.revision), details,

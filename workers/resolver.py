@@ -288,7 +288,8 @@ class ResolveWorker:
                 here=claims.here,
                 trace=traced.trace(i), approver=request.approver or "",
                 revision=request.revision, patched=request.patched or "",
-                grant=request.grant or "", tenant=request.tenant or ""))
+                grant=request.grant or "", tenant=request.tenant or "",
+                decided=request.decided))
         if not calls:
             return []
         # by digest: take.lua's body is several KB, which Redis would hash at every call
@@ -359,9 +360,11 @@ def _text(raw: Any) -> str:
 
 
 # what take.lua answers without acking the request: nothing changed
-UNACKED = frozenset({TakeStatus.NO_WORKER, TakeStatus.NEEDS_APPROVAL, TakeStatus.REVISED})
+UNACKED = frozenset({TakeStatus.NO_WORKER, TakeStatus.NEEDS_APPROVAL, TakeStatus.REVISED,
+                     TakeStatus.REDECIDE})
 # what the resolve worker replies to itself, take.lua having decided about approvals
-PEOPLE = frozenset({TakeStatus.NEEDS_APPROVAL, TakeStatus.REVISED, TakeStatus.APPROVED})
+PEOPLE = frozenset({TakeStatus.NEEDS_APPROVAL, TakeStatus.REVISED, TakeStatus.APPROVED,
+                    TakeStatus.REDECIDE})
 
 
 def _outcome(taken: Taken) -> str:

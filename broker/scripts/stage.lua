@@ -46,8 +46,8 @@
 -- first try went through; nothing changed for it). Refused, nothing changed at all:
 -- {STAGE.FOREIGN} (another tenant's session), {STAGE.UNOWNED} (no owner record, keys of its
 -- own), {STAGE.COLLISION, id} (that id holds another spec), {STAGE.POLICY, version} (the
--- partition's version of the tenant's policy, "" for none), {STAGE.FULL, depth} (the stack
--- holds depth actions and these would take it past ARGV[11]).
+-- partition's version of the tenant's policy, "" for none), {STAGE.FULL, depth} (the session
+-- holds depth actions, stacked or in flight, and these would take it past ARGV[11]).
 local stack, actions, hist, sessions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local tenants, expiries, expiries_due, feed = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local policies, inflight, leases, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
@@ -134,15 +134,16 @@ end
 if #new == 0 then
   return out
 end
--- a session holds at most max_pending actions on its stack (a model's loop of stages must not
--- grow it without end); what is in flight and comes back after a failure is never refused
-local pushes = 0
+-- a session holds at most max_pending actions, stacked or in flight (a model's loop of stages
+-- must not grow it without end): an auto action counts, as it comes back to the stack should
+-- its handler fail; an action that comes back is never refused, and never takes it past this
+local adding = 0
 for _, i in ipairs(new) do
-  if act[i].decision ~= 'deny' and act[i].decision ~= 'auto' then pushes = pushes + 1 end
+  if act[i].decision ~= 'deny' then adding = adding + 1 end
 end
-if pushes > 0 then
-  local depth = redis.call('ZCARD', stack)
-  if depth + pushes > tonumber(max_pending) then return {STAGE.FULL, tostring(depth)} end
+if adding > 0 then
+  local depth = redis.call('ZCARD', stack) + call_on('HLEN', inflight)
+  if depth + adding > tonumber(max_pending) then return {STAGE.FULL, tostring(depth)} end
 end
 -- ``base`` with what the policy decided for the action act[i] (for the history and the
 -- feed) and ``more`` appended: the fields of one entry

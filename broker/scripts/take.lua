@@ -13,7 +13,8 @@
 -- KEYS[14] dead (list): a stacked id whose spec is missing is dead-lettered there
 -- KEYS[15] the partition's revoked grants (set: ids of serve tokens revoked since)
 -- KEYS[16] the partition's sessions (hash: session -> tenant), read with ARGV[30]
--- KEYS[17..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
+-- KEYS[17] the partition's policy markers (hash: tenant -> version), read with ARGV[31]
+-- KEYS[18..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
 --            ARGV[14] is empty: the caller enqueues on a broker of its own)
 -- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
 -- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
@@ -47,6 +48,9 @@
 --          an approval given some other way, which no revocation voids)
 -- ARGV[30] tenant: whose resolve this is ("" for unsaid): in a session another tenant owns it
 --          finds nothing, and answers as in a session that does not exist
+-- ARGV[31] edit tenant: with an edit, the tenant whose policy decided it ("" for no edit)
+-- ARGV[32] edit version: the version of that policy it was decided by ("" for none): another
+--          in force now changes nothing (REDECIDE)
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
 --          | {TAKE.OK, ..., pool number, spec JSON, counters JSON, lease JSON} (claimed here
@@ -59,6 +63,8 @@
 --            was revoked: nothing changed, not acked)
 --          | {TAKE.REVISED, id, spec JSON, counters JSON} (revision is not the target's:
 --            nothing changed, not acked)
+--          | {TAKE.REDECIDE, id, spec JSON, counters JSON} (the edit was decided by another
+--            version of the policy than the one in force: nothing changed, not acked)
 --          | {TAKE.APPROVED, id, spec JSON, counters JSON, "1"|"0"} (an approval of an ask
 --            target that needs more: "1" recorded, with its history entry, and acked; "0" the
 --            approver had approved already: nothing changed, not acked)
@@ -82,8 +88,8 @@
 local directive, stack, standing, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local state, inflight, hist, marker = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local replies, leases, expiries, expired, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local dead, revoked, sessions = KEYS[14], KEYS[15], KEYS[16]
-local streams_at = 17
+local dead, revoked, sessions, policies = KEYS[14], KEYS[15], KEYS[16], KEYS[17]
+local streams_at = 18
 local req, action, token, dispatch_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local marker_ttl_s, maxlen, reason, extra = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local none_reply, reply_ttl_s, session, routes_json = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
@@ -91,19 +97,29 @@ local pool_count, message, expect_id, by = ARGV[13], ARGV[14], ARGV[15], ARGV[16
 local conflict_reply, expired_reply, memory_ms, entry = ARGV[17], ARGV[18], ARGV[19], ARGV[20]
 local group, claimant, lease_ms, own_pool = ARGV[21], ARGV[22], ARGV[23], ARGV[24]
 local trace, approver, revision, patched = ARGV[25], ARGV[26], ARGV[27], ARGV[28]
-local grant, tenant = ARGV[29], ARGV[30]
+local grant, tenant, edit_tenant, edit_version = ARGV[29], ARGV[30], ARGV[31], ARGV[32]
 redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(routes_json)
 local npools = tonumber(pool_count)
 local here = tonumber(own_pool)
 
--- the handler the target needs for this action, read from the spec's JSON text without
--- decoding its payload: "apply" and "reject" come before any free-form field in a spec
--- (broker/models.py Spec), and a quote inside a string value is always escaped
+-- a spec's JSON text before its first free-form field: the payload, or where a spec has
+-- none (an empty one is not stored), created_at, which every spec has and which follows
+-- (broker/models.py Spec). Nothing ahead of it holds an unescaped quote of its own, so its
+-- first such key is the spec's own: a payload key "reject" or a schema's "policy" is not
+-- read as the spec's
+local function head(spec)
+  local stop = string.find(spec, '"payload":', 1, true)
+    or string.find(spec, '"created_at":', 1, true)
+  return stop and string.sub(spec, 1, stop - 1) or spec
+end
+
+-- the handler the target needs for this action, read from the spec's head without decoding
+-- its payload: "apply" and "reject" are there, and a quote inside a string value is escaped
 local function needs(spec)
   local field = action == 'apply' and 'apply' or 'reject'
-  return string.match(spec, '"' .. field .. '":"([^"]*)"')
+  return string.match(head(spec), '"' .. field .. '":"([^"]*)"')
 end
 
 -- the end of a taken entry: who approved (the last approval's take), and who resolves
@@ -212,11 +228,10 @@ end
 -- text: a spec writes policy (flat: no object inside) ahead of the payload (broker/models.py
 -- Spec); nil for none
 local function policy_of(spec)
-  local at = string.find(spec, '"policy":{', 1, true)
+  local before = head(spec)
+  local at = string.find(before, '"policy":{', 1, true)
   if not at then return nil end
-  local payload = string.find(spec, '"payload":', 1, true)
-  if payload and payload < at then return nil end
-  local ok, found = pcall(cjson.decode, string.match(spec, '%b{}', at + 9) or '')
+  local ok, found = pcall(cjson.decode, string.match(before, '%b{}', at + 9) or '')
   return ok and type(found) == 'table' and found or nil
 end
 
@@ -273,6 +288,11 @@ end
 local st, counted
 if id then
   st, counted = counters(state, id)  -- POISON here changes nothing
+  -- an edit goes only with the policy it was decided by: one that changed since may decide
+  -- the edited payload otherwise (as stage.lua refuses a stage decided by another version)
+  if edit_tenant ~= '' and (call_on('HGET', policies, edit_tenant) or '') ~= edit_version then
+    return {TAKE.REDECIDE, id, spec, cjson.encode(st)}
+  end
 end
 -- people's approvals of an ask target (read and decided before anything is written): an
 -- apply, or a discard that runs a reject handler (the policy decided that handler too)

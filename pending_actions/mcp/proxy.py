@@ -147,6 +147,16 @@ class ProxyServer(SessionServer):
         if verdict.decision == "deny" and not verdict.tenants:
             return error_result(texts.denied(verdict.reason, verdict.rule))
         if verdict.decision == "allow":
+            # the proxy calls its upstream itself: only while the workers, which apply its
+            # staged calls, serve this tenant by that upstream (--mcp-upstream-tenants there)
+            try:
+                served = await self.backend.admits(self.upstream.handler, where.tenant)
+            except PendingActionsError as exc:
+                return error_result(texts.not_staged(str(exc).rstrip(".")))
+            if not served:
+                return error_result(texts.denied(
+                    f"MCP upstream {self.upstream.name} does not serve tenant {where.tenant!r}",
+                    None))
             return await self.forward(where, name, arguments)
         return await self.stage(where, name, arguments)
 

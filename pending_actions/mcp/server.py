@@ -118,6 +118,10 @@ class Backend:
         verdict: rules.Verdict | None = await self._call("decide", **kwargs)
         return verdict
 
+    async def admits(self, handler: str, tenant: str) -> bool:
+        found: bool = await self._call("admits", handler=handler, tenant=tenant)
+        return found
+
     async def tenant_of(self, session: str) -> str | None:
         owner: str | None = await self._call("tenant_of", session=session)
         return owner

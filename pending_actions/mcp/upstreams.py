@@ -15,7 +15,7 @@ from pending_actions.broker.models import TOOL_RE, check_tenant
 from pending_actions.broker.settings import Settings
 
 # no ':' in a name, so that the handler name ``mcp:NAME`` reads one way only
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 HANDLER_PREFIX = "mcp:"
 # the tools the proxy serves itself: an upstream's tool of the same name would be hidden
 OURS = ("resolve", "pending")
