@@ -377,6 +377,38 @@ class SweepArgs(NamedTuple):
     session: str
 
 
+class ClaimRunKeys(NamedTuple):
+    run: str
+    sessions: str
+
+
+class ClaimRunArgs(NamedTuple):
+    session: str
+    tenant: str
+    token: str
+    lease_ms: int
+    fresh: str
+    ttl_ms: int
+
+
+class RunKeys(NamedTuple):
+    run: str
+
+
+class SaveRunArgs(NamedTuple):
+    token: str
+    done: str
+    framework: str
+    state: str
+    calls: bytes
+    ttl_ms: int
+
+
+class NoteOutcomeArgs(NamedTuple):
+    action_id: str
+    text: str
+
+
 class Signature(NamedTuple):
     keys: type[NamedTuple]
     args: type[NamedTuple]
@@ -411,4 +443,7 @@ SIGNATURES: dict[str, Signature] = {
     "beat": Signature(BeatKeys, BeatArgs),
     "register": Signature(RegisterKeys, RegisterArgs),
     "sweep": Signature(LeaseKeys, SweepArgs),
+    "claim_run": Signature(ClaimRunKeys, ClaimRunArgs),
+    "save_run": Signature(RunKeys, SaveRunArgs),
+    "note_outcome": Signature(RunKeys, NoteOutcomeArgs),
 }

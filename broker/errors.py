@@ -88,3 +88,16 @@ class Denied(PendingActionsError):
         self.reason, self.rule = reason, rule
         self.denied = denied or []
         self.ids = ids or []
+
+
+class NotPaused(PendingActionsError):
+    """``resume()`` of an agent-framework run found nothing to continue: the session has no
+    paused run (never paused, finished, resumed already, or another tenant's: the same
+    answer), or ``busy`` another process is continuing it right now (so the run goes on once).
+    Nothing was changed."""
+
+    def __init__(self, session: str, busy: bool = False) -> None:
+        super().__init__(
+            f"session {session!r}: another process is continuing its run" if busy
+            else f"session {session!r} has no paused run to resume")
+        self.session, self.busy = session, busy

@@ -127,6 +127,13 @@ class Keys:
         ``expired_memory_s``: lets a late ``resolve(expect_id=)`` be told why."""
         return self._s(session, "expired")
 
+    def run(self, session: str) -> str:
+        """HASH: the session's agent-framework run (pending_actions/adapters): its tenant, the
+        framework's serialized state and the calls it waits for while paused, the lease of the
+        one process continuing it, and ``out:<action id>`` -> the result text a worker applied.
+        Expires ``run_ttl_s`` after its last write: a paused run nobody resumes goes."""
+        return self._s(session, "run")
+
     def denial(self, session: str, action_id: str) -> str:
         """STRING with a TTL (``reply_ttl_s``): the spec of an action a policy denied, written by
         the stage.lua call that recorded the denial, so that the same call sent again (a lost

@@ -17,6 +17,7 @@ from pending_actions.broker.replies import (
     BeginStatus,
     ExpireOutcome,
     RecoverOutcome,
+    RunClaim,
     StageRefusal,
     TakeStatus,
 )
@@ -25,6 +26,7 @@ NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
     "recover", "pending", "peek", "expire", "beat", "park", "retire", "reserve", "upgrade",
     "upgrade_stack", "mark_expiries", "register", "sweep", "set_policy", "mark_policy",
+    "claim_run", "save_run", "note_outcome",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -45,12 +47,16 @@ FLAGS: dict[str, str] = {
     # a new policy version is refused while Redis is full; the markers of one set are raised
     # regardless, so that a version written is a version in force
     "set_policy": "", "mark_policy": "allow-oom",
+    # an agent-framework run: a claim starts work and is refused while full; what a claimed
+    # run came to, and a worker's note of a result it applied, end work already started
+    "claim_run": "", "save_run": "allow-oom", "note_outcome": "allow-oom",
 }
 # the enums a script may name (e.g. EVENT.TAKEN), each name written into the text Redis runs
 # as its value: a table built at every call cost ~3.5 us of a take's ~90 us in Redis
 LUA_TABLES: dict[str, type[Enum]] = {
     "EVENT": Event, "STAGE": StageRefusal, "TAKE": TakeStatus, "BEGIN": BeginStatus,
     "RECOVER": RecoverOutcome, "EXPIRE": ExpireOutcome,
+    "RUN": RunClaim,
 }
 CODE_NAME = re.compile(r"\b(" + "|".join(LUA_TABLES) + r")\.([A-Za-z_]\w*)")
 

@@ -102,6 +102,41 @@ class Peeked(NamedTuple):
         return cls(None, _text(raw[1]))
 
 
+class RunClaim(IntEnum):
+    """What claim_run.lua answered; only CLAIMED changed anything (the lease)."""
+
+    CLAIMED = 1  # held by this process now
+    NONE = 0  # no paused run in the session (a resume)
+    BUSY = -1  # another process holds the run's lease
+    PAUSED = -2  # a fresh run in a session whose run is paused: resume that one first
+    FOREIGN = -3  # the session or its run is another tenant's
+
+
+class RunClaimed(NamedTuple):
+    """claim_run.lua: the status; when CLAIMED by a resume, the paused run's framework, its
+    state, its calls (JSON) and the outcomes workers noted (action id -> result text); with
+    BUSY, ``busy_ms``: how long the other process's lease still runs."""
+
+    status: RunClaim
+    framework: str = ""
+    state: str = ""
+    calls: str = "[]"
+    outcomes: dict[str, str] = {}  # noqa: RUF012 (a NamedTuple's default, never mutated)
+    busy_ms: int = 0
+
+    @classmethod
+    def decode(cls, raw: Any) -> RunClaimed:
+        status = RunClaim(int(raw[0]))
+        if status is RunClaim.BUSY:
+            return cls(status, busy_ms=int(raw[1]))
+        if status is not RunClaim.CLAIMED:
+            return cls(status)
+        rest = [_text(x) for x in raw[1:]]
+        pairs = rest[3:]
+        return cls(status, rest[0], rest[1], rest[2] or "[]",
+                   dict(zip(pairs[::2], pairs[1::2], strict=True)))
+
+
 class TakeStatus(StrEnum):
     OK = "ok"  # a new lease, or the earlier one of a redelivered request no worker started
     NONE = "none"  # nothing to target: take.lua pushed the reply itself

@@ -34,6 +34,7 @@ from pending_actions.broker.replies import (
     Pending,
     Recovered,
     Renewed,
+    RunClaimed,
     SlotChanged,
     Staged,
     Taken,
@@ -183,6 +184,28 @@ class Scripts:
             arg.ClearSlotArgs(event=_CLEARED[slot], maxlen=self._s.history_maxlen),
             SlotChanged.decode,
         )
+
+    # --- agent-framework runs (pending_actions/adapters) ------------------------------------
+    def claim_run(self, session: str, *, tenant: str, token: str, lease_ms: int,
+                  fresh: bool) -> Call[RunClaimed]:
+        k = self._k
+        return self._call(
+            "claim_run", arg.ClaimRunKeys(run=k.run(session), sessions=k.sessions(k.partition(
+                session))),
+            arg.ClaimRunArgs(session=session, tenant=tenant, token=token, lease_ms=lease_ms,
+                             fresh="1" if fresh else "", ttl_ms=self._s.run_ttl_s * 1000),
+            RunClaimed.decode)
+
+    def save_run(self, session: str, *, token: str, done: bool, framework: str = "",
+                 state: str = "", calls: bytes = b"[]") -> Call[int]:
+        return self._call(
+            "save_run", arg.RunKeys(run=self._k.run(session)),
+            arg.SaveRunArgs(token=token, done="1" if done else "", framework=framework,
+                            state=state, calls=calls, ttl_ms=self._s.run_ttl_s * 1000), int)
+
+    def note_outcome(self, session: str, *, action_id: str, text: str) -> Call[int]:
+        return self._call("note_outcome", arg.RunKeys(run=self._k.run(session)),
+                          arg.NoteOutcomeArgs(action_id=action_id, text=text), int)
 
     def pending(self, session: str, limit: int) -> Call[Pending]:
         k = self._k

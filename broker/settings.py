@@ -56,6 +56,14 @@ class Settings(BaseSettings):
     retention_s: int = Field(
         default=7 * 86_400, ge=1,
         description="how long a finished session's history and tenant claim are kept")
+    run_ttl_s: int = Field(
+        default=7 * 86_400, ge=1,
+        description="how long a paused agent-framework run is kept for a resume after its last "
+                    "change (pending_actions.adapters)")
+    run_lease_s: float = Field(
+        default=300.0, gt=0,
+        description="how long one process holds an agent-framework run it continues before "
+                    "another may take it over (a process that died mid-resume)")
     housekeeping_s: float = Field(default=10.0, gt=0,
                                   description="how often a page of sessions is retired")
     sweep_s: float = Field(

@@ -21,6 +21,7 @@ from pending_actions.broker.errors import ConfigError, RedisUnavailable
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveInput, Result
+from pending_actions.broker.replies import RunClaimed
 from pending_actions.broker.rules import Verdict
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
@@ -205,6 +206,16 @@ class AsyncPendingActions:
         return await self._run(self.core.decide(session=session, tool=tool, apply=apply,
                                                 label=label, payload=payload, tenant=tenant,
                                                 reject=reject))
+
+    async def claim_run(self, session: str, tenant: str, token: str,
+                        fresh: bool) -> RunClaimed:
+        return await self._run(self.core.claim_run(session, tenant, token, fresh))
+
+    async def save_run(self, session: str, token: str, *, done: bool, framework: str = "",
+                       state: str = "", calls: bytes = b"[]") -> bool:
+        return await self._run(self.core.save_run(session, token, done=done,
+                                                  framework=framework, state=state,
+                                                  calls=calls))
 
     async def get_policy(self, tenant: str = DEFAULT_TENANT) -> dict[str, Any] | None:
         return await self._run(self.core.get_policy(tenant))

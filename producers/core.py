@@ -27,7 +27,7 @@ from pending_actions.broker.models import (
 )
 from pending_actions.broker.payloads import check_json, check_payload
 from pending_actions.broker.pools import parse_live, queue_live
-from pending_actions.broker.replies import Peeked, Pending
+from pending_actions.broker.replies import Peeked, Pending, RunClaimed
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.broker.rules import strictness
 from pending_actions.broker.scripts import Slot
@@ -40,6 +40,25 @@ GRANT_RE = re.compile(r"^[0-9a-f]{16}\Z")
 
 
 class Core(Staging):
+    # --- agent-framework runs (pending_actions/adapters) -----------------------------------
+    def claim_run(self, session: str, tenant: str, token: str, fresh: bool) -> Plan[RunClaimed]:
+        """Hold the session's run for this process (``run_lease_s``): a fresh one for
+        ``run()``, the paused one for ``resume()``."""
+        check_session(session)
+        check_tenant(tenant)
+        got: RunClaimed = yield Run(self.scripts.claim_run(
+            session, tenant=tenant, token=token, lease_ms=int(self.settings.run_lease_s * 1000),
+            fresh=fresh))
+        return got
+
+    def save_run(self, session: str, token: str, *, done: bool, framework: str = "",
+                 state: str = "", calls: bytes = b"[]") -> Plan[bool]:
+        """What the run held by ``token`` came to; False when its lease was taken since."""
+        check_session(session)
+        got = yield Run(self.scripts.save_run(session, token=token, done=done,
+                                              framework=framework, state=state, calls=calls))
+        return bool(got)
+
     def clear_slot(self, session: str, slot: Slot) -> Plan[bool]:
         check_session(session)
         got = yield Run(self.scripts.clear_slot(session, slot))

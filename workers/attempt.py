@@ -208,7 +208,8 @@ class Attempt:
         assert begun.spec is not None and begun.counters is not None and begun.lease is not None
         spec, task, scripts = begun.spec, self.task, self.ctx.scripts
         attempts, by = begun.counters.attempts, begun.lease.by
-        end = conclusion(ran, spec, task.action, _edit(spec, begun.counters, task.edit))
+        end = conclusion(ran, spec, task.action, _edit(spec, begun.counters, task.edit),
+                         task.reason)
         if end.readd:
             step = scripts.readd(task.session, token=task.token, req=task.req,
                                  last_error=ran.result.text, reply=ran.result.to_json(),
@@ -312,7 +313,7 @@ class Conclusion(NamedTuple):
 
 
 def conclusion(ran: Ran, spec: Spec, action: ResolveAction,
-               edit: dict[str, Any] | None = None) -> Conclusion:
+               edit: dict[str, Any] | None = None, reason: str = "") -> Conclusion:
     """What a handler's run comes to: the one place that decides what happens when a handler
     fails. It raised (a ToolError, any other exception, a time limit): FAILED, and the action
     goes back on its stack's head, or the standing handler stays, with last_error, for the next
@@ -329,6 +330,10 @@ def conclusion(ran: Ran, spec: Spec, action: ResolveAction,
         event = Event.APPLIED if action == "apply" else Event.DISCARDED
     # the error text of an error result, and an edit's patch beside the payload it was applied to
     noted: tuple[str, ...] = ("error", ran.result.text) if ran.result.is_error else ()
+    # a discard's reason: what a paused agent run gives its model on resume ("Discarded: ...",
+    # pending_actions/adapters), the person who discarded it long gone by then
+    if event is Event.DISCARDED and reason:
+        noted += ("reason", reason)
     if edit is not None:
         noted += ("edit", orjson.dumps(edit).decode(),
                   "payload", orjson.dumps(spec.payload).decode())

@@ -1,0 +1,451 @@
+"""What every framework adapter shares: a staged tool's handler, the one decision of each call,
+and the life of a run that pauses in one process and goes on in another (docs/adapters.md).
+
+A framework module (``openai_agents``, ``pydantic_ai``, ``langgraph``) only translates: its
+``staged`` builds the framework's own tool object around a ``Tool``, whose calls ask
+``current().decide``; its ``Framework`` starts the framework's run and continues a paused one.
+Everything else is here, once: staging the paused calls, keeping the framework's state in
+Redis (claim_run.lua, save_run.lua), telling each call's outcome on resume, and waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import orjson
+
+from pending_actions.broker import texts
+from pending_actions.broker.errors import Denied, Forbidden, InvalidInput, NotPaused
+from pending_actions.broker.events import Event, Fate
+from pending_actions.broker.models import PendingAction, check_handler_name
+from pending_actions.broker.replies import RunClaim
+from pending_actions.producers import AsyncPendingActions
+from pending_actions.workers import outcomes
+from pending_actions.workers.registry import handler
+
+LABEL_CHARS = 200  # a label is one line people scan in the inbox
+VALUE_CHARS = 60  # one argument's value in it
+
+
+@dataclass(frozen=True)
+class AgentRun:
+    """What ``run`` and ``resume`` come to: ``done`` with the framework's final ``output``, or
+    ``paused`` waiting for the pending actions ``pending`` (their ids)."""
+
+    status: Literal["done", "paused"]
+    output: Any
+    pending: list[str]
+    session: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call a framework paused on: its own id of the call, the tool, the arguments."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Applying:
+    """The apply of a staged tool's call in progress in this worker thread: a body that makes
+    its own effects exactly-once keys them by ``idempotency_key`` (the same for every attempt
+    of one action)."""
+
+    action_id: str
+    session: str
+    idempotency_key: str
+    attempt: int
+
+
+_applying: contextvars.ContextVar[Applying | None] = contextvars.ContextVar(
+    "pending_actions_applying", default=None)
+
+
+def applying() -> Applying | None:
+    """The apply in progress, inside a staged tool's body run by a worker; None when the body
+    runs in the agent's own process (a call the policy allowed)."""
+    return _applying.get()
+
+
+def result_text(value: object) -> str:
+    """What the model is given for a body's return value applied by a worker: a str as it is,
+    anything else as JSON (None as "null": the model sees that the call returned nothing)."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, default=str).decode()
+
+
+def label(tool: str, arguments: dict[str, Any]) -> str:
+    """One line people recognise a call by: ``write_note(path="a.txt", text="hello")``."""
+    shown = []
+    for name, value in arguments.items():
+        text = orjson.dumps(value, default=str).decode()
+        shown.append(f"{name}={_cut(text, VALUE_CHARS)}")
+    return _cut(f"{tool}({', '.join(shown)})", LABEL_CHARS)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class Tool:
+    """What ``staged`` knows of one tool, whatever the framework: its body ``fn``, registered as
+    the worker handler ``<extra>:<name>`` (every worker that imports the module defining the
+    tool has it), and ``asks``: the framework's own approval flag was set on it, so its calls
+    are at least ``ask`` (people decide), whatever the policy allows."""
+
+    def __init__(self, extra: str, name: str, fn: Callable[..., Any], asks: bool = False) -> None:
+        self.extra, self.name, self.fn, self.asks = extra, name, fn, asks
+        self.handler = check_handler_name("name", f"{extra}:{name}")
+        body = _async_body(fn) if inspect.iscoroutinefunction(fn) else _body(fn)
+        # named as the body is, so that a module imported twice registers the same handler,
+        # and another function under the same name is refused (workers/registry.py)
+        body.__module__, body.__qualname__ = fn.__module__, fn.__qualname__
+        handler(self.handler)(body)
+        _TOOLS[(extra, name)] = self
+
+    async def call_local(self, arguments: dict[str, Any]) -> Any:
+        """The body run here, as the framework runs a tool: for a call the policy allowed."""
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(**arguments)
+        return await asyncio.to_thread(self.fn, **arguments)
+
+
+_TOOLS: dict[tuple[str, str], Tool] = {}
+
+
+def _body(fn: Callable[..., Any]) -> Callable[..., str]:
+    def apply(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+              idempotency_key: str) -> str:
+        token = _applying.set(Applying(action.id, action.session, idempotency_key,
+                                       action.attempts))
+        try:
+            text = result_text(fn(**action.payload))
+        finally:
+            _applying.reset(token)
+        outcomes.keep(action, text)
+        return text
+    return apply
+
+
+def _async_body(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[str]]:
+    async def apply(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
+                    idempotency_key: str) -> str:
+        token = _applying.set(Applying(action.id, action.session, idempotency_key,
+                                       action.attempts))
+        try:
+            text = result_text(await fn(**action.payload))
+        finally:
+            _applying.reset(token)
+        outcomes.keep(action, text)
+        return text
+    return apply
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What ``decide`` says of one call: run it here (``allow``), pause for people (``ask``),
+    give the model ``text`` as the call's result (``deny``: the refusal; ``resolved``: what
+    people decided, on resume)."""
+
+    decision: Literal["allow", "ask", "deny", "resolved"]
+    text: str = ""
+
+
+@dataclass
+class Running:
+    """One ``run`` or ``resume`` in progress in this process: what a staged tool's call asks."""
+
+    pa: AsyncPendingActions
+    session: str
+    tenant: str
+    outcomes: dict[str, str] = field(default_factory=dict)  # call id -> text, decided before
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    staged: dict[str, str] = field(default_factory=dict)  # call id -> action id staged already
+    # call id -> the context the call was decided in: its stage carries that span context
+    contexts: dict[str, contextvars.Context] = field(default_factory=dict)
+
+    def resolved(self, call_id: str) -> str | None:
+        return self.outcomes.get(call_id)
+
+    def verdict(self, call_id: str) -> Verdict | None:
+        return self.verdicts.get(call_id)
+
+    async def decide(self, tool: Tool, call_id: str, arguments: dict[str, Any]) -> Verdict:
+        """The one decision of a call of a staged tool. A call people decided (a resume) gives
+        what they decided, and nothing is asked again (a framework that re-runs a tool on
+        resume stages nothing twice). Otherwise the tenant's policy decides, as a stage of the
+        call would be decided (``tool``, ``payload`` = the arguments, ``apply`` = the handler);
+        the framework's approval flag makes it at least ``ask``, and so does no policy at all:
+        a staged tool is staged unless a policy allows it. A deny is staged, so that the stage
+        refuses it and the session's history records ``denied``."""
+        if call_id in self.outcomes:
+            return Verdict("resolved", self.outcomes[call_id])
+        known = self.verdicts.get(call_id)
+        if known is not None:
+            return known
+        found = await self.pa.decide(session=self.session, tool=tool.name, apply=tool.handler,
+                                     label=label(tool.name, arguments), payload=arguments,
+                                     tenant=self.tenant)
+        decision = "ask" if found is None else found.decision
+        if decision == "allow" and tool.asks:
+            decision = "ask"
+        verdict = Verdict("ask") if decision == "ask" else Verdict("allow")
+        if decision == "deny":
+            try:
+                self.staged[call_id] = await self.stage(tool, arguments)
+            except Denied as exc:
+                verdict = Verdict("deny", refusal(exc))
+            else:  # the policy changed in between and the stage did not refuse it: pending
+                verdict = Verdict("ask")
+        self.verdicts[call_id] = verdict
+        self.contexts[call_id] = contextvars.copy_context()
+        return verdict
+
+    async def stage(self, tool: Tool, arguments: dict[str, Any]) -> str:
+        return await self.pa.stage(session=self.session, tool=tool.name,
+                                   label=label(tool.name, arguments), apply=tool.handler,
+                                   payload=arguments, tenant=self.tenant)
+
+
+def refusal(exc: Denied) -> str:
+    """What the model reads of a refused call: the rule's reason and the rule."""
+    return f"{exc}. Nothing was run."
+
+
+_running: contextvars.ContextVar[Running] = contextvars.ContextVar("pending_actions_running")
+
+
+def current() -> Running:
+    """The run in progress: a staged tool is called only inside ``run`` or ``resume``."""
+    try:
+        return _running.get()
+    except LookupError:
+        raise RuntimeError(
+            "a staged tool was called outside pending_actions.adapters' run() or resume(): "
+            "its call cannot be decided, so it is not run") from None
+
+
+@dataclass(frozen=True)
+class Done:
+    output: Any
+
+
+@dataclass(frozen=True)
+class Paused:
+    """The framework paused: its own serialized ``state`` ("" where the framework keeps it
+    itself, as LangGraph's checkpointer does) and the calls it waits for."""
+
+    state: str
+    calls: list[ToolCall]
+
+
+Step = Done | Paused
+
+
+class Framework(Protocol):
+    extra: str
+
+    async def start(self, agent: Any, input: Any, session: str,
+                    options: dict[str, Any]) -> Step: ...
+
+    async def cont(self, agent: Any, state: str, session: str,
+                   options: dict[str, Any]) -> Step: ...
+
+
+async def run(fw: Framework, agent: Any, input: Any, *, session: str, tenant: str,
+              pa: AsyncPendingActions | None, wait: float, options: dict[str, Any]) -> AgentRun:
+    """Run ``agent`` on ``input`` in this process, as the session's run (one at a time)."""
+    async with _client(pa) as client:
+        token = uuid.uuid4().hex
+        claim = await client.claim_run(session, tenant, token, fresh=True)
+        if claim.status is RunClaim.FOREIGN:
+            raise Forbidden(f"session {session!r} belongs to another tenant")
+        if claim.status is RunClaim.PAUSED:
+            raise InvalidInput("session", f"{session!r} has a paused run: resume() it (or "
+                               "resolve its pending actions) before starting another")
+        if claim.status is RunClaim.BUSY:
+            raise NotPaused(session, busy=True)
+        running = Running(client, session, tenant)
+        step = await _within(running, fw.start(agent, input, session, options))
+        return await _settle(fw, agent, running, token, step, wait, options)
+
+
+async def resume(fw: Framework, agent: Any, *, session: str, tenant: str,
+                 pa: AsyncPendingActions | None, wait: float,
+                 options: dict[str, Any]) -> AgentRun:
+    """Continue the session's paused run once its pending actions are resolved; while one is
+    still pending (a failed apply included) it stays paused. Two resumes at once: one goes on,
+    the other raises ``NotPaused`` (busy)."""
+    async with _client(pa) as client:
+        deadline = time.monotonic() + wait
+        while True:
+            token = uuid.uuid4().hex
+            claim = await client.claim_run(session, tenant, token, fresh=False)
+            if claim.status is RunClaim.BUSY:
+                raise NotPaused(session, busy=True)
+            if claim.status is not RunClaim.CLAIMED:  # none, or another tenant's: the same
+                raise NotPaused(session)
+            calls: list[dict[str, Any]] = orjson.loads(claim.calls)
+            if claim.framework != fw.extra:
+                await client.save_run(session, token, done=False, framework=claim.framework,
+                                      state=claim.state, calls=claim.calls.encode())
+                raise InvalidInput("agent", f"session {session!r}'s run was paused by the "
+                                   f"{claim.framework} adapter, not {fw.extra}")
+            waiting = await _waiting(client, session, calls)
+            if not waiting:
+                break
+            # still pending: let go at once, so that another resume may try later
+            await client.save_run(session, token, done=False, framework=claim.framework,
+                                  state=claim.state, calls=claim.calls.encode())
+            if time.monotonic() >= deadline:
+                return AgentRun("paused", None, waiting, session)
+            await _until_decided(client, session, waiting, deadline)
+        running = Running(client, session, tenant,
+                          await _outcomes(client, session, calls, claim.outcomes))
+        step = await _within(running, fw.cont(agent, claim.state, session, options))
+        return await _settle(fw, agent, running, token, step, wait, options)
+
+
+async def _within(running: Running, step: Awaitable[Step]) -> Step:
+    reset = _running.set(running)
+    try:
+        return await step
+    finally:
+        _running.reset(reset)
+
+
+async def _settle(fw: Framework, agent: Any, running: Running, token: str, step: Step,
+                  wait: float, options: dict[str, Any]) -> AgentRun:
+    """Keep what ``step`` came to: done (the run's record goes), or paused (each call staged,
+    then the framework's state kept with the calls, before anything says paused)."""
+    pa, session = running.pa, running.session
+    while True:
+        if isinstance(step, Done):
+            await pa.save_run(session, token, done=True)
+            return AgentRun("done", step.output, [], session)
+        calls = [await _staged_call(running, fw, call) for call in step.calls]
+        waiting = [c["id"] for c in calls if c["id"]]
+        if waiting:
+            break
+        # every paused call was refused as it was staged: the framework goes on at once
+        running.outcomes.update({c["call"]: c["text"] for c in calls})
+        step = await _within(running, fw.cont(agent, step.state, session, options))
+    if not await pa.save_run(session, token, done=False, framework=fw.extra, state=step.state,
+                             calls=orjson.dumps(calls)):
+        raise NotPaused(session, busy=True)  # held past its lease, and taken over
+    if wait > 0:
+        return await resume(fw, agent, session=session, tenant=running.tenant, pa=pa,
+                            wait=wait, options=options)
+    return AgentRun("paused", None, waiting, session)
+
+
+async def _staged_call(running: Running, fw: Framework, call: ToolCall) -> dict[str, Any]:
+    """A paused call as its run's record keeps it: staged (``id``), or refused as it was
+    staged (``text``: what the model is given)."""
+    tool = _TOOLS.get((fw.extra, call.tool))
+    if tool is None:
+        raise InvalidInput("tool", f"the run paused on {call.tool!r}, which is no staged tool "
+                           f"of this process ({fw.extra}): no worker could apply it")
+    kept = {"call": call.call_id, "tool": call.tool, "label": label(call.tool, call.arguments)}
+    action_id = running.staged.get(call.call_id)
+    if action_id is None:
+        # staged in the context the call was decided in: the framework's span is its parent
+        context = running.contexts.get(call.call_id, contextvars.copy_context())
+        try:
+            action_id = await asyncio.create_task(running.stage(tool, call.arguments),
+                                                  context=context)
+        except Denied as exc:
+            return {**kept, "id": "", "text": refusal(exc)}
+        running.staged[call.call_id] = action_id
+    return {**kept, "id": action_id}
+
+
+async def _waiting(pa: AsyncPendingActions, session: str,
+                   calls: list[dict[str, Any]]) -> list[str]:
+    """The ids of ``calls`` still pending or being applied."""
+    live = {a.id for a in await pa.pending(session)}
+    return [c["id"] for c in calls if c["id"] and c["id"] in live]
+
+
+async def _until_decided(pa: AsyncPendingActions, session: str, waiting: list[str],
+                         deadline: float) -> None:
+    """Back once none of ``waiting`` is pending any more, or at ``deadline``."""
+    pause = 0.05
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        live = {a.id for a in await pa.pending(session)}
+        if not live.intersection(waiting):
+            return
+        pause = min(pause * 2, 1.0)
+
+
+async def _outcomes(pa: AsyncPendingActions, session: str, calls: list[dict[str, Any]],
+                    noted: dict[str, str]) -> dict[str, str]:
+    """What each call, no longer pending, gives the model: the result a worker noted for an
+    applied one, the discard's text, or what else ended it (from the session's history)."""
+    out: dict[str, str] = {}
+    ended: dict[str, dict[str, Any]] | None = None
+    for c in calls:
+        if not c["id"]:
+            out[c["call"]] = c["text"]
+        elif c["id"] in noted:
+            out[c["call"]] = noted[c["id"]]
+        else:
+            if ended is None:
+                ended = {e["id"]: e for e in await pa.history(session, count=10_000)
+                         if e.get("id") and _ends(e.get("event", ""))}
+            out[c["call"]] = _ended_text(ended.get(c["id"]), c["label"])
+    return out
+
+
+def _ends(event: str) -> bool:
+    try:
+        return Event(event).fate is Fate.END
+    except ValueError:
+        return False
+
+
+def _ended_text(entry: dict[str, Any] | None, shown: str) -> str:
+    if entry is None:
+        return (f"The outcome of {shown} is no longer known (the session's history was "
+                "trimmed since); treat it as not done.")
+    event, error = entry["event"], entry.get("error")
+    if error:
+        return str(error)
+    if event == Event.DISCARDED:
+        return texts.done("discard", shown, entry.get("reason", ""))
+    if event == Event.APPLIED:
+        return f"Applied: {shown}. Its result was not kept."
+    if event == Event.EXPIRED:
+        return f"Expired: {shown} was not resolved in time. Nothing was run."
+    if event == Event.DEAD_LETTERED:
+        return (f"Failed: {shown} stopped its worker every time it was applied and was set "
+                "aside for an operator. Nothing more will run.")
+    return f"{event.capitalize()}: {shown}."
+
+
+class _client:
+    """The caller's client, or one made from the settings for this call (and closed)."""
+
+    def __init__(self, pa: AsyncPendingActions | None) -> None:
+        self.given = pa
+        self.made: AsyncPendingActions | None = None
+
+    async def __aenter__(self) -> AsyncPendingActions:
+        if self.given is not None:
+            return self.given
+        self.made = AsyncPendingActions()
+        return self.made
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.made is not None:
+            await self.made.close()
