@@ -40,6 +40,7 @@ from pending_actions.broker.models import (
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
 from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
 from pending_actions.broker.replies import Staged, StageRefusal
+from pending_actions.broker.rules import Verdict
 from pending_actions.broker.scripts import Call, Scripts, Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, send_scripts
@@ -108,10 +109,16 @@ class Staging(PolicyPlans):
 
     def validate(self, session: object, kind: str, tool: object, label: object, apply: object,
                  reject: object, payload: object, ttl: object = None, fingerprint: object = None,
-                 schema: object = None, tenant: object = DEFAULT_TENANT) -> dict[str, Any]:
-        """Every check that needs no Redis; returns the spec's fields (and ``ttl``)."""
+                 schema: object = None, tenant: object = DEFAULT_TENANT,
+                 people: object = None) -> dict[str, Any]:
+        """Every check that needs no Redis; returns the spec's fields (and ``ttl``).
+        ``people``: the agent runtime asks people for it whatever the policy allows (a
+        framework tool's own approval flag, pending_actions/adapters): the name shown as the
+        rule of its ``ask``."""
         check_session(session)
         check_tenant(tenant)
+        if people is not None:
+            check_handler_name("people", people)
         if not isinstance(tool, str) or not TOOL_RE.match(tool):
             raise InvalidInput("tool", f"must be 1-64 of A-Z a-z 0-9 . _ - (got {tool!r})")
         if not isinstance(label, str) or not label.strip():
@@ -139,7 +146,8 @@ class Staging(PolicyPlans):
         check_payload(payload, checked_schema, "payload")
         return {"session": session, "kind": kind, "tool": tool, "label": label,
                 "apply": apply, "reject": reject, "payload": payload, "ttl": ttl,
-                "fingerprint": fingerprint, "payload_schema": checked_schema, "tenant": tenant}
+                "fingerprint": fingerprint, "payload_schema": checked_schema, "tenant": tenant,
+                "people": people}
 
     @staticmethod
     def _spec(fields: dict[str, Any], action_id: str, trace: str | None) -> dict[str, Any]:
@@ -289,7 +297,7 @@ class Staging(PolicyPlans):
         checked = [self.validate(a.get("session"), "action", a.get("tool"), a.get("label"),
                                  a.get("apply"), a.get("reject"), a.get("payload"),
                                  a.get("ttl"), a.get("fingerprint"), a.get("schema"),
-                                 a.get("tenant", DEFAULT_TENANT))
+                                 a.get("tenant", DEFAULT_TENANT), a.get("people"))
                    for a in actions]
         if not checked:
             return []
@@ -393,6 +401,11 @@ class Staging(PolicyPlans):
             verdict = None if policy is None else policy.decide(
                 tool=s["tool"], apply=s["apply"], label=s["label"], session=s["session"],
                 payload=s["payload"], reject=s["reject"])
+            if s["people"] and (verdict is None or verdict.decision == "allow"):
+                # at least one person's approval, whatever the policy allows; a policy's deny
+                # or ask of more people stands
+                verdict = Verdict("ask", s["people"], approvals=1,
+                                  version=0 if verdict is None else verdict.version)
             s["verdict"] = verdict
             s["policy"] = None if verdict is None else verdict.stamp()
             staged.append(self.to_stage(s, verdict))

@@ -223,3 +223,32 @@ def test_a_save_by_a_lease_taken_over_writes_nothing(url: str, rc: redis.Redis) 
             assert await pa.save_run(sid, "token-b", done=False, framework=mine.framework,
                                      state=mine.state, calls=mine.calls.encode())
     asyncio.run(main())
+
+
+def test_the_frameworks_own_approval_flag_asks_people_whatever_is_allowed(
+        url: str, people: PendingActions) -> None:
+    """The policy allows "here..." (it would run at once); the tool's approval flag stages it
+    as an ask of one person, which the model's resolve cannot apply."""
+    sid = session()
+    paused = go(url, [{"text": f"here {sid}", "careful": True}], sid)
+    assert paused.status == "paused"
+    action = people.show(sid, paused.pending[0])
+    assert action is not None and action.apply == "toy:careful"
+    assert action.policy == {"rule": "toy:approval", "decision": "ask", "approvals": 1,
+                             "version": 1}
+    refused = people.resolve(session=sid, action="apply", reason="mine")
+    assert refused.is_error and refused.text.startswith("Needs approval:")
+    assert people.resolve(session=sid, action="apply", reason="ok",
+                          approver="carol").text == f"noted here {sid}"
+    assert go(url, [{"text": f"here {sid}", "careful": True}], sid,
+              resume=True).output == [f"noted here {sid}"]
+
+
+def test_with_no_policy_a_call_is_asked_of_people(url: str, people: PendingActions) -> None:
+    sid = session()
+    paused = go(url, [{"text": "unruled"}], sid, tenant="nopolicy")
+    action = people.show(sid, paused.pending[0])
+    assert action is not None and action.policy is not None
+    assert (action.policy["rule"], action.policy["decision"]) == ("toy:no-policy", "ask")
+    refused = people.resolve(session=sid, action="apply", reason="mine", tenant="nopolicy")
+    assert refused.is_error and refused.text.startswith("Needs approval:")

@@ -170,6 +170,8 @@ class Running:
     outcomes: dict[str, str] = field(default_factory=dict)  # call id -> text, decided before
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     staged: dict[str, str] = field(default_factory=dict)  # call id -> action id staged already
+    # call id -> the rule its stage names when people decide it though no policy rule asked
+    people: dict[str, str] = field(default_factory=dict)
     # call id -> the context the call was decided in: its stage carries that span context
     contexts: dict[str, contextvars.Context] = field(default_factory=dict)
 
@@ -198,10 +200,13 @@ class Running:
         decision = "ask" if found is None else found.decision
         if decision == "allow" and tool.asks:
             decision = "ask"
+        if found is None or tool.asks:
+            # staged as people's to decide, not the policy's (which would allow it, or is none)
+            self.people[call_id] = f"{tool.extra}:{'approval' if tool.asks else 'no-policy'}"
         verdict = Verdict("ask") if decision == "ask" else Verdict("allow")
         if decision == "deny":
             try:
-                self.staged[call_id] = await self.stage(tool, arguments)
+                self.staged[call_id] = await self.stage(tool, call_id, arguments)
             except Denied as exc:
                 verdict = Verdict("deny", refusal(exc))
             else:  # the policy changed in between and the stage did not refuse it: pending
@@ -210,10 +215,15 @@ class Running:
         self.contexts[call_id] = contextvars.copy_context()
         return verdict
 
-    async def stage(self, tool: Tool, arguments: dict[str, Any]) -> str:
-        return await self.pa.stage(session=self.session, tool=tool.name,
-                                   label=label(tool.name, arguments), apply=tool.handler,
-                                   payload=arguments, tenant=self.tenant)
+    async def stage(self, tool: Tool, call_id: str, arguments: dict[str, Any]) -> str:
+        """The call as a pending action. One the policy did not ask people for (its tool has
+        the framework's approval flag, or the tenant has no policy) is staged as an ``ask`` of
+        at least one person all the same, so that no resolve but a person's applies it."""
+        ids = await self.pa.stage_many([{
+            "session": self.session, "tool": tool.name, "label": label(tool.name, arguments),
+            "apply": tool.handler, "payload": arguments, "tenant": self.tenant,
+            "people": self.people.get(call_id)}])
+        return ids[0]
 
 
 def refusal(exc: Denied) -> str:
@@ -361,8 +371,8 @@ async def _staged_call(running: Running, fw: Framework, call: ToolCall) -> dict[
         # staged in the context the call was decided in: the framework's span is its parent
         context = running.contexts.get(call.call_id, contextvars.copy_context())
         try:
-            action_id = await asyncio.create_task(running.stage(tool, call.arguments),
-                                                  context=context)
+            action_id = await asyncio.create_task(
+                running.stage(tool, call.call_id, call.arguments), context=context)
         except Denied as exc:
             return {**kept, "id": "", "text": refusal(exc)}
         running.staged[call.call_id] = action_id

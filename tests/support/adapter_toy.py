@@ -33,8 +33,17 @@ def note(text: str) -> str:
 NOTE = Tool(EXTRA, "note", note)
 
 
+def careful(text: str) -> str:
+    """``note`` with its framework's approval flag set: people decide, whatever is allowed."""
+    return note(text)
+
+
+CAREFUL = Tool(EXTRA, "careful", careful, asks=True)
+
+
 class Toy:
-    """Runs the calls ``agent`` lists (tool name, arguments) one by one; pauses on an ask."""
+    """Runs the calls ``agent`` lists (the arguments of ``note``, or of ``careful`` with
+    ``"careful": true``) one by one; pauses on an ask."""
 
     extra = EXTRA
 
@@ -50,12 +59,13 @@ class Toy:
         running = current()
         while state["at"] < len(agent):
             call_id = f"call-{state['at']}"
-            arguments = agent[state["at"]]
-            verdict = await running.decide(NOTE, call_id, arguments)
+            arguments = dict(agent[state["at"]])
+            tool = CAREFUL if arguments.pop("careful", False) else NOTE
+            verdict = await running.decide(tool, call_id, arguments)
             if verdict.decision == "ask":
                 return Paused(orjson.dumps(state).decode(),
-                              [ToolCall(call_id, "note", arguments)])
-            text = str(await NOTE.call_local(arguments)) if verdict.decision == "allow" \
+                              [ToolCall(call_id, tool.name, arguments)])
+            text = str(await tool.call_local(arguments)) if verdict.decision == "allow" \
                 else verdict.text
             state["done"].append(text)
             state["at"] += 1
