@@ -252,3 +252,18 @@ def test_with_no_policy_a_call_is_asked_of_people(url: str, people: PendingActio
     assert (action.policy["rule"], action.policy["decision"]) == ("toy:no-policy", "ask")
     refused = people.resolve(session=sid, action="apply", reason="mine", tenant="nopolicy")
     assert refused.is_error and refused.text.startswith("Needs approval:")
+
+
+def test_a_framework_that_fails_leaves_the_run_as_it_was(url: str,
+                                                         people: PendingActions) -> None:
+    """A failure inside run() frees the session at once; inside resume(), the run stays
+    paused as it was, for a later resume (neither waits for RUN_LEASE_S)."""
+    sid = session()
+    with pytest.raises(RuntimeError, match="toy framework failed"):
+        go(url, [{"crash": True}], sid)
+    paused = go(url, [{"text": "a"}, {"crash": True}], sid)
+    people.resolve(session=sid, action="apply", reason="ok", approver="alice")
+    with pytest.raises(RuntimeError, match="toy framework failed"):
+        go(url, [{"text": "a"}, {"crash": True}], sid, resume=True)
+    done = go(url, [{"text": "a"}], sid, resume=True)
+    assert paused.status == "paused" and done.output == ["noted a"]

@@ -285,8 +285,14 @@ async def run(fw: Framework, agent: Any, input: Any, *, session: str, tenant: st
         if claim.status is RunClaim.BUSY:
             raise NotPaused(session, busy=True)
         running = Running(client, session, tenant)
-        step = await _within(running, fw.start(agent, input, session, options))
-        return await _settle(fw, agent, running, token, step, wait, options)
+        try:
+            step = await _within(running, fw.start(agent, input, session, options))
+            return await _settle(fw, agent, running, token, step, wait, options)
+        except BaseException:
+            # nothing kept paused: the session is free again at once, not when the lease runs
+            # out (a no-op once the lease is let go or taken over: fenced by the token)
+            await client.save_run(session, token, done=True)
+            raise
 
 
 async def resume(fw: Framework, agent: Any, *, session: str, tenant: str,
@@ -321,8 +327,14 @@ async def resume(fw: Framework, agent: Any, *, session: str, tenant: str,
             await _until_decided(client, session, waiting, deadline)
         running = Running(client, session, tenant,
                           await _outcomes(client, session, calls, claim.outcomes))
-        step = await _within(running, fw.cont(agent, claim.state, session, options))
-        return await _settle(fw, agent, running, token, step, wait, options)
+        try:
+            step = await _within(running, fw.cont(agent, claim.state, session, options))
+            return await _settle(fw, agent, running, token, step, wait, options)
+        except BaseException:
+            # paused as it was: a later resume tries again, not only when the lease runs out
+            await client.save_run(session, token, done=False, framework=claim.framework,
+                                  state=claim.state, calls=claim.calls.encode())
+            raise
 
 
 async def _within(running: Running, step: Awaitable[Step]) -> Step:

@@ -60,6 +60,8 @@ class Toy:
         while state["at"] < len(agent):
             call_id = f"call-{state['at']}"
             arguments = dict(agent[state["at"]])
+            if arguments.get("crash"):  # the framework itself fails (a model's error, say)
+                raise RuntimeError("the toy framework failed")
             tool = CAREFUL if arguments.pop("careful", False) else NOTE
             verdict = await running.decide(tool, call_id, arguments)
             if verdict.decision == "ask":
