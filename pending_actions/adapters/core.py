@@ -168,6 +168,7 @@ class Running:
     session: str
     tenant: str
     outcomes: dict[str, str] = field(default_factory=dict)  # call id -> text, decided before
+    applied: set[str] = field(default_factory=set)  # those of them a worker applied
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     staged: dict[str, str] = field(default_factory=dict)  # call id -> action id staged already
     # call id -> the rule its stage names when people decide it though no policy rule asked
@@ -177,6 +178,12 @@ class Running:
 
     def resolved(self, call_id: str) -> str | None:
         return self.outcomes.get(call_id)
+
+    def was_applied(self, call_id: str) -> bool:
+        """Whether a call decided before (``resolved``) was applied by a worker; else it did
+        not happen (discarded, refused, expired, set aside): a framework that records the two
+        apart (an approval, a rejection) tells them by this, never by the text."""
+        return call_id in self.applied
 
     def verdict(self, call_id: str) -> Verdict | None:
         return self.verdicts.get(call_id)
@@ -325,8 +332,8 @@ async def resume(fw: Framework, agent: Any, *, session: str, tenant: str,
             if time.monotonic() >= deadline:
                 return AgentRun("paused", None, waiting, session)
             await _until_decided(client, session, waiting, deadline)
-        running = Running(client, session, tenant,
-                          await _outcomes(client, session, calls, claim.outcomes))
+        outcomes, applied = await _outcomes(client, session, calls, claim.outcomes)
+        running = Running(client, session, tenant, outcomes, applied)
         try:
             step = await _within(running, fw.cont(agent, claim.state, session, options))
             return await _settle(fw, agent, running, token, step, wait, options)
@@ -411,22 +418,28 @@ async def _until_decided(pa: AsyncPendingActions, session: str, waiting: list[st
 
 
 async def _outcomes(pa: AsyncPendingActions, session: str, calls: list[dict[str, Any]],
-                    noted: dict[str, str]) -> dict[str, str]:
+                    noted: dict[str, str]) -> tuple[dict[str, str], set[str]]:
     """What each call, no longer pending, gives the model: the result a worker noted for an
-    applied one, the discard's text, or what else ended it (from the session's history)."""
+    applied one, the discard's text, or what else ended it (from the session's history); and
+    the calls applied."""
     out: dict[str, str] = {}
+    applied: set[str] = set()
     ended: dict[str, dict[str, Any]] | None = None
     for c in calls:
         if not c["id"]:
             out[c["call"]] = c["text"]
         elif c["id"] in noted:
             out[c["call"]] = noted[c["id"]]
+            applied.add(c["call"])
         else:
             if ended is None:
                 ended = {e["id"]: e for e in await pa.history(session, count=10_000)
                          if e.get("id") and _ends(e.get("event", ""))}
-            out[c["call"]] = _ended_text(ended.get(c["id"]), c["label"])
-    return out
+            entry = ended.get(c["id"])
+            out[c["call"]] = _ended_text(entry, c["label"])
+            if entry is not None and entry["event"] == Event.APPLIED:
+                applied.add(c["call"])
+    return out, applied
 
 
 def _ends(event: str) -> bool:
