@@ -17,7 +17,8 @@ local owner = redis.call('HGET', sessions, session)
 if owner and owner ~= '' and owner ~= tenant then
   return {RUN.FOREIGN}
 end
-local held = redis.call('HMGET', run, 'tenant', 'lease', 'until', 'state')
+-- paused: save_run.lua wrote what it came to (its adapter; the state may be empty)
+local held = redis.call('HMGET', run, 'tenant', 'lease', 'until', 'framework')
 if held[1] and held[1] ~= tenant then
   return {RUN.FOREIGN}
 end
