@@ -267,3 +267,23 @@ def test_a_framework_that_fails_leaves_the_run_as_it_was(url: str,
         go(url, [{"text": "a"}, {"crash": True}], sid, resume=True)
     done = go(url, [{"text": "a"}], sid, resume=True)
     assert paused.status == "paused" and done.output == ["noted a"]
+
+
+def test_a_call_that_reuses_an_id_is_decided_as_itself(url: str, effects: Path,
+                                                       people: PendingActions) -> None:
+    """A call id given before (allowed and run here; or paused and approved) answers a later
+    call of the same id only when it is the same call: another is refused, never run on the
+    earlier verdict nor settled by the earlier outcome."""
+    sid = session()
+    done = go(url, [{"id": "x", "text": f"here {sid}"}, {"id": "x", "text": f"here two {sid}"}],
+              sid)
+    assert done.output[0] == f"noted here {sid}"
+    assert done.output[1].startswith("Refused: the call id 'x' was already used")
+    assert f"local here two {sid}" not in effects.read_text().splitlines()
+    other = session()
+    agent = [{"id": "y", "text": f"asked {other}"}, {"id": "y", "text": f"here {other}"}]
+    go(url, agent, other)
+    people.resolve(session=other, action="apply", reason="ok", approver="alice")
+    resumed = go(url, agent, other, resume=True)
+    assert resumed.output[0] == f"noted asked {other}"
+    assert resumed.output[1].startswith("Refused: the call id 'y' was already used")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import inspect
 import time
 import uuid
@@ -92,6 +93,14 @@ def label(tool: str, arguments: dict[str, Any]) -> str:
     return _cut(f"{tool}({', '.join(shown)})", LABEL_CHARS)
 
 
+def digest(tool: str, arguments: dict[str, Any]) -> str:
+    """What a call is, apart from its id: its tool and arguments. An answer given for a call id
+    (a verdict, people's decision) holds for a call of that id only when this is the same, so a
+    later call that reuses an id (a model's own ids, a script's) is decided as itself."""
+    body = orjson.dumps([tool, arguments], default=str, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(body).hexdigest()[:32]
+
+
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
@@ -170,6 +179,8 @@ class Running:
     outcomes: dict[str, str] = field(default_factory=dict)  # call id -> text, decided before
     applied: set[str] = field(default_factory=set)  # those of them a worker applied
     verdicts: dict[str, Verdict] = field(default_factory=dict)
+    # call id -> ``digest`` of the call it was given for (decided here, or paused before)
+    digests: dict[str, str] = field(default_factory=dict)
     staged: dict[str, str] = field(default_factory=dict)  # call id -> action id staged already
     # call id -> the rule its stage names when people decide it though no policy rule asked
     people: dict[str, str] = field(default_factory=dict)
@@ -177,6 +188,15 @@ class Running:
     contexts: dict[str, contextvars.Context] = field(default_factory=dict)
 
     def resolved(self, call_id: str) -> str | None:
+        """What people decided for a call the run paused on: for a framework that feeds its
+        own paused state the calls' results (their ids come from that state)."""
+        return self.outcomes.get(call_id)
+
+    def answer(self, tool: Tool, call_id: str, arguments: dict[str, Any]) -> str | None:
+        """``resolved``, for a call as a tool's body sees it: only when it is the very call the
+        run paused on (same tool and arguments), not a new one that reuses its id."""
+        if self.digests.get(call_id) != digest(tool.name, arguments):
+            return None
         return self.outcomes.get(call_id)
 
     def was_applied(self, call_id: str) -> bool:
@@ -196,11 +216,19 @@ class Running:
         the framework's approval flag makes it at least ``ask``, and so does no policy at all:
         a staged tool is staged unless a policy allows it. A deny is staged, so that the stage
         refuses it and the session's history records ``denied``."""
+        this = digest(tool.name, arguments)
+        seen = self.digests.get(call_id)
+        if seen is not None and seen != this:
+            # an id given before to another call: answering this one with that call's verdict
+            # or outcome would run or settle what nobody decided
+            return Verdict("deny", f"Refused: the call id {call_id!r} was already used by "
+                           "another call in this run. Nothing was run.")
         if call_id in self.outcomes:
             return Verdict("resolved", self.outcomes[call_id])
         known = self.verdicts.get(call_id)
         if known is not None:
             return known
+        self.digests[call_id] = this
         found = await self.pa.decide(session=self.session, tool=tool.name, apply=tool.handler,
                                      label=label(tool.name, arguments), payload=arguments,
                                      tenant=self.tenant)
@@ -333,7 +361,8 @@ async def resume(fw: Framework, agent: Any, *, session: str, tenant: str,
                 return AgentRun("paused", None, waiting, session)
             await _until_decided(client, session, waiting, deadline)
         outcomes, applied = await _outcomes(client, session, calls, claim.outcomes)
-        running = Running(client, session, tenant, outcomes, applied)
+        running = Running(client, session, tenant, outcomes, applied,
+                          digests={c["call"]: c["digest"] for c in calls})
         try:
             step = await _within(running, fw.cont(agent, claim.state, session, options))
             return await _settle(fw, agent, running, token, step, wait, options)
@@ -384,7 +413,12 @@ async def _staged_call(running: Running, fw: Framework, call: ToolCall) -> dict[
     if tool is None:
         raise InvalidInput("tool", f"the run paused on {call.tool!r}, which is no staged tool "
                            f"of this process ({fw.extra}): no worker could apply it")
-    kept = {"call": call.call_id, "tool": call.tool, "label": label(call.tool, call.arguments)}
+    this = digest(call.tool, call.arguments)
+    if running.digests.setdefault(call.call_id, this) != this:
+        raise InvalidInput("tool", f"the run paused on call {call.call_id!r} of {call.tool!r} "
+                           "with other arguments than were decided for it")
+    kept = {"call": call.call_id, "tool": call.tool, "label": label(call.tool, call.arguments),
+            "digest": this}
     action_id = running.staged.get(call.call_id)
     if action_id is None:
         # staged in the context the call was decided in: the framework's span is its parent

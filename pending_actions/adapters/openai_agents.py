@@ -146,12 +146,12 @@ def _staged(fn: Callable[..., Any], name: str | None, needs_approval: bool,
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
         running = core.current()
         call_id = ctx.tool_call_id
-        outcome = running.resolved(call_id)
-        if outcome is not None:  # resumed: what people decided (fn ran in a worker, or not)
-            return outcome
         payload = staged_tool.payload(arguments)
         if payload is None:
             return await invoke_fn(ctx, arguments)  # the SDK's own error for bad arguments
+        outcome = running.answer(tool, call_id, payload)
+        if outcome is not None:  # resumed: what people decided (fn ran in a worker, or not)
+            return outcome
         verdict = await running.decide(tool, call_id, payload)
         if verdict.decision == "allow":
             return await invoke_fn(ctx, arguments)

@@ -43,7 +43,8 @@ CAREFUL = Tool(EXTRA, "careful", careful, asks=True)
 
 class Toy:
     """Runs the calls ``agent`` lists (the arguments of ``note``, or of ``careful`` with
-    ``"careful": true``) one by one; pauses on an ask."""
+    ``"careful": true``; ``"id"``: the call's id, else its place) one by one; pauses on an
+    ask."""
 
     extra = EXTRA
 
@@ -58,8 +59,8 @@ class Toy:
     async def _go(self, agent: list[dict[str, Any]], state: dict[str, Any]) -> Step:
         running = current()
         while state["at"] < len(agent):
-            call_id = f"call-{state['at']}"
             arguments = dict(agent[state["at"]])
+            call_id = str(arguments.pop("id", f"call-{state['at']}"))  # a model's own ids
             if arguments.get("crash"):  # the framework itself fails (a model's error, say)
                 raise RuntimeError("the toy framework failed")
             tool = CAREFUL if arguments.pop("careful", False) else NOTE
