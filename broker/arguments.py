@@ -404,6 +404,11 @@ class SaveRunArgs(NamedTuple):
     ttl_ms: int
 
 
+class RenewRunArgs(NamedTuple):
+    token: str
+    lease_ms: int
+
+
 class NoteOutcomeArgs(NamedTuple):
     action_id: str
     text: str
@@ -446,4 +451,5 @@ SIGNATURES: dict[str, Signature] = {
     "claim_run": Signature(ClaimRunKeys, ClaimRunArgs),
     "save_run": Signature(RunKeys, SaveRunArgs),
     "note_outcome": Signature(RunKeys, NoteOutcomeArgs),
+    "renew_run": Signature(RunKeys, RenewRunArgs),
 }

@@ -26,7 +26,7 @@ NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
     "recover", "pending", "peek", "expire", "beat", "park", "retire", "reserve", "upgrade",
     "upgrade_stack", "mark_expiries", "register", "sweep", "set_policy", "mark_policy",
-    "claim_run", "save_run", "note_outcome",
+    "claim_run", "save_run", "note_outcome", "renew_run",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -50,6 +50,7 @@ FLAGS: dict[str, str] = {
     # an agent-framework run: a claim starts work and is refused while full; what a claimed
     # run came to, and a worker's note of a result it applied, end work already started
     "claim_run": "", "save_run": "allow-oom", "note_outcome": "allow-oom",
+    "renew_run": "allow-oom",
 }
 # the enums a script may name (e.g. EVENT.TAKEN), each name written into the text Redis runs
 # as its value: a table built at every call cost ~3.5 us of a take's ~90 us in Redis

@@ -203,6 +203,10 @@ class Scripts:
             arg.SaveRunArgs(token=token, done="1" if done else "", framework=framework,
                             state=state, calls=calls, ttl_ms=self._s.run_ttl_s * 1000), int)
 
+    def renew_run(self, session: str, *, token: str, lease_ms: int) -> Call[int]:
+        return self._call("renew_run", arg.RunKeys(run=self._k.run(session)),
+                          arg.RenewRunArgs(token=token, lease_ms=lease_ms), int)
+
     def note_outcome(self, session: str, *, action_id: str, text: str) -> Call[int]:
         return self._call("note_outcome", arg.RunKeys(run=self._k.run(session)),
                           arg.NoteOutcomeArgs(action_id=action_id, text=text), int)

@@ -24,7 +24,7 @@ from pending_actions.broker.keys import Keys
 # (the clients' set_policy and mark_policy too: pa.set_policy is a client method; a producer's
 # user may run them, but its key pattern lets it only read the policies, so it sets none)
 PRODUCER_SCRIPTS = ("stage", "reserve", "set_slot", "clear_slot", "pending", "peek",
-                    "set_policy", "mark_policy", "claim_run", "save_run")
+                    "set_policy", "mark_policy", "claim_run", "save_run", "renew_run")
 # (mark_policy: housekeeping raises the partitions' markers of a policy set half way)
 WORKER_SCRIPTS = ("take", "begin", "unclaim", "renew", "finalize", "readd", "recover", "expire",
                   "mark_expiries", "beat", "park", "retire", "upgrade", "upgrade_stack",

@@ -211,6 +211,9 @@ class AsyncPendingActions:
                         fresh: bool) -> RunClaimed:
         return await self._run(self.core.claim_run(session, tenant, token, fresh))
 
+    async def renew_run(self, session: str, token: str) -> bool:
+        return await self._run(self.core.renew_run(session, token))
+
     async def save_run(self, session: str, token: str, *, done: bool, framework: str = "",
                        state: str = "", calls: bytes = b"[]") -> bool:
         return await self._run(self.core.save_run(session, token, done=done,

@@ -51,6 +51,14 @@ class Core(Staging):
             fresh=fresh))
         return got
 
+    def renew_run(self, session: str, token: str) -> Plan[bool]:
+        """Hold the run ``token`` claimed for another ``run_lease_s``; False when it is not
+        this token's any more."""
+        check_session(session)
+        got = yield Run(self.scripts.renew_run(
+            session, token=token, lease_ms=int(self.settings.run_lease_s * 1000)))
+        return bool(got)
+
     def save_run(self, session: str, token: str, *, done: bool, framework: str = "",
                  state: str = "", calls: bytes = b"[]") -> Plan[bool]:
         """What the run held by ``token`` came to; False when its lease was taken since."""

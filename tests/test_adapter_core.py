@@ -17,6 +17,7 @@ import redis
 
 from pending_actions import AsyncPendingActions, Forbidden, InvalidInput, NotPaused
 from pending_actions.adapters import core
+from pending_actions.adapters.core import label
 from pending_actions.broker.keys import Keys
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
@@ -71,9 +72,9 @@ def session() -> str:
 
 
 def go(url: str, agent: list[dict[str, Any]], sid: str, *, resume: bool = False,
-       tenant: str = "acme", wait: float = 0) -> core.AgentRun:
+       tenant: str = "acme", wait: float = 0, **settings: Any) -> core.AgentRun:
     async def main() -> core.AgentRun:
-        async with AsyncPendingActions.from_url(url) as pa:
+        async with AsyncPendingActions.from_url(url, **settings) as pa:
             if resume:
                 return await core.resume(Toy(), agent, session=sid, tenant=tenant, pa=pa,
                                          wait=wait, options={})
@@ -269,11 +270,11 @@ def test_a_framework_that_fails_leaves_the_run_as_it_was(url: str,
     assert paused.status == "paused" and done.output == ["noted a"]
 
 
-def test_a_call_that_reuses_an_id_is_decided_as_itself(url: str, effects: Path,
-                                                       people: PendingActions) -> None:
-    """A call id given before (allowed and run here; or paused and approved) answers a later
-    call of the same id only when it is the same call: another is refused, never run on the
-    earlier verdict nor settled by the earlier outcome."""
+def test_a_call_that_reuses_an_id_never_runs_on_an_earlier_answer(
+        url: str, effects: Path, people: PendingActions) -> None:
+    """A call id given before answers a later call of the same id, which never runs on it: a
+    verdict holds only for the same tool and arguments (another call is refused), and what
+    people decided for a paused call is that call's answer, whatever reuses its id."""
     sid = session()
     done = go(url, [{"id": "x", "text": f"here {sid}"}, {"id": "x", "text": f"here two {sid}"}],
               sid)
@@ -285,5 +286,116 @@ def test_a_call_that_reuses_an_id_is_decided_as_itself(url: str, effects: Path,
     go(url, agent, other)
     people.resolve(session=other, action="apply", reason="ok", approver="alice")
     resumed = go(url, agent, other, resume=True)
-    assert resumed.output[0] == f"noted asked {other}"
-    assert resumed.output[1].startswith("Refused: the call id 'y' was already used")
+    assert resumed.output == [f"noted asked {other}", f"noted asked {other}"]
+    assert f"local here {other}" not in effects.read_text().splitlines()
+
+
+def test_calls_staged_by_a_run_that_fails_before_it_pauses_are_discarded(
+        url: str, people: PendingActions) -> None:
+    """A pause of two calls whose second stage is refused (the session's pending cap): the run
+    raises, and the first call, staged already, is discarded again: no run would come back for
+    it, so no person is left to approve it."""
+    sid = session()
+    with pytest.raises(InvalidInput, match="MAX_PENDING_PER_SESSION"):
+        go(url, [{"turn": [{"text": "one"}, {"text": "two"}]}], sid,
+           max_pending_per_session=1)
+    assert people.pending(sid) == []
+    ended = [e for e in people.history(sid) if e["event"] == "discarded"]
+    assert len(ended) == 1 and ended[0]["reason"] == "its agent run failed before it paused"
+    # and the session is free for a run again
+    assert go(url, [{"text": "again"}], sid).status == "paused"
+
+
+def held_here(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event,
+                                                       list[str]]:
+    """``note`` run here (an allowed call) held until the test releases it."""
+    inside, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+    body = adapter_toy.NOTE.fn
+
+    def held(text: str) -> str:
+        calls.append(text)
+        inside.set()
+        assert release.wait(30)
+        return str(body(text))
+
+    monkeypatch.setattr(adapter_toy.NOTE, "fn", held)
+    return inside, release, calls
+
+
+def test_a_continuation_longer_than_its_lease_is_still_the_only_one(
+        url: str, people: PendingActions, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RUN_LEASE_S 1 s; the resumed run's allowed call takes longer than that: its lease is
+    renewed, so a resume after the first lease would have run out is refused (busy), and the
+    allowed call ran once."""
+    sid = session()
+    agent = [{"text": "first"}, {"text": f"here {sid}"}]
+    go(url, agent, sid)
+    people.resolve(session=sid, action="apply", reason="ok", approver="alice")
+    inside, release, calls = held_here(monkeypatch)
+
+    async def both() -> tuple[core.AgentRun, BaseException | None]:
+        async with AsyncPendingActions.from_url(url, run_lease_s=1.0) as pa:
+            first = asyncio.create_task(core.resume(Toy(), agent, session=sid, tenant="acme",
+                                                    pa=pa, wait=0, options={}))
+            await asyncio.to_thread(inside.wait, 30)
+            await asyncio.sleep(1.5)  # the fault: past the lease the first claim took
+            second: BaseException | None = None
+            try:
+                await core.resume(Toy(), agent, session=sid, tenant="acme", pa=pa, wait=0,
+                                  options={})
+            except NotPaused as exc:
+                second = exc
+            release.set()
+            return await first, second
+
+    done, refused = asyncio.run(both())
+    assert done.status == "done" and calls == [f"here {sid}"]
+    assert isinstance(refused, NotPaused) and refused.busy
+
+
+def test_a_run_whose_lease_was_taken_over_stops_and_keeps_nothing(
+        url: str, rc: redis.Redis, people: PendingActions,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease taken by another process while the run works (this one stalled past it): the
+    renewal finds it gone, the work here stops with NotPaused (busy), and what it would have
+    staged next is not staged."""
+    sid = session()
+    agent = [{"text": "first"}, {"text": f"here {sid}"}, {"text": "third"}]
+    paused = go(url, agent, sid)
+    people.resolve(session=sid, action="apply", reason="ok", approver="alice")
+    inside, release, _calls = held_here(monkeypatch)
+
+    async def main() -> BaseException | None:
+        async with AsyncPendingActions.from_url(url, run_lease_s=0.6) as pa:
+            first = asyncio.create_task(core.resume(Toy(), agent, session=sid, tenant="acme",
+                                                    pa=pa, wait=0, options={}))
+            await asyncio.to_thread(inside.wait, 30)
+            rc.hset(Keys().run(sid), "lease", "another-process")
+            try:
+                await first
+            except NotPaused as exc:
+                return exc
+            finally:
+                release.set()
+            return None
+
+    lost = asyncio.run(main())
+    assert isinstance(lost, NotPaused) and lost.busy
+    assert [a.id for a in people.pending(sid)] == []
+    assert rc.hget(Keys().run(sid), "lease") == b"another-process"
+    assert paused.pending[0] not in [a.id for a in people.pending(sid)]
+
+
+def test_arguments_that_cannot_be_kept_are_refused_and_the_run_goes_on(url: str) -> None:
+    done = go(url, [{"text": "\ud800"}, {"text": "here fine"}], session())
+    assert done.output[0].startswith("Refused: the arguments of note cannot be kept as JSON")
+    assert done.output[1] == "noted here fine"
+
+
+def test_a_label_shows_what_the_model_wrote_and_hides_nothing() -> None:
+    shown = label("note", {"text": "a\u2028b\u202ec\x85d", "path": "A" * 80 + "/etc/passwd"})
+    assert "\u2028" not in shown and "\u202e" not in shown and "\x85" not in shown
+    assert len(shown.splitlines()) == 1
+    assert "\\u2028" in shown and "\\u202e" in shown and "\\u0085" in shown
+    assert shown.endswith('/etc/passwd")') and "…" in shown

@@ -10,10 +10,13 @@ Redis (claim_run.lua, save_run.lua), telling each call's outcome on resume, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import functools
 import hashlib
 import inspect
 import time
+import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,10 +25,16 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from pending_actions.broker import texts
-from pending_actions.broker.errors import Denied, Forbidden, InvalidInput, NotPaused
+from pending_actions.broker.errors import (
+    Denied,
+    Forbidden,
+    InvalidInput,
+    NotPaused,
+    PendingActionsError,
+)
 from pending_actions.broker.events import Event, Fate
 from pending_actions.broker.models import PendingAction, check_handler_name
-from pending_actions.broker.replies import RunClaim
+from pending_actions.broker.replies import RunClaim, RunClaimed
 from pending_actions.producers import AsyncPendingActions
 from pending_actions.workers import outcomes
 from pending_actions.workers.registry import handler
@@ -85,17 +94,36 @@ def result_text(value: object) -> str:
 
 
 def label(tool: str, arguments: dict[str, Any]) -> str:
-    """One line people recognise a call by: ``write_note(path="a.txt", text="hello")``."""
+    """One line people recognise a call by: ``write_note(path="a.txt", text="hello")``. The
+    model wrote the arguments: what could break the line or hide text from a reader (line and
+    paragraph separators, bidirectional and other format controls) is written as an escape, and
+    a long value shows its head and its tail."""
     shown = []
     for name, value in arguments.items():
-        text = orjson.dumps(value, default=str).decode()
-        shown.append(f"{name}={_cut(text, VALUE_CHARS)}")
+        text = _visible(orjson.dumps(value, default=str).decode())
+        shown.append(f"{_visible(str(name))}={_middle(text, VALUE_CHARS)}")
     return _cut(f"{tool}({', '.join(shown)})", LABEL_CHARS)
 
 
-def digest(tool: str, arguments: dict[str, Any]) -> str:
-    """What a call is, apart from its id: its tool and arguments. An answer given for a call id
-    (a verdict, people's decision) holds for a call of that id only when this is the same, so a
+def _visible(text: str) -> str:
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in _HIDDEN else c
+                   for c in text)
+
+
+_HIDDEN = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
+
+
+def _middle(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    tail = limit // 3
+    return text[:limit - tail - 1] + "…" + text[-tail:]
+
+
+def digest(tool: str, arguments: object) -> str:
+    """What a call is, apart from its id: its tool and the arguments the model wrote (as JSON,
+    before any validation: a default made anew or a set's order would differ each time). A
+    verdict given for a call id holds for a call of that id only when this is the same, so a
     later call that reuses an id (a model's own ids, a script's) is decided as itself."""
     body = orjson.dumps([tool, arguments], default=str, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(body).hexdigest()[:32]
@@ -179,7 +207,7 @@ class Running:
     outcomes: dict[str, str] = field(default_factory=dict)  # call id -> text, decided before
     applied: set[str] = field(default_factory=set)  # those of them a worker applied
     verdicts: dict[str, Verdict] = field(default_factory=dict)
-    # call id -> ``digest`` of the call it was given for (decided here, or paused before)
+    # call id -> ``digest`` of the call its verdict was given for
     digests: dict[str, str] = field(default_factory=dict)
     staged: dict[str, str] = field(default_factory=dict)  # call id -> action id staged already
     # call id -> the rule its stage names when people decide it though no policy rule asked
@@ -188,15 +216,9 @@ class Running:
     contexts: dict[str, contextvars.Context] = field(default_factory=dict)
 
     def resolved(self, call_id: str) -> str | None:
-        """What people decided for a call the run paused on: for a framework that feeds its
-        own paused state the calls' results (their ids come from that state)."""
-        return self.outcomes.get(call_id)
-
-    def answer(self, tool: Tool, call_id: str, arguments: dict[str, Any]) -> str | None:
-        """``resolved``, for a call as a tool's body sees it: only when it is the very call the
-        run paused on (same tool and arguments), not a new one that reuses its id."""
-        if self.digests.get(call_id) != digest(tool.name, arguments):
-            return None
+        """What people decided for a call the run paused on (a resume). A later call that
+        reuses its id gets this text too, and nothing runs for it: no verdict is taken from
+        it."""
         return self.outcomes.get(call_id)
 
     def was_applied(self, call_id: str) -> bool:
@@ -208,30 +230,39 @@ class Running:
     def verdict(self, call_id: str) -> Verdict | None:
         return self.verdicts.get(call_id)
 
-    async def decide(self, tool: Tool, call_id: str, arguments: dict[str, Any]) -> Verdict:
+    async def decide(self, tool: Tool, call_id: str, arguments: dict[str, Any],
+                     raw: object = None) -> Verdict:
         """The one decision of a call of a staged tool. A call people decided (a resume) gives
         what they decided, and nothing is asked again (a framework that re-runs a tool on
         resume stages nothing twice). Otherwise the tenant's policy decides, as a stage of the
         call would be decided (``tool``, ``payload`` = the arguments, ``apply`` = the handler);
         the framework's approval flag makes it at least ``ask``, and so does no policy at all:
         a staged tool is staged unless a policy allows it. A deny is staged, so that the stage
-        refuses it and the session's history records ``denied``."""
-        this = digest(tool.name, arguments)
-        seen = self.digests.get(call_id)
-        if seen is not None and seen != this:
-            # an id given before to another call: answering this one with that call's verdict
-            # or outcome would run or settle what nobody decided
-            return Verdict("deny", f"Refused: the call id {call_id!r} was already used by "
-                           "another call in this run. Nothing was run.")
+        refuses it and the session's history records ``denied``. ``raw``: the arguments as the
+        model wrote them, when ``arguments`` are their validated form.
+
+        A verdict is given once per call and kept for a second ask of the same call (a
+        framework that asks before it runs a tool and again as it runs it); a call that reuses
+        the id of another (other tool or arguments) is refused, never run on that verdict."""
         if call_id in self.outcomes:
             return Verdict("resolved", self.outcomes[call_id])
+        try:
+            this = digest(tool.name, arguments if raw is None else raw)
+            shown = label(tool.name, arguments)
+            orjson.dumps(arguments)
+        except (TypeError, orjson.JSONEncodeError) as exc:  # a lone surrogate, 256 levels deep
+            return Verdict("deny", f"Refused: the arguments of {tool.name} cannot be kept as "
+                           f"JSON ({exc}). Nothing was run.")
+        seen = self.digests.get(call_id)
+        if seen is not None and seen != this:
+            return Verdict("deny", f"Refused: the call id {call_id!r} was already used by "
+                           "another call in this run. Nothing was run.")
         known = self.verdicts.get(call_id)
         if known is not None:
             return known
         self.digests[call_id] = this
         found = await self.pa.decide(session=self.session, tool=tool.name, apply=tool.handler,
-                                     label=label(tool.name, arguments), payload=arguments,
-                                     tenant=self.tenant)
+                                     label=shown, payload=arguments, tenant=self.tenant)
         decision = "ask" if found is None else found.decision
         if decision == "allow" and tool.asks:
             decision = "ask"
@@ -257,7 +288,10 @@ class Running:
         ids = await self.pa.stage_many([{
             "session": self.session, "tool": tool.name, "label": label(tool.name, arguments),
             "apply": tool.handler, "payload": arguments, "tenant": self.tenant,
-            "people": self.people.get(call_id)}])
+            "people": self.people.get(call_id),
+            # what no run comes back for (its process died between this stage and the save
+            # of its run) ends as expired, not pending for ever
+            "ttl": self.pa.settings.run_ttl_s}])
         return ids[0]
 
 
@@ -310,6 +344,7 @@ async def run(fw: Framework, agent: Any, input: Any, *, session: str, tenant: st
               pa: AsyncPendingActions | None, wait: float, options: dict[str, Any]) -> AgentRun:
     """Run ``agent`` on ``input`` in this process, as the session's run (one at a time)."""
     async with _client(pa) as client:
+        deadline = time.monotonic() + wait
         token = uuid.uuid4().hex
         claim = await client.claim_run(session, tenant, token, fresh=True)
         if claim.status is RunClaim.FOREIGN:
@@ -321,13 +356,14 @@ async def run(fw: Framework, agent: Any, input: Any, *, session: str, tenant: st
             raise NotPaused(session, busy=True)
         running = Running(client, session, tenant)
         try:
-            step = await _within(running, fw.start(agent, input, session, options))
-            return await _settle(fw, agent, running, token, step, wait, options)
+            got = await _go(fw, agent, running, token,
+                            lambda: fw.start(agent, input, session, options), options)
         except BaseException:
             # nothing kept paused: the session is free again at once, not when the lease runs
             # out (a no-op once the lease is let go or taken over: fenced by the token)
             await client.save_run(session, token, done=True)
             raise
+        return await _waited(fw, agent, got, client, tenant, deadline, options)
 
 
 async def resume(fw: Framework, agent: Any, *, session: str, tenant: str,
@@ -338,38 +374,53 @@ async def resume(fw: Framework, agent: Any, *, session: str, tenant: str,
     the other raises ``NotPaused`` (busy)."""
     async with _client(pa) as client:
         deadline = time.monotonic() + wait
-        while True:
-            token = uuid.uuid4().hex
-            claim = await client.claim_run(session, tenant, token, fresh=False)
-            if claim.status is RunClaim.BUSY:
-                raise NotPaused(session, busy=True)
-            if claim.status is not RunClaim.CLAIMED:  # none, or another tenant's: the same
-                raise NotPaused(session)
-            calls: list[dict[str, Any]] = orjson.loads(claim.calls)
+        got = await _resume_once(fw, agent, client, session, tenant, deadline, options)
+        return await _waited(fw, agent, got, client, tenant, deadline, options)
+
+
+async def _waited(fw: Framework, agent: Any, got: AgentRun, client: AsyncPendingActions,
+                  tenant: str, deadline: float, options: dict[str, Any]) -> AgentRun:
+    """``wait``: while the run is paused and time is left, wait for people and go on (one
+    deadline for the whole call, however often the run pauses again)."""
+    while got.status == "paused" and time.monotonic() < deadline:
+        got = await _resume_once(fw, agent, client, got.session, tenant, deadline, options)
+    return got
+
+
+async def _resume_once(fw: Framework, agent: Any, client: AsyncPendingActions, session: str,
+                       tenant: str, deadline: float, options: dict[str, Any]) -> AgentRun:
+    while True:
+        token = uuid.uuid4().hex
+        claim = await client.claim_run(session, tenant, token, fresh=False)
+        if claim.status is RunClaim.BUSY:
+            raise NotPaused(session, busy=True)
+        if claim.status is not RunClaim.CLAIMED:  # none, or another tenant's: the same
+            raise NotPaused(session)
+
+        async def let_go(claim: RunClaimed = claim, token: str = token) -> None:
+            # paused as it was, for a later resume (a no-op once let go: fenced by the token)
+            await client.save_run(session, token, done=False, framework=claim.framework,
+                                  state=claim.state, calls=claim.calls.encode())
+
+        try:
             if claim.framework != fw.extra:
-                await client.save_run(session, token, done=False, framework=claim.framework,
-                                      state=claim.state, calls=claim.calls.encode())
                 raise InvalidInput("agent", f"session {session!r}'s run was paused by the "
                                    f"{claim.framework} adapter, not {fw.extra}")
+            calls: list[dict[str, Any]] = orjson.loads(claim.calls)
             waiting = await _waiting(client, session, calls)
-            if not waiting:
-                break
-            # still pending: let go at once, so that another resume may try later
-            await client.save_run(session, token, done=False, framework=claim.framework,
-                                  state=claim.state, calls=claim.calls.encode())
-            if time.monotonic() >= deadline:
-                return AgentRun("paused", None, waiting, session)
-            await _until_decided(client, session, waiting, deadline)
-        outcomes, applied = await _outcomes(client, session, calls, claim.outcomes)
-        running = Running(client, session, tenant, outcomes, applied,
-                          digests={c["call"]: c["digest"] for c in calls})
-        try:
-            step = await _within(running, fw.cont(agent, claim.state, session, options))
-            return await _settle(fw, agent, running, token, step, wait, options)
+            if waiting:
+                await let_go()
+                if time.monotonic() >= deadline:
+                    return AgentRun("paused", None, waiting, session)
+                await _until_decided(client, session, waiting, deadline)
+                continue
+            outcomes, applied = await _outcomes(client, session, calls, claim.outcomes)
+            running = Running(client, session, tenant, outcomes, applied)
+            return await _go(fw, agent, running, token,
+                             functools.partial(fw.cont, agent, claim.state, session, options),
+                             options)
         except BaseException:
-            # paused as it was: a later resume tries again, not only when the lease runs out
-            await client.save_run(session, token, done=False, framework=claim.framework,
-                                  state=claim.state, calls=claim.calls.encode())
+            await let_go()
             raise
 
 
@@ -381,44 +432,97 @@ async def _within(running: Running, step: Awaitable[Step]) -> Step:
         _running.reset(reset)
 
 
-async def _settle(fw: Framework, agent: Any, running: Running, token: str, step: Step,
-                  wait: float, options: dict[str, Any]) -> AgentRun:
-    """Keep what ``step`` came to: done (the run's record goes), or paused (each call staged,
-    then the framework's state kept with the calls, before anything says paused)."""
+async def _go(fw: Framework, agent: Any, running: Running, token: str,
+              first: Callable[[], Awaitable[Step]], options: dict[str, Any]) -> AgentRun:
+    """Run the framework while holding the run's lease, and keep what it came to: done (the
+    run's record goes), or paused (each call staged, then the framework's state kept with the
+    calls, before anything says paused). Calls staged by an attempt that fails before its save
+    are discarded again: no run would ever come back for them."""
     pa, session = running.pa, running.session
-    while True:
-        if isinstance(step, Done):
-            await pa.save_run(session, token, done=True)
-            return AgentRun("done", step.output, [], session)
-        calls = [await _staged_call(running, fw, call) for call in step.calls]
-        waiting = [c["id"] for c in calls if c["id"]]
-        if waiting:
-            break
-        # every paused call was refused as it was staged: the framework goes on at once
-        running.outcomes.update({c["call"]: c["text"] for c in calls})
-        step = await _within(running, fw.cont(agent, step.state, session, options))
-    if not await pa.save_run(session, token, done=False, framework=fw.extra, state=step.state,
-                             calls=orjson.dumps(calls)):
-        raise NotPaused(session, busy=True)  # held past its lease, and taken over
-    if wait > 0:
-        return await resume(fw, agent, session=session, tenant=running.tenant, pa=pa,
-                            wait=wait, options=options)
+    staged: list[str] = []
+    async with _Held(running, token):
+        try:
+            step = await _within(running, first())
+            while True:
+                if isinstance(step, Done):
+                    await pa.save_run(session, token, done=True)
+                    return AgentRun("done", step.output, [], session)
+                calls = [await _staged_call(running, fw, call, staged) for call in step.calls]
+                waiting = [c["id"] for c in calls if c["id"]]
+                if waiting:
+                    break
+                # every paused call was refused as it was staged: the framework goes on
+                running.outcomes.update({c["call"]: c["text"] for c in calls})
+                step = await _within(running, fw.cont(agent, step.state, session, options))
+            if not await pa.save_run(session, token, done=False, framework=fw.extra,
+                                     state=step.state, calls=orjson.dumps(calls)):
+                raise NotPaused(session, busy=True)  # held past its lease, and taken over
+        except BaseException:
+            await _abandon(running, staged)
+            raise
     return AgentRun("paused", None, waiting, session)
 
 
-async def _staged_call(running: Running, fw: Framework, call: ToolCall) -> dict[str, Any]:
+class _Held:
+    """The run's lease held while the framework works: renewed every third of ``RUN_LEASE_S``
+    (a continuation may take longer than one lease and still be the only one). A renewal that
+    finds the lease taken over (this process stalled past it) stops the work here: the task is
+    cancelled and raises ``NotPaused`` (busy), and nothing it staged stays."""
+
+    def __init__(self, running: Running, token: str) -> None:
+        self.running, self.token = running, token
+        self.lost = False
+        self.owner = asyncio.current_task()
+        self.renewer: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> None:
+        self.renewer = asyncio.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        pa, every = self.running.pa, self.running.pa.settings.run_lease_s / 3
+        while True:
+            await asyncio.sleep(every)
+            try:
+                held = await pa.renew_run(self.running.session, self.token)
+            except PendingActionsError:
+                continue  # Redis away for a moment: the save that ends the work is fenced
+            if not held:
+                self.lost = True
+                if self.owner is not None:
+                    self.owner.cancel()
+                return
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: object) -> None:
+        assert self.renewer is not None
+        self.renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.renewer
+        if self.lost and kind is asyncio.CancelledError and self.owner is not None:
+            self.owner.uncancel()
+            raise NotPaused(self.running.session, busy=True) from exc
+
+
+async def _abandon(running: Running, staged: list[str]) -> None:
+    """Discard the calls an attempt staged before it failed (newest first, each only while it
+    is its session's head). What cannot be discarded now (no worker, Redis away) expires with
+    ``RUN_TTL_S``."""
+    for action_id in reversed(staged):
+        with contextlib.suppress(PendingActionsError):
+            await running.pa.resolve(session=running.session, action="discard",
+                                     reason="its agent run failed before it paused",
+                                     expect_id=action_id, timeout=5, tenant=running.tenant)
+
+
+async def _staged_call(running: Running, fw: Framework, call: ToolCall,
+                       staged: list[str]) -> dict[str, Any]:
     """A paused call as its run's record keeps it: staged (``id``), or refused as it was
     staged (``text``: what the model is given)."""
     tool = _TOOLS.get((fw.extra, call.tool))
     if tool is None:
         raise InvalidInput("tool", f"the run paused on {call.tool!r}, which is no staged tool "
                            f"of this process ({fw.extra}): no worker could apply it")
-    this = digest(call.tool, call.arguments)
-    if running.digests.setdefault(call.call_id, this) != this:
-        raise InvalidInput("tool", f"the run paused on call {call.call_id!r} of {call.tool!r} "
-                           "with other arguments than were decided for it")
-    kept = {"call": call.call_id, "tool": call.tool, "label": label(call.tool, call.arguments),
-            "digest": this}
+    kept = {"call": call.call_id, "tool": call.tool, "label": label(call.tool, call.arguments)}
     action_id = running.staged.get(call.call_id)
     if action_id is None:
         # staged in the context the call was decided in: the framework's span is its parent
@@ -429,6 +533,7 @@ async def _staged_call(running: Running, fw: Framework, call: ToolCall) -> dict[
         except Denied as exc:
             return {**kept, "id": "", "text": refusal(exc)}
         running.staged[call.call_id] = action_id
+        staged.append(action_id)
     return {**kept, "id": action_id}
 
 

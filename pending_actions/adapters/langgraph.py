@@ -185,10 +185,8 @@ def _named(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> Callable[...,
 class _Pass:
     """What the staged tools did during one ``graph.ainvoke`` of a run or resume."""
 
-    # call id -> [the call's digest, what the paused step answered it] (allow, deny): given
-    # back only to the same call (core.digest), never to a later one that reuses its id
-    replay: dict[str, list[Any]]
-    answered: dict[str, list[Any]] = field(default_factory=dict)  # the same, of this pass
+    replay: dict[str, Any]  # call id -> what the paused step answered before (allow, deny)
+    answered: dict[str, Any] = field(default_factory=dict)  # call id -> answered in this pass
     asks: dict[str, ToolCall] = field(default_factory=dict)  # call id -> paused on
     order: list[str] = field(default_factory=list)  # call ids as the tools were called
     busy: int = 0
@@ -217,20 +215,18 @@ async def _call(tool: core.Tool, call_id: str, arguments: dict[str, Any]) -> Any
     if record is None:
         raise RuntimeError(f"{tool.name} is a LangGraph staged tool: it runs in a graph that "
                            "pending_actions.adapters.langgraph's run() or resume() drives")
+    if call_id in record.replay:  # the paused step re-run: the same answer, nothing again
+        return record.replay[call_id]
     payload: dict[str, Any] = to_jsonable_python(arguments, fallback=str)
-    this = core.digest(tool.name, payload)
-    replayed = record.replay.get(call_id)
-    if replayed is not None and replayed[0] == this:
-        return replayed[1]  # the paused step re-run: the same answer, nothing again
     record.enter(call_id)
     try:
         verdict = await running.decide(tool, call_id, payload)
         if verdict.decision == "allow":
             value = await tool.call_local(payload)
-            record.answered[call_id] = [this, to_jsonable_python(value, fallback=str)]
+            record.answered[call_id] = to_jsonable_python(value, fallback=str)
             return value
         if verdict.decision == "deny":
-            record.answered[call_id] = [this, verdict.text]
+            record.answered[call_id] = verdict.text
             return verdict.text
         if verdict.decision == "resolved":
             return verdict.text
@@ -243,7 +239,7 @@ async def _call(tool: core.Tool, call_id: str, arguments: dict[str, Any]) -> Any
                "arguments": payload})
     # interrupt() returned: LangGraph had a resume value for it. What the model gets is what
     # the store says people decided, never the value itself.
-    text = running.answer(tool, call_id, payload)
+    text = running.resolved(call_id)
     if text is None:
         raise RuntimeError(f"{tool.name}: call {call_id} was resumed before it was decided")
     return text
@@ -345,7 +341,7 @@ class LangGraph:
             # every pending interrupt by its id: LangGraph refuses a single value when more
             # than one is pending
             answers[pending.id] = text
-        replay: dict[str, list[Any]] = orjson.loads(state)["answered"]
+        replay: dict[str, Any] = orjson.loads(state)["answered"]
         with _passing(_Pass(replay)) as record:
             result = await agent.ainvoke(Command(resume=answers), config=config, **rest)
             return await _step(agent, config, result, record)

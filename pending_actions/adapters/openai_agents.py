@@ -140,19 +140,19 @@ def _staged(fn: Callable[..., Any], name: str | None, needs_approval: bool,
         payload = staged_tool.payload(params)
         if payload is None:
             return False  # not valid: the invocation says so to the model, fn does not run
-        verdict = await core.current().decide(tool, call_id, payload)
+        verdict = await core.current().decide(tool, call_id, payload, raw=params)
         return verdict.decision == "ask"
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
         running = core.current()
         call_id = ctx.tool_call_id
+        outcome = running.resolved(call_id)
+        if outcome is not None:  # resumed: what people decided (fn ran in a worker, or not)
+            return outcome
         payload = staged_tool.payload(arguments)
         if payload is None:
             return await invoke_fn(ctx, arguments)  # the SDK's own error for bad arguments
-        outcome = running.answer(tool, call_id, payload)
-        if outcome is not None:  # resumed: what people decided (fn ran in a worker, or not)
-            return outcome
-        verdict = await running.decide(tool, call_id, payload)
+        verdict = await running.decide(tool, call_id, payload, raw=_raw(arguments))
         if verdict.decision == "allow":
             return await invoke_fn(ctx, arguments)
         if verdict.decision == "ask":
@@ -168,6 +168,17 @@ def _staged(fn: Callable[..., Any], name: str | None, needs_approval: bool,
     built.on_invoke_tool = invoke
     _STAGED[built.name] = staged_tool
     return built
+
+
+def _raw(arguments: object) -> object:
+    """The arguments as the model wrote them (what ``core.digest`` tells calls apart by), as
+    the SDK parses them for ``needs_approval``."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return arguments
+    return arguments
 
 
 def _handler(fn: Callable[..., Any], schema: FuncSchema) -> Callable[..., Any]:
@@ -228,7 +239,8 @@ async def _step(agent: Agent[Any], result: RunResult, options: dict[str, Any]) -
                 verdict = core.Verdict("deny", f"Invalid arguments for {found.tool.name}: not "
                                        "a JSON object of its parameters. Nothing was run.")
             else:  # asked already by needs_approval (cached), or first asked here
-                verdict = await running.decide(found.tool, call_id, payload)
+                verdict = await running.decide(found.tool, call_id, payload,
+                                               raw=_raw(item.arguments))
                 if verdict.decision == "ask":
                     calls.append(ToolCall(call_id, found.tool.name, payload))
                     continue

@@ -42,9 +42,10 @@ CAREFUL = Tool(EXTRA, "careful", careful, asks=True)
 
 
 class Toy:
-    """Runs the calls ``agent`` lists (the arguments of ``note``, or of ``careful`` with
-    ``"careful": true``; ``"id"``: the call's id, else its place) one by one; pauses on an
-    ask."""
+    """Runs the turns ``agent`` lists one by one. A turn is the arguments of one call of
+    ``note`` (of ``careful`` with ``"careful": true``; ``"id"``: the call's id, else its place),
+    or ``{"turn": [arguments, ...]}``, several calls decided together, all asked ones paused on
+    at once (as a model's response with several tool calls)."""
 
     extra = EXTRA
 
@@ -59,17 +60,24 @@ class Toy:
     async def _go(self, agent: list[dict[str, Any]], state: dict[str, Any]) -> Step:
         running = current()
         while state["at"] < len(agent):
-            arguments = dict(agent[state["at"]])
-            call_id = str(arguments.pop("id", f"call-{state['at']}"))  # a model's own ids
-            if arguments.get("crash"):  # the framework itself fails (a model's error, say)
-                raise RuntimeError("the toy framework failed")
-            tool = CAREFUL if arguments.pop("careful", False) else NOTE
-            verdict = await running.decide(tool, call_id, arguments)
-            if verdict.decision == "ask":
-                return Paused(orjson.dumps(state).decode(),
-                              [ToolCall(call_id, tool.name, arguments)])
-            text = str(await tool.call_local(arguments)) if verdict.decision == "allow" \
-                else verdict.text
-            state["done"].append(text)
+            turn = agent[state["at"]]
+            calls = turn.get("turn", [turn])
+            texts, asked = [], []
+            for place, given in enumerate(calls):
+                arguments = dict(given)
+                call_id = str(arguments.pop("id", f"call-{state['at']}-{place}"))  # a model's
+                if arguments.get("crash"):  # the framework itself fails (a model's error)
+                    raise RuntimeError("the toy framework failed")
+                tool = CAREFUL if arguments.pop("careful", False) else NOTE
+                verdict = await running.decide(tool, call_id, arguments)
+                if verdict.decision == "ask":
+                    asked.append(ToolCall(call_id, tool.name, arguments))
+                elif verdict.decision == "allow":
+                    texts.append(str(await tool.call_local(arguments)))
+                else:
+                    texts.append(verdict.text)
+            if asked:
+                return Paused(orjson.dumps(state).decode(), asked)
+            state["done"].extend(texts)
             state["at"] += 1
         return Done(state["done"])
