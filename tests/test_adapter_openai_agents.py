@@ -379,6 +379,23 @@ def test_needs_approval_asks_people_even_where_the_policy_allows(
     assert len(notes(file)) == 1
 
 
+def test_a_call_whose_validation_differs_each_time_is_still_one_call(
+        url: str, session: str, tenant: str, tmp_path: Path) -> None:
+    """A default made anew at each validation and a set's order (another per process): the
+    call asked about before the pause, paused on, and resumed in another process is one call,
+    staged once and given its result (it is told apart by the arguments the model wrote)."""
+    file = tmp_path / "notes.jsonl"
+    paused = asyncio.run(start(url, prompt("stamped_note", path=str(file), text="hi",
+                                           tags=list("abcdefgh")),
+                               session, tenant, {"default": "ask", "rules": []}))
+    assert paused.status == "paused" and len(paused.pending) == 1
+    approved = person(url, session, "apply", "fine", paused.pending[0])
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    done = resumed_elsewhere(url, session, tenant)
+    assert done["output"] == "model saw: stamped 'hi'"
+    assert len(notes(file)) == 1
+
+
 def test_needs_approval_still_yields_to_a_deny_rule(
         url: str, session: str, tenant: str, tmp_path: Path) -> None:
     file = tmp_path / "notes.jsonl"

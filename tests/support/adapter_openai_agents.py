@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from agents import (
     Agent,
@@ -36,6 +36,7 @@ from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStrea
 from agents.models.interface import Model, ModelTracing
 from agents.testing import assistant_message, function_call
 from openai.types.responses.response_prompt_param import ResponsePromptParam
+from pydantic import Field
 
 from pending_actions import NotPaused
 from pending_actions.adapters.core import applying
@@ -58,6 +59,16 @@ def _append(path: str, text: str) -> None:
     line = {"text": text, "pid": os.getpid(), "key": now.idempotency_key if now else None}
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+@staged
+def stamped_note(path: str, text: str,
+                 stamp: Annotated[str, Field(default_factory=lambda: uuid.uuid4().hex)],
+                 tags: set[str] | None = None) -> str:
+    """A note with a stamp made anew each time its arguments are validated, and tags (a set,
+    whose order differs between processes): what tells calls apart must not see either."""
+    _append(path, text)
+    return f"stamped {text!r}"
 
 
 @staged
@@ -159,7 +170,7 @@ class NotesModel(Model):
 
 
 agent = Agent(name="notes", model=NotesModel(),
-              tools=[write_note, signed_note, flaky_note, gated_note])
+              tools=[write_note, signed_note, flaky_note, gated_note, stamped_note])
 # an agent with a tool the SDK pauses by itself, that pending_actions cannot stage
 plain_agent = Agent(name="plain-notes", model=NotesModel(), tools=[plain_note])
 
