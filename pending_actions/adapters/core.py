@@ -18,7 +18,7 @@ import inspect
 import time
 import unicodedata
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -133,39 +133,55 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+Arguments = Callable[[dict[str, Any]], tuple[Sequence[Any], dict[str, Any]]]
+
+
+def _as_keywords(payload: dict[str, Any]) -> tuple[Sequence[Any], dict[str, Any]]:
+    return (), payload
+
+
 class Tool:
     """What ``staged`` knows of one tool, whatever the framework: its body ``fn``, registered as
     the worker handler ``<extra>:<name>`` (every worker that imports the module defining the
-    tool has it), and ``asks``: the framework's own approval flag was set on it, so its calls
-    are at least ``ask`` (people decide), whatever the policy allows."""
+    tool has it); ``asks``: the framework's own approval flag was set on it, so its calls are
+    at least ``ask`` (people decide), whatever the policy allows; ``arguments``: how a payload
+    (JSON) becomes ``fn``'s arguments, validated by the framework's own schema of ``fn`` (a
+    model argument is a model again, a date a date), so that the body gets in a worker what it
+    would get from the framework here."""
 
-    def __init__(self, extra: str, name: str, fn: Callable[..., Any], asks: bool = False) -> None:
+    def __init__(self, extra: str, name: str, fn: Callable[..., Any], asks: bool = False,
+                 arguments: Arguments = _as_keywords) -> None:
         self.extra, self.name, self.fn, self.asks = extra, name, fn, asks
+        self.arguments = arguments
         self.handler = check_handler_name("name", f"{extra}:{name}")
-        body = _async_body(fn) if inspect.iscoroutinefunction(fn) else _body(fn)
+        body = _async_body(self) if inspect.iscoroutinefunction(fn) else _body(self)
         # named as the body is, so that a module imported twice registers the same handler,
         # and another function under the same name is refused (workers/registry.py)
         body.__module__, body.__qualname__ = fn.__module__, fn.__qualname__
         handler(self.handler)(body)
         _TOOLS[(extra, name)] = self
 
-    async def call_local(self, arguments: dict[str, Any]) -> Any:
+    def call(self, payload: dict[str, Any]) -> Any:
+        args, kwargs = self.arguments(payload)
+        return self.fn(*args, **kwargs)
+
+    async def call_local(self, payload: dict[str, Any]) -> Any:
         """The body run here, as the framework runs a tool: for a call the policy allowed."""
         if inspect.iscoroutinefunction(self.fn):
-            return await self.fn(**arguments)
-        return await asyncio.to_thread(self.fn, **arguments)
+            return await self.call(payload)
+        return await asyncio.to_thread(self.call, payload)
 
 
 _TOOLS: dict[tuple[str, str], Tool] = {}
 
 
-def _body(fn: Callable[..., Any]) -> Callable[..., str]:
+def _body(tool: Tool) -> Callable[..., str]:
     def apply(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
               idempotency_key: str) -> str:
         token = _applying.set(Applying(action.id, action.session, idempotency_key,
                                        action.attempts))
         try:
-            text = result_text(fn(**action.payload))
+            text = result_text(tool.call(action.payload))
         finally:
             _applying.reset(token)
         outcomes.keep(action, text)
@@ -173,13 +189,13 @@ def _body(fn: Callable[..., Any]) -> Callable[..., str]:
     return apply
 
 
-def _async_body(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[str]]:
+def _async_body(tool: Tool) -> Callable[..., Awaitable[str]]:
     async def apply(*, action: PendingAction, reason: str, extra: dict[str, Any] | None,
                     idempotency_key: str) -> str:
         token = _applying.set(Applying(action.id, action.session, idempotency_key,
                                        action.attempts))
         try:
-            text = result_text(await fn(**action.payload))
+            text = result_text(await tool.call(action.payload))
         finally:
             _applying.reset(token)
         outcomes.keep(action, text)

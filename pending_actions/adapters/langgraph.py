@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -139,7 +140,8 @@ def _staged(fn: Callable[..., Any], name: str | None, asks: bool,
     if injected or "tool_call_id" in fields:
         raise TypeError(f"{plain.name}: a staged tool's body runs in a worker, where nothing "
                         f"is injected: {', '.join(injected or ['tool_call_id'])}")
-    tool = core.Tool(EXTRA, plain.name, _handler(fn, schema), asks=asks)
+    tool = core.Tool(EXTRA, plain.name, fn, asks=asks,
+                     arguments=functools.partial(_arguments, schema))
 
     async def call(tool_call_id: Annotated[str, InjectedToolCallId], **kwargs: Any) -> Any:
         return await _call(tool, tool_call_id, kwargs)
@@ -155,30 +157,12 @@ def _staged(fn: Callable[..., Any], name: str | None, asks: bool,
                                         infer_schema=False, **rest)
 
 
-def _handler(fn: Callable[..., Any], schema: type[BaseModel]) -> Callable[..., Any]:
-    """``fn`` as the worker (and an allowed call here) runs it: the payload, JSON, validated
-    again by the tool's own schema (a model argument is a model again, a date a date), then
-    passed as LangChain passes arguments: by keyword."""
-    def arguments(payload: dict[str, Any]) -> dict[str, Any]:
-        model = schema.model_validate(payload)
-        return {k: getattr(model, k) for k in payload if k in schema.model_fields}
-
-    if inspect.iscoroutinefunction(fn):
-        async def apply_async(**payload: Any) -> Any:
-            return await fn(**arguments(payload))
-        return _named(apply_async, fn)
-
-    def apply(**payload: Any) -> Any:
-        return fn(**arguments(payload))
-    return _named(apply, fn)
-
-
-def _named(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
-    wrapper.__name__ = getattr(fn, "__name__", wrapper.__name__)
-    wrapper.__qualname__ = getattr(fn, "__qualname__", wrapper.__qualname__)
-    wrapper.__module__ = getattr(fn, "__module__", wrapper.__module__)
-    wrapper.__doc__ = fn.__doc__
-    return wrapper
+def _arguments(schema: type[BaseModel],
+               payload: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """A payload as LangChain passes a tool's arguments: validated again by the tool's own
+    schema, by keyword."""
+    model = schema.model_validate(payload)
+    return [], {k: getattr(model, k) for k in payload if k in schema.model_fields}
 
 
 @dataclass

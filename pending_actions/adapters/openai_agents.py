@@ -26,7 +26,6 @@ How the SDK's pieces are used:
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,7 +131,9 @@ def _staged(fn: Callable[..., Any], name: str | None, needs_approval: bool,
     if schema.takes_context:
         raise TypeError(f"{built.name}: a staged tool cannot take a RunContextWrapper: its body "
                         "runs in a worker, where there is no run")
-    tool = core.Tool(EXTRA, built.name, _handler(fn, schema), asks=needs_approval)
+    tool = core.Tool(EXTRA, built.name, fn, asks=needs_approval,
+                     arguments=lambda payload: schema.to_call_args(
+                         schema.params_pydantic_model(**payload)))
     staged_tool = _Staged(tool, schema)
     invoke_fn = built.on_invoke_tool  # the SDK's invocation of fn: for a call the policy allows
 
@@ -179,34 +180,6 @@ def _raw(arguments: object) -> object:
         except ValueError:
             return arguments
     return arguments
-
-
-def _handler(fn: Callable[..., Any], schema: FuncSchema) -> Callable[..., Any]:
-    """``fn`` as a worker runs it: the payload (JSON) validated again by ``fn``'s schema (a
-    model argument is a model again), then passed as the SDK passes arguments."""
-    def split(payload: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        return schema.to_call_args(schema.params_pydantic_model(**payload))
-
-    if inspect.iscoroutinefunction(fn):
-        async def apply_async(**payload: Any) -> Any:
-            args, kwargs = split(payload)
-            return await fn(*args, **kwargs)
-        return _named(apply_async, fn)
-
-    def apply(**payload: Any) -> Any:
-        args, kwargs = split(payload)
-        return fn(*args, **kwargs)
-    return _named(apply, fn)
-
-
-def _named(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
-    # core registers the handler under fn's module and name: a module imported twice then
-    # registers the same handler again, and another function of the same name is refused
-    wrapper.__module__ = fn.__module__
-    wrapper.__name__ = getattr(fn, "__name__", wrapper.__name__)
-    wrapper.__qualname__ = getattr(fn, "__qualname__", wrapper.__qualname__)
-    wrapper.__doc__ = fn.__doc__
-    return wrapper
 
 
 def _ours(item: ToolApprovalItem) -> _Staged:

@@ -22,7 +22,7 @@ How the framework's pieces are used:
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
@@ -86,7 +86,8 @@ def _staged(fn: Callable[..., Any], name: str | None, requires_approval: bool,
     if schema.var_positional_field is not None:
         raise TypeError(f"a staged tool cannot take *{schema.var_positional_field}: its "
                         "arguments are kept as a JSON object")
-    tool = core.Tool(EXTRA, plain.name, _handler(fn, schema), asks=requires_approval)
+    tool = core.Tool(EXTRA, plain.name, fn, asks=requires_approval,
+                     arguments=functools.partial(_arguments, schema))
 
     async def call(ctx: RunContext[Any], *args: Any, **kwargs: Any) -> Any:
         # positional-only parameters come positionally (as Pydantic AI calls them)
@@ -108,34 +109,11 @@ def _staged(fn: Callable[..., Any], name: str | None, requires_approval: bool,
     return Tool(call, takes_ctx=True, name=plain.name, function_schema=ours, **tool_options)
 
 
-def _handler(fn: Callable[..., Any], schema: Any) -> Callable[..., Any]:
-    """``fn`` as the worker (and an allowed call here) runs it: the payload, JSON, validated
-    again by the tool's own schema (a model argument is a model again, a date a date), then
-    passed as Pydantic AI passes arguments."""
-    def split(payload: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        kwargs = dict(schema.revalidate(payload))
-        return [kwargs.pop(field) for field in schema.positional_fields], kwargs
-
-    if inspect.iscoroutinefunction(fn):
-        async def apply_async(**payload: Any) -> Any:
-            args, kwargs = split(payload)
-            return await fn(*args, **kwargs)
-        return _named(apply_async, fn)
-
-    def apply(**payload: Any) -> Any:
-        args, kwargs = split(payload)
-        return fn(*args, **kwargs)
-    return _named(apply, fn)
-
-
-def _named(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
-    # core registers the handler under fn's module and name: a module imported twice then
-    # registers the same handler again, and another function of the same name is refused
-    wrapper.__module__ = fn.__module__
-    wrapper.__name__ = getattr(fn, "__name__", wrapper.__name__)
-    wrapper.__qualname__ = getattr(fn, "__qualname__", wrapper.__qualname__)
-    wrapper.__doc__ = fn.__doc__
-    return wrapper
+def _arguments(schema: Any, payload: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """A payload as Pydantic AI passes a tool's arguments: validated again by the tool's own
+    schema, positional-only parameters by position."""
+    kwargs = dict(schema.revalidate(payload))
+    return [kwargs.pop(field) for field in schema.positional_fields], kwargs
 
 
 def _output_type(agent: AbstractAgent[Any, Any], given: Any) -> Any:
