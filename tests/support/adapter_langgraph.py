@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,48 +29,36 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Send
 
-from pending_actions import NotPaused
-from pending_actions.adapters.core import applying
 from pending_actions.adapters.langgraph import resume, staged
-
-GATE_TIMEOUT_S = 60.0
-
-
-def notes(path: str | Path) -> list[dict[str, Any]]:
-    """Every note written to ``path``, oldest first."""
-    file = Path(path)
-    return [json.loads(line) for line in file.read_text().splitlines()] if file.exists() else []
-
-
-def _append(path: str, text: str) -> None:
-    now = applying()
-    line = {"text": text, "pid": os.getpid(), "key": now.idempotency_key if now else None}
-    with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
+from tests.support.adapters import (
+    answer,
+    append_note,
+    fail_once,
+    plan_of,
+    through_gate,
+    wait_to_go,
+)
 
 
 @staged
 def write_note(path: str, text: str) -> str:
     """Append a note to the notes file at ``path``."""
-    _append(path, text)
+    append_note(path, text)
     return f"noted {text!r}"
 
 
 @staged(name="signed_note", interrupt_on=True)
 def signed_note(path: str, text: str) -> str:
     """A note someone has to sign off (HumanInTheLoopMiddleware's interrupt_on entry)."""
-    _append(path, text)
+    append_note(path, text)
     return f"signed {text!r}"
 
 
 @staged
 def flaky_note(path: str, text: str) -> str:
     """Fails the first time it is applied (the disk is full), then writes the note."""
-    marker = Path(path + ".failed")
-    if not marker.exists():
-        marker.write_text("once")
-        raise RuntimeError("the disk is full")
-    _append(path, text)
+    fail_once(path)
+    append_note(path, text)
     return f"noted {text!r} at last"
 
 
@@ -81,17 +67,7 @@ async def gated_note(path: str, text: str, gate: str) -> str:
     """Writes the note once per action (keyed by the apply's idempotency key, so an attempt
     after a crash finds it written), says it started (``<path>.started``, its process id), then
     waits for the test to create the file ``gate``."""
-    now = applying()
-    assert now is not None, "gated_note runs in a worker"
-    if all(n["key"] != now.idempotency_key for n in notes(path)):
-        _append(path, text)
-    with open(path + ".started", "a") as f:
-        f.write(f"{os.getpid()}\n")
-    deadline = time.monotonic() + GATE_TIMEOUT_S
-    while not Path(gate).exists():  # the gate is a file: another process opens it
-        if time.monotonic() > deadline:
-            raise RuntimeError("the gate never opened")
-        await asyncio.sleep(0.02)
+    await through_gate(path, text, gate)
     return f"noted {text!r} past the gate"
 
 
@@ -100,7 +76,7 @@ async def slow_note(path: str, text: str, seconds: float) -> str:
     """Takes ``seconds`` before it writes the note: a call still running when another call of
     its turn has paused the graph."""
     await asyncio.sleep(seconds)
-    _append(path, text)
+    append_note(path, text)
     return f"noted {text!r} slowly"
 
 
@@ -111,10 +87,7 @@ def model(state: MessagesState) -> dict[str, list[BaseMessage]]:
     """The scripted model: see the module's docstring."""
     messages = state["messages"]
     first = next(m for m in messages if isinstance(m, HumanMessage))
-    plan = json.loads(str(first.content))
-    if plan.get("log"):
-        with open(plan["log"], "a") as f:
-            f.write(f"{os.getpid()}\n")
+    plan = plan_of(first.content)
     seen: list[ToolMessage] = []
     for message in reversed(messages):  # the results of the last turn's calls
         if not isinstance(message, ToolMessage):
@@ -177,12 +150,7 @@ def said(state: dict[str, Any]) -> str:
 
 async def _resume(db: str, session: str, tenant: str, sends: bool) -> dict[str, Any]:
     async with opened(db, sends) as agent:
-        try:
-            got = await resume(agent, session=session, tenant=tenant)
-        except NotPaused as exc:
-            return {"error": "NotPaused", "busy": exc.busy, "message": str(exc)}
-    output = said(got.output) if got.status == "done" else None
-    return {"status": got.status, "output": output, "pending": got.pending}
+        return await answer(resume(agent, session=session, tenant=tenant), said)
 
 
 def main(argv: list[str]) -> None:
@@ -195,14 +163,7 @@ def main(argv: list[str]) -> None:
     if sends:
         argv = argv[1:]
     db, session, tenant = argv[0], argv[1], argv[2]
-    if len(argv) > 3:
-        ready, go = Path(argv[3]), Path(argv[4])
-        ready.write_text(str(os.getpid()))
-        deadline = time.monotonic() + GATE_TIMEOUT_S
-        while not go.exists():
-            if time.monotonic() > deadline:
-                raise SystemExit("never told to go")
-            time.sleep(0.002)
+    wait_to_go(argv[3:])
     print(json.dumps(asyncio.run(_resume(db, session, tenant, sends))))
 
 

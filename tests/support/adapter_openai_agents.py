@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -38,27 +36,18 @@ from agents.testing import assistant_message, function_call
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 from pydantic import Field
 
-from pending_actions import NotPaused
-from pending_actions.adapters.core import applying
 from pending_actions.adapters.openai_agents import resume, staged
-
-GATE_TIMEOUT_S = 60.0
+from tests.support.adapters import (
+    answer,
+    append_note,
+    fail_once,
+    plan_of,
+    through_gate,
+    wait_to_go,
+)
 
 # the SDK's own tracing would export to its hosted backend: no network here
 set_tracing_disabled(True)
-
-
-def notes(path: str | Path) -> list[dict[str, Any]]:
-    """Every note written to ``path``, oldest first."""
-    file = Path(path)
-    return [json.loads(line) for line in file.read_text().splitlines()] if file.exists() else []
-
-
-def _append(path: str, text: str) -> None:
-    now = applying()
-    line = {"text": text, "pid": os.getpid(), "key": now.idempotency_key if now else None}
-    with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
 
 
 @staged
@@ -67,7 +56,7 @@ def stamped_note(path: str, text: str,
                  tags: set[str] | None = None) -> str:
     """A note with a stamp made anew each time its arguments are validated, and tags (a set,
     whose order differs between processes): what tells calls apart must not see either."""
-    _append(path, text)
+    append_note(path, text)
     return f"stamped {text!r}"
 
 
@@ -80,25 +69,22 @@ def write_note(path: str, text: str, tag: str = "plain") -> str:
         text: what the note says
         tag: a word to file it under
     """
-    _append(path, text)
+    append_note(path, text)
     return f"noted {text!r}"
 
 
 @staged(name="signed_note", needs_approval=True)
 def signed_note(path: str, text: str) -> str:
     """A note someone has to sign off (the SDK's own approval flag)."""
-    _append(path, text)
+    append_note(path, text)
     return f"signed {text!r}"
 
 
 @staged
 def flaky_note(path: str, text: str) -> str:
     """Fails the first time it is applied (the disk is full), then writes the note."""
-    marker = Path(path + ".failed")
-    if not marker.exists():
-        marker.write_text("once")
-        raise RuntimeError("the disk is full")
-    _append(path, text)
+    fail_once(path)
+    append_note(path, text)
     return f"noted {text!r} at last"
 
 
@@ -107,24 +93,14 @@ async def gated_note(path: str, text: str, gate: str) -> str:
     """Writes the note once per action (keyed by the apply's idempotency key, so an attempt
     after a crash finds it written), says it started (``<path>.started``, its process id), then
     waits for the test to create the file ``gate``."""
-    now = applying()
-    assert now is not None, "gated_note runs in a worker"
-    if all(n["key"] != now.idempotency_key for n in notes(path)):
-        _append(path, text)
-    with open(path + ".started", "a") as f:
-        f.write(f"{os.getpid()}\n")
-    deadline = time.monotonic() + GATE_TIMEOUT_S
-    while not Path(gate).exists():  # the gate is a file: another process opens it
-        if time.monotonic() > deadline:
-            raise RuntimeError("the gate never opened")
-        await asyncio.sleep(0.02)
+    await through_gate(path, text, gate)
     return f"noted {text!r} past the gate"
 
 
 @function_tool(needs_approval=True)
 def plain_note(path: str, text: str) -> str:
     """The SDK's own tool with its own approval: not staged, so no worker could run it."""
-    _append(path, text)
+    append_note(path, text)
     return f"plainly noted {text!r}"
 
 
@@ -144,10 +120,7 @@ class NotesModel(Model):
         items: list[Any] = [{"role": "user", "content": input}] if isinstance(input, str) \
             else list(input)
         first = next(i for i in items if _field(i, "role") == "user")
-        plan = json.loads(str(_field(first, "content")))
-        if plan.get("log"):
-            with open(plan["log"], "a") as f:
-                f.write(f"{os.getpid()}\n")
+        plan = plan_of(_field(first, "content"))
         seen = [str(_field(i, "output")) for i in items
                 if _field(i, "type") == "function_call_output"]
         output: list[TResponseOutputItem]
@@ -187,11 +160,7 @@ def calls(wanted: list[tuple[str, Any]], log: Path | None = None) -> str:
 
 
 async def _resume(session: str, tenant: str) -> dict[str, Any]:
-    try:
-        got = await resume(agent, session=session, tenant=tenant)
-    except NotPaused as exc:
-        return {"error": "NotPaused", "busy": exc.busy, "message": str(exc)}
-    return {"status": got.status, "output": got.output, "pending": got.pending}
+    return await answer(resume(agent, session=session, tenant=tenant))
 
 
 def main(argv: list[str]) -> None:
@@ -199,14 +168,7 @@ def main(argv: list[str]) -> None:
     and print what came of it as JSON. With READY and GO: create READY, then wait for GO to
     exist before resuming (so that two such processes resume at the same moment)."""
     session, tenant = argv[0], argv[1]
-    if len(argv) > 2:
-        ready, go = Path(argv[2]), Path(argv[3])
-        ready.write_text(str(os.getpid()))
-        deadline = time.monotonic() + GATE_TIMEOUT_S
-        while not go.exists():
-            if time.monotonic() > deadline:
-                raise SystemExit("never told to go")
-            time.sleep(0.002)
+    wait_to_go(argv[2:])
     print(json.dumps(asyncio.run(_resume(session, tenant))))
 
 

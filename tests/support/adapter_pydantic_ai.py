@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,48 +29,37 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from pending_actions import NotPaused
-from pending_actions.adapters import applying
 from pending_actions.adapters.pydantic_ai import resume, staged
-
-GATE_TIMEOUT_S = 60.0
-
-
-def notes(path: str | Path) -> list[dict[str, Any]]:
-    """Every note written to ``path``, oldest first."""
-    file = Path(path)
-    return [json.loads(line) for line in file.read_text().splitlines()] if file.exists() else []
-
-
-def _append(path: str, text: str) -> None:
-    now = applying()
-    line = {"text": text, "pid": os.getpid(), "key": now.idempotency_key if now else None}
-    with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
+from tests.support.adapters import (
+    answer,
+    append_note,
+    fail_once,
+    plan_of,
+    through_gate,
+    wait_to_go,
+)
+from tests.support.adapters import notes as notes  # tests/test_adapter_tracing.py reads it here
 
 
 @staged
 def write_note(path: str, text: str) -> str:
     """Append a note to the notes file at ``path``."""
-    _append(path, text)
+    append_note(path, text)
     return f"noted {text!r}"
 
 
 @staged(name="signed_note", requires_approval=True)
 def signed_note(path: str, text: str) -> str:
     """A note someone has to sign off (Pydantic AI's own approval flag)."""
-    _append(path, text)
+    append_note(path, text)
     return f"signed {text!r}"
 
 
 @staged
 def flaky_note(path: str, text: str) -> str:
     """Fails the first time it is applied (the disk is full), then writes the note."""
-    marker = Path(path + ".failed")
-    if not marker.exists():
-        marker.write_text("once")
-        raise RuntimeError("the disk is full")
-    _append(path, text)
+    fail_once(path)
+    append_note(path, text)
     return f"noted {text!r} at last"
 
 
@@ -81,17 +68,7 @@ async def gated_note(path: str, text: str, gate: str) -> str:
     """Writes the note once per action (keyed by the apply's idempotency key, so an attempt
     after a crash finds it written), says it started (``<path>.started``, its process id), then
     waits for the test to create the file ``gate``."""
-    now = applying()
-    assert now is not None, "gated_note runs in a worker"
-    if all(n["key"] != now.idempotency_key for n in notes(path)):
-        _append(path, text)
-    with open(path + ".started", "a") as f:
-        f.write(f"{os.getpid()}\n")
-    deadline = time.monotonic() + GATE_TIMEOUT_S
-    while not Path(gate).exists():  # the gate is a file: another process opens it
-        if time.monotonic() > deadline:
-            raise RuntimeError("the gate never opened")
-        await asyncio.sleep(0.02)
+    await through_gate(path, text, gate)
     return f"noted {text!r} past the gate"
 
 
@@ -99,10 +76,7 @@ def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """The offline model: see the module's docstring."""
     first = next(p for m in messages if isinstance(m, ModelRequest) for p in m.parts
                  if isinstance(p, UserPromptPart))
-    plan = json.loads(str(first.content))
-    if plan.get("log"):
-        with open(plan["log"], "a") as f:
-            f.write(f"{os.getpid()}\n")
+    plan = plan_of(first.content)
     # every tool result since the model's last response (a resumed run may send the results of
     # calls that ran before the pause in a request of their own)
     since = [m for m in messages[_last_response(messages) + 1:] if isinstance(m, ModelRequest)]
@@ -133,11 +107,7 @@ def prompt_calls(*calls: tuple[str, dict[str, Any]]) -> str:
 
 
 async def _resume(session: str, tenant: str) -> dict[str, Any]:
-    try:
-        got = await resume(agent, session=session, tenant=tenant)
-    except NotPaused as exc:
-        return {"error": "NotPaused", "busy": exc.busy, "message": str(exc)}
-    return {"status": got.status, "output": got.output, "pending": got.pending}
+    return await answer(resume(agent, session=session, tenant=tenant))
 
 
 def main(argv: list[str]) -> None:
@@ -145,14 +115,7 @@ def main(argv: list[str]) -> None:
     and print what came of it as JSON. With READY and GO: create READY, then wait for GO to
     exist before resuming (so that two such processes resume at the same moment)."""
     session, tenant = argv[0], argv[1]
-    if len(argv) > 2:
-        ready, go = Path(argv[2]), Path(argv[3])
-        ready.write_text(str(os.getpid()))
-        deadline = time.monotonic() + GATE_TIMEOUT_S
-        while not go.exists():
-            if time.monotonic() > deadline:
-                raise SystemExit("never told to go")
-            time.sleep(0.002)
+    wait_to_go(argv[2:])
     print(json.dumps(asyncio.run(_resume(session, tenant))))
 
 
