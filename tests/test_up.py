@@ -18,6 +18,7 @@ import redis
 from pending_actions.embedded import EmbeddedRedis, check_port_free, free_port
 from pending_actions.procs import ROOT, ExitWatch
 from tests.support.procs import Worker
+from tests.support.unchanged import redis_unchanged
 from tests.support.up import await_up, spawn_up, up_children, up_env
 
 
@@ -26,18 +27,19 @@ def test_port_in_use_is_an_error_naming_it(redis_server: EmbeddedRedis,
     """Another Redis on the port: `up` must neither use it nor say it started its own."""
     other: Any = redis.Redis.from_url(redis_server.url)
     other.set("someone-elses", "data")
-    keys_before = set(other.keys())
-    proc = spawn_up(tmp_path / "data", redis_server.port, stderr=subprocess.PIPE)
-    try:
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()  # a no-op unless it went on to run against the other server
+    # nothing written to it, nothing deleted (a key of an earlier test that expires meanwhile
+    # is no change: the snapshot tells an expiry from a delete)
+    with redis_unchanged(other):
+        proc = spawn_up(tmp_path / "data", redis_server.port, stderr=subprocess.PIPE)
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()  # a no-op unless it went on to run against the other server
     assert proc.returncode == 2, (out, err)
     assert out == ""  # no export line: nothing was started
     errors = [line for line in err.splitlines() if "rror" in line]
     assert len(errors) == 1 and f"port {redis_server.port} is already in use" in errors[0], err
     assert "Traceback" not in err and "embedded redis-server" not in err
-    assert set(other.keys()) == keys_before
     other.close()
 
 

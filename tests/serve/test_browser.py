@@ -9,6 +9,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -57,12 +58,23 @@ def browser() -> Iterator[object]:
         driver.quit()
 
 
+def rerendered(driver: object) -> Any:
+    """A wait on the inbox page, which renders its list again as it refreshes: an element found
+    a moment before may be replaced by the time its text is read (stale), and is looked up
+    again, as a missing one is."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, 20,
+                         ignored_exceptions=(NoSuchElementException,
+                                             StaleElementReferenceException))
+
+
 def test_approve_and_discard_from_the_page(server: Server, pa: PendingActions, tokens: Tokens,
                                            browser: object, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
     driver: WebDriver = browser  # type: ignore[assignment]
     tenant = f"web-{uuid.uuid4().hex[:6]}"
@@ -76,7 +88,7 @@ def test_approve_and_discard_from_the_page(server: Server, pa: PendingActions, t
                     apply="t.ok", reject="t.reject_text",
                     payload={"to": "team@example.com", "subject": "Weekly report"},
                     tenant=tenant)
-    wait = WebDriverWait(driver, 20)
+    wait = rerendered(driver)
 
     def card(action_id: str) -> str:
         return f'.action[data-id="{action_id}"]'
@@ -148,7 +160,6 @@ def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
     driver: WebDriver = browser  # type: ignore[assignment]
     tenant = f"web-{uuid.uuid4().hex[:6]}"
@@ -159,7 +170,7 @@ def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens:
     session = f"agent-{uuid.uuid4().hex[:4]}"
     action_id = pa.stage(session=session, tool="deploy", label="Deploy api", apply="t.ok",
                          tenant=tenant)
-    wait = WebDriverWait(driver, 20)
+    wait = rerendered(driver)
     card = f'.action[data-id="{action_id}"]'
 
     def as_(token: str) -> None:
@@ -203,7 +214,6 @@ def test_an_edit_from_the_page(server: Server, pa: PendingActions, tokens: Token
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
     driver: WebDriver = browser  # type: ignore[assignment]
     tenant = f"web-{uuid.uuid4().hex[:6]}"
@@ -212,7 +222,7 @@ def test_an_edit_from_the_page(server: Server, pa: PendingActions, tokens: Token
     action_id = pa.stage(session=session, tool="deploy", label="Scale api", apply="t.ok",
                          payload={"replicas": 2, "image": "api:1", "region": "eu"},
                          tenant=tenant)
-    wait = WebDriverWait(driver, 20)
+    wait = rerendered(driver)
     card = f'.action[data-id="{action_id}"]'
     driver.get(server.base + "/")
     wait.until(ec.visibility_of_element_located((By.ID, "token"))).send_keys(token)
