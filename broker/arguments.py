@@ -16,10 +16,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
-class NoArgs(NamedTuple):
-    """No fixed slots."""
-
-
 class StageKeys(NamedTuple):
     stack: str
     actions: str
@@ -335,17 +331,13 @@ class ParkArgs(NamedTuple):
 
 
 class SessionsKeys(NamedTuple):
-    """retire's and upgrade's: the partition's sessions hash."""
+    """retire's: the partition's sessions hash."""
 
     sessions: str
 
 
 class RetireArgs(NamedTuple):
     retention_ms: int
-
-
-class UpgradeStackKeys(NamedTuple):
-    stack: str
 
 
 class BeatKeys(NamedTuple):
@@ -442,9 +434,6 @@ SIGNATURES: dict[str, Signature] = {
     "park": Signature(ParkKeys, ParkArgs),
     "retire": Signature(SessionsKeys, RetireArgs, keys_tail="session_keys_at",
                         args_tail="sessions_at"),
-    "upgrade": Signature(SessionsKeys, NoArgs, keys_tail="tenant_keys_at",
-                         args_tail="sessions_at"),
-    "upgrade_stack": Signature(UpgradeStackKeys, NoArgs),
     "beat": Signature(BeatKeys, BeatArgs),
     "register": Signature(RegisterKeys, RegisterArgs),
     "sweep": Signature(LeaseKeys, SweepArgs),

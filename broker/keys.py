@@ -78,11 +78,6 @@ class Keys:
             head = self._heads[session] = self._p(self.partition(session), f"s:{session}:")
         return head + name
 
-    def legacy_tenant(self, session: str) -> str:
-        """STRING: a session's tenant claim as versions before the sessions hash kept it; read
-        once, by the upgrade of its partition's index (workers/upgrade.py)."""
-        return self._s(session, "tenant")
-
     def stack(self, session: str) -> str:
         """ZSET of pending action ids, the head (newest) the lowest score: a one-member zset
         is a listpack, smaller than a one-item list (see docs/design.md)."""
@@ -115,12 +110,6 @@ class Keys:
     def dead(self, session: str) -> str:
         """LIST of dead-lettered actions with the reason."""
         return self._s(session, "dead")
-
-    def legacy_expiry(self, session: str) -> str:
-        """ZSET id -> expiry ms that versions before the one expiry index kept per session,
-        beside the partition's ``expiries`` (which always held the same entries). Nothing reads
-        it any more; deleted when the session is retired (retire.lua)."""
-        return self._s(session, "expiry")
 
     def expired(self, session: str) -> str:
         """ZSET of the session's actions that ended as expired, score when, trimmed to the last
@@ -321,13 +310,6 @@ class Keys:
         """STREAM of worker lifecycle events (ready, stopping)."""
         return f"{self.prefix}:workers"
 
-    # --- people and operators: tokens (used by ``serve``), keys older versions left ----------
-    def legacy_tenant_sessions(self, tenant: str) -> str:
-        """SET of one tenant's sessions across partitions, as versions before the partitions'
-        ``tenant_index`` kept them (written beside the stage, whatever it answered). Read by
-        nothing now; an operator may delete them (docs/operations.md)."""
-        return f"{self.prefix}:tenant:{tenant}:sessions"
-
     # --- auth: a prefix of its own, ``<prefix>-auth``, which the ``<prefix>:*`` key pattern of
     # the producer and worker Redis users does not match (``pending-actions acl``): only serve
     # and the user that runs ``pending-actions token`` reach it. KEY_PREFIX never ends in
@@ -345,23 +327,6 @@ class Keys:
     def token_names(self) -> str:
         """HASH token name -> sha256(token), for revocation by name."""
         return f"{self.auth_prefix}:{{tokens}}:by-name"
-
-    @property
-    def legacy_tokens(self) -> str:
-        """``tokens`` where versions before the auth prefix kept it, under the prefix every
-        role's user reaches; moved once to ``tokens`` (serve/auth.py)."""
-        return f"{self.prefix}:{{tokens}}:by-hash"
-
-    @property
-    def legacy_token_names(self) -> str:
-        """``token_names`` where versions before the auth prefix kept it; moved the same way."""
-        return f"{self.prefix}:{{tokens}}:by-name"
-
-    @property
-    def legacy_events(self) -> str:
-        """STREAM: the one event feed across partitions of versions before ``events``. Read by
-        nothing now; an operator may delete it (docs/operations.md)."""
-        return f"{self.prefix}:{{events}}"
 
     # --- policies: a prefix of their own, ``<prefix>-policy``, which the producer and worker
     # Redis users may only read (docs/threat-model.md); one slot, ``{policies}``
@@ -396,12 +361,6 @@ class Keys:
         """HASH loop name -> {"at","every"} JSON, and "" -> the process's host/pid/role; it
         expires unless the process's pulse renews it."""
         return f"{self.prefix}:{{beats}}:proc:{proc}"
-
-    @property
-    def layout(self) -> str:
-        """STRING: the newest key layout every session has been brought up to
-        (workers/upgrade.py), so that a resolve worker's start looks at each session once."""
-        return f"{self.prefix}:layout"
 
     @property
     def housekeeping(self) -> str:

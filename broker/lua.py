@@ -24,8 +24,8 @@ from pending_actions.broker.replies import (
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
-    "recover", "pending", "peek", "expire", "beat", "park", "retire", "reserve", "upgrade",
-    "upgrade_stack", "mark_expiries", "register", "sweep", "set_policy", "mark_policy",
+    "recover", "pending", "peek", "expire", "beat", "park", "retire", "reserve",
+    "mark_expiries", "register", "sweep", "set_policy", "mark_policy",
     "claim_run", "save_run", "note_outcome", "renew_run",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
@@ -41,8 +41,8 @@ FLAGS: dict[str, str] = {
     "clear_slot": "allow-oom", "begin": "allow-oom", "unclaim": "allow-oom",
     "renew": "allow-oom", "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
-    "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom", "upgrade": "",
-    "upgrade_stack": "", "mark_expiries": "allow-oom", "register": "allow-oom",
+    "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom",
+    "mark_expiries": "allow-oom", "register": "allow-oom",
     "sweep": "allow-oom",
     # a new policy version is refused while Redis is full; the markers of one set are raised
     # regardless, so that a version written is a version in force

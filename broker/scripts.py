@@ -420,25 +420,11 @@ class Scripts:
             [*arg.SessionsKeys(sessions=k.sessions(partition)),
              *(key for s, t in sessions
                for key in (k.actions(s), k.dead(s), k.history(s), k.stack(s),
-                           k.legacy_expiry(s),
                            k.tenant_index(partition, t or DEFAULT_TENANT)))],
             [*arg.RetireArgs(retention_ms=retention_ms),
              *(x for pair in sessions for x in pair)],
             lambda codes: [int(c) for c in codes],
         )
-
-    def upgrade(self, partition: int, sessions: list[str]) -> Call[int]:
-        """The partition's older sessions set (these members) into the sessions hash."""
-        k = self._k
-        return self._call(
-            "upgrade",
-            [*arg.SessionsKeys(sessions=k.sessions(partition)), *map(k.legacy_tenant, sessions)],
-            [*arg.NoArgs(), *sessions], int)
-
-    def upgrade_stack(self, session: str) -> Call[int]:
-        """The session's stack, if still the older list, into the zset (head first)."""
-        return self._call("upgrade_stack", arg.UpgradeStackKeys(stack=self._k.stack(session)),
-                          arg.NoArgs(), int)
 
     def sweep(self, session: str) -> Call[int]:
         """Put back the lease index entries of the session's leases that lack one."""

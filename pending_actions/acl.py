@@ -27,8 +27,8 @@ PRODUCER_SCRIPTS = ("stage", "reserve", "set_slot", "clear_slot", "pending", "pe
                     "set_policy", "mark_policy", "claim_run", "save_run", "renew_run")
 # (mark_policy: housekeeping raises the partitions' markers of a policy set half way)
 WORKER_SCRIPTS = ("take", "begin", "unclaim", "renew", "finalize", "readd", "recover", "expire",
-                  "mark_expiries", "beat", "park", "retire", "upgrade", "upgrade_stack",
-                  "register", "sweep", "mark_policy", "note_outcome")
+                  "mark_expiries", "beat", "park", "retire", "register", "sweep", "mark_policy",
+                  "note_outcome")
 POLICY_SCRIPTS = ("set_policy", "mark_policy")
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "producer": PRODUCER_SCRIPTS, "worker": WORKER_SCRIPTS, "serve": PRODUCER_SCRIPTS,
@@ -61,18 +61,16 @@ METRICS = ("xread", "xinfo|consumers")
 # stop; register.lua keeps it), recovery (ZRANGE of the lease and expiry indexes, MGET of their
 # marks, HGET of a lease), housekeeping (its record and lock, HSCAN of the sessions hashes), the
 # sweep of in-flight state (its record and lock, SCAN for the inflight hashes), beats (DEL, ZREM
-# at a clean stop), the key upgrade at start (TYPE, SMEMBERS of an older index, SADD to the
-# tenant indexes, the layout mark), and INFO (run id, eviction policy, version, the key count a
+# at a clean stop), and INFO (run id, eviction policy, version, the key count a
 # sweep's pages are sized by)
 WORKER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel", "xadd", "xread",
           "xrevrange", "xlen", "del", "hset", "hget", "hgetall", "hdel", "hlen", "hscan", "zadd",
           "zrem", "zrange", "zrangebyscore", "zremrangebyscore", "mget", "get", "set", "sscan",
-          "scard", "srem", "sadd", "smembers", "scan", "exists", "type", "info", "hmget")
+          "scard", "srem", "scan", "exists", "type", "info", "hmget")
 # the token store (serve/auth.py): look a token up, create, revoke (and its grant into every
-# partition's revoked set: SADD), list, and the one move of an older version's keys (WATCH,
-# read, MULTI/EXEC)
-AUTH = ("hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hvals", "del", "watch", "unwatch",
-        "multi", "exec", "discard", "sadd")
+# partition's revoked set: SADD), list
+AUTH = ("hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hvals", "del", "multi", "exec",
+        "discard", "sadd")
 
 PLAIN: dict[str, tuple[str, ...]] = {
     "producer": (*CONNECTION, *RUNNING, *CLIENT, *VIEWS),
@@ -86,7 +84,7 @@ ROLES = tuple(PLAIN)
 
 def patterns(role: str, keys: Keys, version: str = "7") -> list[str]:
     """The key patterns of ``role``: the deployment's prefix, and for serve and the auth user
-    the auth prefix (for the auth user, also the older token keys it moves). The policies'
+    the auth prefix. The policies'
     prefix: read-only for producers and workers (Redis 7's ``%R~``; 6.2 has no read-only
     pattern, so there they may write it too: docs/threat-model.md), read-write for serve and
     the auth user, which also writes the partitions' markers of a policy's version and, as
@@ -96,8 +94,8 @@ def patterns(role: str, keys: Keys, version: str = "7") -> list[str]:
     read_policy = f"%R{policy}" if int(version.split(".")[0]) >= 7 else policy
     return {"producer": [ours, read_policy], "worker": [ours, read_policy],
             "serve": [ours, auth, policy],
-            "auth": [auth, f"~{keys.legacy_token_names}", f"~{keys.legacy_tokens}", policy,
-                     f"~{keys.policy_markers_pattern()}", f"~{keys.revoked_pattern()}"]}[role]
+            "auth": [auth, policy, f"~{keys.policy_markers_pattern()}",
+                     f"~{keys.revoked_pattern()}"]}[role]
 
 
 def script_commands(names: tuple[str, ...]) -> set[str]:

@@ -186,7 +186,7 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
     proc = spawn()
     try:
         # where the dramatiq processes serve the requests themselves (workers/local.py), this
-        # one recovers, keeps house and upgrades
+        # one recovers and keeps house
         resolver = ResolveWorker(ctx, task_broker(ctx), name, on_fatal=on_fatal,
                                  serve=not serves_locally(settings)).start()
     except BaseException:

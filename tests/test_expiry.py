@@ -211,7 +211,6 @@ def test_one_record_of_a_ttl_which_holds_while_the_action_is_in_flight(
         own: Any = rc.keys(f"{prefix}:*:s:{session}:*")
         assert sorted(k.decode().rpartition(":")[2] for k in own) == [
             "actions", "history", "stack"]
-        assert not rc.exists(keys.legacy_expiry(session))
 
         live = LiveView(rc, keys).get()
         taken = ctx.scripts.take(

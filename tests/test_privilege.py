@@ -7,7 +7,6 @@ expires."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import socket
 import subprocess
@@ -171,15 +170,13 @@ def test_reason_and_extra_limits(tmp_path: Path) -> None:
 def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
     """Retention 1 s: a finished session's history expires and it leaves the sessions hashes
     (its tenant claim with it) and sets; a session with a pending or a dead-lettered action
-    keeps everything. A per-session expiry zset an older version left goes with its session."""
+    keeps everything."""
     with cluster(tmp_path, retention_s="1", housekeeping_s="0.2") as (server, _w, pa):
         rc = redis.Redis.from_url(server.url)
         for i in range(50):
             pa.stage(session=f"done-{i}", tool="t", label="L", apply="t.idem")
             assert not pa.resolve(session=f"done-{i}", action="apply", reason="r").is_error
         kept = pa.stage(session="live", tool="t", label="L", apply="t.idem")
-        for session in ("done-0", "done-1", "live"):  # as an older version left them
-            rc.zadd(K.legacy_expiry(session), {"pending-action:t:1": 1})
         rc.lpush(K.dead("dead"), orjson.dumps({"id": "x", "reason": "r"}))
         rc.hset(K.sessions(K.partition("dead")), "dead", "default")
 
@@ -193,8 +190,6 @@ def test_finished_sessions_expire_and_pending_ones_stay(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert members() == {"live", "dead"}
         assert not any(rc.exists(K.history(f"done-{i}")) for i in range(50))
-        assert not rc.exists(K.legacy_expiry("done-0"), K.legacy_expiry("done-1"))
-        assert rc.exists(K.legacy_expiry("live"))
         assert [a.id for a in pa.pending("live")] == [kept]
         assert rc.ttl(K.history("live")) == -1 and rc.llen(K.dead("dead")) == 1
         # what 50 finished sessions leave after retention: only their request marker and
@@ -230,26 +225,15 @@ def test_each_role_runs_the_scripts_its_code_calls() -> None:
     assert set(NAMES) == set(PRODUCER_SCRIPTS) | set(WORKER_SCRIPTS)  # none without a role
 
 
-def legacy_token(rc: redis.Redis, name: str, tenant: str, role: str) -> str:
-    """A token as a version before the auth prefix stored it, under ``pa:{tokens}``."""
-    token = f"pat_{name}-of-an-older-version"
-    hashed = hashlib.sha256(token.encode()).hexdigest()
-    rc.hset(K.legacy_token_names, name, hashed)
-    rc.hset(K.legacy_tokens, hashed, orjson.dumps(
-        {"name": name, "tenant": tenant, "role": role, "created_at": 1.0}))
-    return token
-
-
 def test_each_role_does_its_work_as_its_user(any_redis: EmbeddedRedis) -> None:
     """Every role's real work as the user `acl` prints for it, and Redis refused nothing
     (ACL LOG, which also sees what a retrying loop would swallow): a producer stages, lists
     and resolves every way (clients and CLI); a worker runs handlers, recovers a crashed
     attempt, expires, retires, delivers a webhook; serve serves every route with a token the
-    auth user made, and one an older version made (serve moves it); `mcp --transport http`,
+    auth user made; `mcp --transport http`,
     which checks the same tokens, runs as serve's user."""
     rc = redis.Redis.from_url(any_redis.url)
     url = users(rc, any_redis.url)
-    older = legacy_token(rc, "old-admin", "t1", "admin")
     receiver = Receiver()
     worker = WorkerProcess(url["worker"], "tests.support.handlers", {
         **FAST, "retention_s": "2", "housekeeping_s": "0.2", "webhook_urls": f"{receiver.url}/ok",
@@ -270,9 +254,6 @@ def test_each_role_does_its_work_as_its_user(any_redis: EmbeddedRedis) -> None:
             time.sleep(0.1)
 
         server = Server(url["serve"]).wait_ready()
-        got = server.http.get("/v1/inbox", headers=server.as_(older))  # moved by serve
-        assert got.status_code == 200, got.text
-        assert not rc.exists(K.legacy_tokens, K.legacy_token_names)
         made = cli(url["auth"], "--json", "token", "create", "--tenant", "t1", "--role", "admin",
                    "--name", "t1-admin")
         assert made.returncode == 0, made.stderr
@@ -281,7 +262,7 @@ def test_each_role_does_its_work_as_its_user(any_redis: EmbeddedRedis) -> None:
                     "producer", "--name", "t1-agent")
         mcp_work(url["serve"], orjson.loads(agent.stdout)["token"], "web")
         listed = cli(url["auth"], "token", "ls")
-        assert "old-admin" in listed.stdout and "t1-admin" in listed.stdout, listed
+        assert "t1-admin" in listed.stdout, listed
         assert cli(url["auth"], "token", "revoke", "t1-admin").returncode == 0
         worker.check_alive()
         assert refusals(rc) == []
@@ -376,34 +357,6 @@ def test_policies_are_written_by_serve_and_auth_users_only(any_redis: EmbeddedRe
                 write()
         with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no perm|can't access"):
             client.eval(f"return redis.call('HSET', '{K.policy('t1')}', 'current', 'x')", 0)
-
-
-def test_tokens_of_an_older_version_move_once(tmp_path: Path) -> None:
-    """The auth user's first `token` command moves the older keys' tokens in one step: each
-    keeps working; a name the auth keys already have keeps its own token, and the older one of
-    that name is dropped, as is a record no name points to; the older keys are gone, and the
-    warning says how many moved, once."""
-    for server in redis_of("7", tmp_path / "redis"):
-        rc = redis.Redis.from_url(server.url)
-        url = users(rc, server.url)
-        new = Tokens(rc, K)
-        kept, _who = new.create("t1", "approver", "bob")  # made after the upgrade
-        alice = legacy_token(rc, "alice", "t1", "admin")
-        stale_bob = legacy_token(rc, "bob", "t2", "admin")
-        rc.hset(K.legacy_tokens, "0" * 64, orjson.dumps(  # a record no name points to
-            {"name": "ghost", "tenant": "t1", "role": "admin", "created_at": 1.0}))
-        listed = cli(url["auth"], "--json", "token", "ls")
-        assert listed.returncode == 0, listed.stderr
-        assert sorted((t["name"], t["tenant"]) for t in orjson.loads(listed.stdout)) == [
-            ("alice", "t1"), ("bob", "t1")]
-        assert "moved 1 token(s)" in listed.stderr and "dropped 2" in listed.stderr, listed
-        assert not rc.exists(K.legacy_tokens, K.legacy_token_names)
-        fresh = Tokens(rc, K)
-        assert [fresh.lookup(t) for t in (alice, kept)] == [
-            p for p in fresh.all() if p.name in ("alice", "bob")]
-        assert fresh.lookup(stale_bob) is None
-        again = cli(url["auth"], "token", "ls")
-        assert again.returncode == 0 and "moved" not in again.stderr
 
 
 def test_select_is_granted_only_for_a_database_other_than_0(tmp_path: Path) -> None:

@@ -180,31 +180,3 @@ def test_a_pass_over_20000_sessions_keeps_its_time(server: EmbeddedRedis) -> Non
     print(f"a pass over 20,000 sessions took {took:.2f} s (its time: 4 s)")
     # its time, and a round of slack for a machine shared with other tests
     assert took <= 4 + 0.6 + 1, took
-
-
-def test_the_record_drops_what_older_versions_paged(server: EmbeddedRedis) -> None:
-    """Older versions paged the tenants' sessions sets too: their entries leave the record,
-    and the sets themselves are left as they are (read by nothing)."""
-    # a pass of one round: every hash is paged whole each round
-    settings = Settings(redis_url=server.url, key_prefix="rs", retention_s=24, housekeeping_s=10)
-    ctx = Context.create(settings, role="worker")
-    rc = redis.Redis.from_url(server.url)
-    k, retire = ctx.keys, Retirement(ctx)
-    legacy = k.legacy_tenant_sessions("gone-co")
-
-    def one_round() -> int:
-        rc.delete(k.housekeeping_lock)
-        retire.next_at = 0.0
-        return retire.step()
-
-    try:
-        rc.sadd(legacy, "done-1")
-        rc.hset(k.housekeeping, legacy, "1 1 0 0 0")  # a pass an older version began
-        assert one_round() == 0
-        assert not rc.hexists(k.housekeeping, legacy)
-        assert rc.hexists(k.housekeeping, k.sessions(0))
-        assert legacy not in retire.own
-        assert rc.smembers(legacy) == {b"done-1"}
-    finally:
-        ctx.client.close()
-        rc.close()

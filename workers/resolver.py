@@ -41,7 +41,6 @@ from pending_actions.workers.policies import answer_people, is_auto, refuse_no_w
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.taskbroker import StreamsBroker
 from pending_actions.workers.tasks import TaskMessage, encoded_task, pool_queue
-from pending_actions.workers.upgrade import upgrade, upgrade_stack
 
 log = logging.getLogger("pending_actions.resolver")
 
@@ -65,7 +64,6 @@ class ResolveWorker:
         self.serve, self.maintain, self.local = serve, maintain, local
         self._announced = False
         self.beats = beats or Beats(ctx, self.name, "resolver")
-        self._upgraded, self._upgrade_lock = threading.Event(), threading.Lock()
         self.recovery = Recovery(ctx, self.name, self.stop)
         self.live = LiveView(ctx.client, ctx.keys)
         # on our streams broker in the same Redis, take.lua enqueues the task itself
@@ -107,18 +105,7 @@ class ResolveWorker:
             self.threads.append(thread)
         return self
 
-    def upgraded(self) -> None:
-        """Keys an older version left in another layout are upgraded (workers/upgrade.py)
-        before any loop reads them: each loop's step starts here, and it is done once."""
-        if self._upgraded.is_set():
-            return
-        with self._upgrade_lock:
-            if not self._upgraded.is_set():
-                upgrade(self.ctx)
-                self._upgraded.set()
-
     def _recover(self) -> None:
-        self.upgraded()
         if not self.serve and not self._announced:  # else its first serve loop says it
             self.announce()
         self.recovery.step()
@@ -326,15 +313,8 @@ class ResolveWorker:
         """A take that Redis refused. Returns whether the request may be acked: not when
         Redis is full (it stays pending and is claimed again once memory is back). A poison
         record in the way is parked and the caller told; any other refusal parks the request
-        in the dead requests, its caller told too. A stack an older producer made as a list
-        is moved to a zset and the request left pending: claimed again, it is served."""
+        in the dead requests, its caller told too."""
         found = poison_of(exc)
-        if (found is not None and found.what == "type" and found.field == "list"
-                and found.key == self.ctx.keys.stack(request.session)
-                and upgrade_stack(self.ctx, request.session)):
-            log.warning("session %s: its stack was a list (an older producer); request %s "
-                        "waits to be claimed again", request.session, request.req)
-            return False
         why = f"{found}; it was moved to the session's dead letters" if found else ""
         if found is not None and park_poison(self.ctx, request.session, found, request.req,
                                              not_served(request, why)):
@@ -386,7 +366,6 @@ class _Server:
 
     def step(self) -> None:
         w = self.w
-        w.upgraded()
         try:
             if not self.grouped:
                 w._ensure_groups(self.streams)

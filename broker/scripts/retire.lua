@@ -8,10 +8,9 @@
 -- (stage.lua, set_slot.lua) make its history persistent themselves, and a session is never
 -- made to expire while live, since this script checks and expires in one step.
 -- KEYS[1] the partition's sessions (hash)
--- KEYS[2..] six per session, in ARGV's order: actions (hash), dead (list), history (stream),
---   stack (zset: only ids of specs gone, when the actions hash is empty), the per-session
---   expiry zset an older version kept (Keys.legacy_expiry: read by nothing now, deleted with
---   the stack), the index of the tenant the session was read with (set)
+-- KEYS[2..] five per session, in ARGV's order: actions (hash), dead (list), history (stream),
+--   stack (zset: only ids of specs gone, when the actions hash is empty), the index of the
+--   tenant the session was read with (set)
 -- ARGV[1] retention ms   ARGV[2..] two per session (all of KEYS[1]'s partition): the session
 --   and the tenant its field held when read ("" for none yet): a claimed session's tenant
 --   never changes, and one that changed since (a first stage after a slot) is live
@@ -23,15 +22,15 @@ local retention_ms = ARGV[1]
 local sessions_at = 2
 local out = {}
 for i = sessions_at, #ARGV, 2 do
-  local k = session_keys_at + 6 * (i - sessions_at) / 2
-  local actions, dead, hist, stack, legacy, index = KEYS[k], KEYS[k + 1], KEYS[k + 2],
-    KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  local k = session_keys_at + 5 * (i - sessions_at) / 2
+  local actions, dead, hist, stack, index = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3],
+    KEYS[k + 4]
   local session, tenant = ARGV[i], ARGV[i + 1]
   local owner = redis.call('HGET', sessions, session)
   if redis.call('EXISTS', actions, dead) > 0 or (owner and owner ~= tenant) then
     out[#out + 1] = 0
   else
-    redis.call('DEL', stack, legacy)
+    redis.call('DEL', stack)
     if redis.call('EXISTS', hist) == 0 then
       redis.call('HDEL', sessions, session)
       redis.call('SREM', index, session)

@@ -5,9 +5,7 @@ password, so a slow hash would add nothing but latency to every request), with t
 and role it was created for. Revoking deletes the record, so the next request with it is a 401.
 
 The records live under the auth prefix (``Keys.tokens``), which only serve's Redis user and the
-one that runs ``pending-actions token`` reach (``pending-actions acl``). Versions before it kept
-them under the prefix every role's user reaches: the first use of ``Tokens`` moves them, in one
-atomic step (``move_legacy``), so tokens made before an upgrade keep working.
+one that runs ``pending-actions token`` reach (``pending-actions acl``).
 """
 
 from __future__ import annotations
@@ -62,49 +60,6 @@ class Tokens:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
-        self.moved = False  # the older keys looked at (and moved) by this object
-
-    def move_legacy(self) -> int:
-        """Move the tokens an older version kept (``Keys.legacy_token_names`` and
-        ``legacy_tokens``) to the auth keys, in one transaction (the four keys share the
-        ``{tokens}`` tag, one cluster slot), and delete the older keys. A name the auth keys
-        already have keeps its token there; the older one of that name goes, and so does a
-        record no name points to (it could not be revoked). Returns how many moved."""
-        k = self.keys
-        with self.client.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    # and the names: a `token create` meanwhile must not lose its name
-                    pipe.watch(  # type: ignore[no-untyped-call]
-                        k.legacy_token_names, k.legacy_tokens, k.token_names)
-                    names: Any = pipe.hgetall(k.legacy_token_names)
-                    records: Any = pipe.hgetall(k.legacy_tokens)
-                    if not names and not records:
-                        pipe.unwatch()
-                        return 0
-                    ours: Any = pipe.hmget(k.token_names, list(names)) if names else []
-                    pipe.multi()
-                    moved = 0
-                    for (name, hashed), taken in zip(names.items(), ours, strict=True):
-                        if taken is None and hashed in records:
-                            pipe.hset(k.token_names, name, hashed)
-                            pipe.hset(k.tokens, hashed, records[hashed])
-                            moved += 1
-                    pipe.delete(k.legacy_token_names, k.legacy_tokens)
-                    pipe.execute()
-                    break
-                except redis.WatchError:
-                    continue  # written meanwhile: read them again
-        log.warning("moved %d token(s) of an older version from %s to %s, dropped %d (a name "
-                    "taken there, or no name); list them with `pending-actions token ls`: every "
-                    "Redis user could write the older keys", moved, k.legacy_tokens, k.tokens,
-                    len(records) - moved)
-        return moved
-
-    def _ready(self) -> None:
-        if not self.moved:
-            self.move_legacy()
-            self.moved = True
 
     def create(self, tenant: str, role: str, name: str | None = None) -> tuple[str, Principal]:
         """Returns the token (shown once, never stored) and what it grants."""
@@ -114,7 +69,6 @@ class Tokens:
         # a person's name, as approvals compare it: Alice and alice are one token name
         name = person("name", f"{tenant}-{role}-{secrets.token_hex(3)}" if name is None
                       else name)
-        self._ready()
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         hashed = digest(token)
         principal = Principal(name, tenant, role, time.time(), grant_of(hashed))
@@ -129,7 +83,6 @@ class Tokens:
     def lookup(self, token: str) -> Principal | None:
         if not token.startswith(TOKEN_PREFIX):
             return None
-        self._ready()
         hashed = digest(token)
         raw: Any = self.client.hget(self.keys.tokens, hashed)
         if raw is None:
@@ -140,7 +93,6 @@ class Tokens:
         """The token of ``name`` stops working, and the approvals it gave stop counting: its
         grant goes into every partition's revoked set first (a crash between the two steps
         leaves a token whose approvals count for nothing: revoke it again)."""
-        self._ready()
         # a name as people are compared; a token made before names were folded keeps its own
         found: Any = None
         for candidate in dict.fromkeys((person("name", name), name)):
@@ -163,7 +115,6 @@ class Tokens:
         return True
 
     def all(self) -> list[Principal]:
-        self._ready()
         records: Any = self.client.hgetall(self.keys.tokens)
         return sorted((_principal(v, h.decode()) for h, v in records.items()),
                       key=lambda p: p.name)

@@ -34,11 +34,11 @@ class Snapshot:
 
 def live(keys: Keys | None = None) -> Callable[[bytes], bool]:
     """The keys a running deployment rewrites by itself: worker registrations and heartbeats,
-    lifecycle events, housekeeping's and the in-flight sweep's cursors and locks, the layout
-    mark (of ``keys``, the default prefix's when not given)."""
+    lifecycle events, housekeeping's and the in-flight sweep's cursors and locks (of ``keys``,
+    the default prefix's when not given)."""
     keys = keys or Keys()
     exact = {k.encode() for k in (keys.pools, keys.pool_live, keys.workers, keys.beat_procs,
-                                  keys.housekeeping, keys.housekeeping_lock, keys.layout,
+                                  keys.housekeeping, keys.housekeeping_lock,
                                   keys.sweep, keys.sweep_lock)}
     beats = keys.beats("").encode()
     return lambda key: key in exact or key.startswith(beats)

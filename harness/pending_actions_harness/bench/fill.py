@@ -57,8 +57,7 @@ def drop_sessions(ctx: Context, sessions: Sequence[str], batch: int = 1000) -> N
         chunk = sessions[i:i + batch]
         pipe = ctx.client.pipeline(transaction=False)
         for s in chunk:
-            pipe.unlink(k.stack(s), k.actions(s), k.state(s), k.history(s), k.inflight(s),
-                        k.legacy_expiry(s))
+            pipe.unlink(k.stack(s), k.actions(s), k.state(s), k.history(s), k.inflight(s))
             pipe.hdel(k.sessions(k.partition(s)), s)
         pipe.execute()
     # and their entries in the expiry indexes (actions staged with a ttl): "<session>/<id>"
