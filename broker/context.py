@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import redis
 
+from pending_actions.broker.atomic.scripts import Scripts
 from pending_actions.broker.clock import RedisClock
 from pending_actions.broker.connection import producer_client, worker_client
 from pending_actions.broker.failures import redis_errors
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 
 

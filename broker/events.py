@@ -1,7 +1,7 @@
 """Every event name written to a stream, in one place.
 
 ``Event`` is what a session's history stream (``pa:{S}:history``) records. The Lua scripts get
-it as the table ``EVENT`` (generated from this enum into the prelude, see ``broker/scripts.py``),
+it as the table ``EVENT`` (each name written as its value, ``broker/atomic/source.py``),
 so a script names an event as ``EVENT.TAKEN`` and an unknown name fails the script.
 ``WorkerEvent`` is what the lifecycle stream ``pa:workers`` records, each entry written by
 ``announce``.

@@ -28,7 +28,7 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, rx.RedisClusterEx
 
 def poison_of(exc: BaseException) -> Poison | None:
     """The Poison a script stopped with (prelude's ``poison()``), if that is what ``exc`` is.
-    A script's error reply is the same on every Redis (``broker/lua.py`` runs each inside
+    A script's error reply is the same on every Redis (``broker/atomic/source.py`` runs each inside
     pcall): ``POISON <what> <key> <field>`` for a record that does not parse, a command's own
     error with its code (``OOM ...``: redis-py's OutOfMemoryError, RedisFull below), ``ERR``
     and Lua's message for anything else."""

@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 import redis
 
-from pending_actions.broker.arguments import RegisterArgs, RegisterKeys
+from pending_actions.broker.atomic.arguments import RegisterArgs, RegisterKeys
+from pending_actions.broker.atomic.source import source
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.lua import source
 
 
 def pool_id(names: list[str] | tuple[str, ...],
@@ -47,7 +47,7 @@ def heartbeat(client: redis.Redis, keys: Keys, pool: str, names: list[str], inst
     """register.lua, for a pool made live by hand (the tests'): a worker process registers
     through its ``Scripts.register``, which sends the script's flags where Redis reads them.
     Sent without them, as a producer sends scripts: on any Redis, and while it is full."""
-    # by name, as Scripts.register builds them (broker/arguments.py: the scripts' slots)
+    # by name, as Scripts.register builds them (broker/atomic/arguments.py: the scripts' slots)
     slots = RegisterKeys(pools=keys.pools, live=keys.pool_live)
     client.eval(source("register", flags=False), len(slots), *slots, *RegisterArgs(
         pool=pool, names=record(names), member=Keys.pool_member(pool, instance),

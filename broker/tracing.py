@@ -16,9 +16,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from pending_actions.broker.atomic.replies import Begun, Taken
 from pending_actions.broker.events import Event
 from pending_actions.broker.models import Lease, ResolveRequest
-from pending_actions.broker.replies import Begun, Taken
 
 try:
     from opentelemetry import context as _context

@@ -102,7 +102,7 @@ def script_commands(names: tuple[str, ...]) -> set[str]:
     """Every command the scripts ``names`` run inside Redis (the part of the prelude each uses
     included), read from their text: as sent with Redis 7's flags and without them (to 6.2,
     and by producers), where one flagged allow-oom begins with a write of its own."""
-    from pending_actions.broker.scripts import source
+    from pending_actions.broker.atomic.scripts import source
 
     return {m.lower() for name in names for flags in (True, False)
             for m in re.findall(r"(?:redis\.p?call|call_on)\('([A-Za-z]+)'",

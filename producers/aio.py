@@ -15,15 +15,15 @@ from redis.asyncio.cluster import PipelineCommand
 from redis.exceptions import AskError
 
 from pending_actions.broker import tracing
+from pending_actions.broker.atomic.replies import RunClaimed
+from pending_actions.broker.atomic.scripts import Scripts
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, async_producer_client
 from pending_actions.broker.errors import ConfigError, RedisUnavailable
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveInput, Result
-from pending_actions.broker.replies import RunClaimed
 from pending_actions.broker.rules import Verdict
-from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions_async
 from pending_actions.broker.urls import url_options

@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 
 from pending_actions.broker import texts, tracing
+from pending_actions.broker.atomic.replies import Peeked, Pending, RunClaimed
+from pending_actions.broker.atomic.scripts import Slot
 from pending_actions.broker.errors import InvalidInput
 from pending_actions.broker.models import (
     ActionState,
@@ -27,10 +29,8 @@ from pending_actions.broker.models import (
 )
 from pending_actions.broker.payloads import check_json, check_payload
 from pending_actions.broker.pools import parse_live, queue_live
-from pending_actions.broker.replies import Peeked, Pending, RunClaimed
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.broker.rules import strictness
-from pending_actions.broker.scripts import Slot
 from pending_actions.producers.plans import Batch, Chunks, Plan, Run, Wait
 from pending_actions.producers.staging import Staging
 from pending_actions.producers.tool import soft_requirement

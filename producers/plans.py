@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import redis
 
+from pending_actions.broker.atomic.scripts import Call, Queued
 from pending_actions.broker.failures import translate
-from pending_actions.broker.scripts import Call, Queued
 
 T = TypeVar("T")
 

@@ -14,12 +14,12 @@ from typing import Any, cast
 import orjson
 
 from pending_actions.broker import texts
+from pending_actions.broker.atomic.scripts import Scripts, ToStage
 from pending_actions.broker.errors import Damaged, Denied, InvalidInput
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, ResolveRequest, check_tenant, spec_json
 from pending_actions.broker.payloads import check_json
 from pending_actions.broker.rules import AUTO_BY, Policy, Verdict, read_document
-from pending_actions.broker.scripts import Scripts, ToStage
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, Run
 

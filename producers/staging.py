@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from pending_actions.broker import texts, tracing
+from pending_actions.broker.atomic.replies import Staged, StageRefusal
+from pending_actions.broker.atomic.scripts import Call, Scripts, Slot
 from pending_actions.broker.errors import (
     Damaged,
     Denied,
@@ -39,9 +41,7 @@ from pending_actions.broker.models import (
 )
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
 from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
-from pending_actions.broker.replies import Staged, StageRefusal
 from pending_actions.broker.rules import Verdict
-from pending_actions.broker.scripts import Call, Scripts, Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, send_scripts
 from pending_actions.producers.policies import PolicyPlans, raise_denied

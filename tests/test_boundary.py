@@ -34,7 +34,7 @@ from tests.support.replies import entries
 from tests.support.runs import runs
 from tests.support.unchanged import live, redis_unchanged
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "broker" / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "broker" / "atomic" / "lua"
 
 # every way a handler can come to run, and the test here that shows the policy decides it
 PATHS = {

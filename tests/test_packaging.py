@@ -88,8 +88,8 @@ def test_the_wheel_holds_the_tree(dists: Dists) -> None:
     for name, folder in tree_packages().items():
         prefix = name.replace(".", "/")
         wanted |= {f"{prefix}/{p.name}" for p in folder.glob("*.py")}
-    wanted |= {f"pending_actions/broker/scripts/{p.name}"
-               for p in (ROOT / "broker" / "scripts").glob("*.lua")}
+    wanted |= {f"pending_actions/broker/atomic/lua/{p.name}"
+               for p in (ROOT / "broker" / "atomic" / "lua").glob("*.lua")}
     wanted |= {f"pending_actions/serve/static/{p.name}"
                for p in (ROOT / "pending_actions" / "serve" / "static").iterdir()}
     shipped = {n for n in dists.wheel if ".dist-info/" not in n}
@@ -103,7 +103,7 @@ def test_the_sdist_has_no_tests_and_no_part_twice(dists: Dists) -> None:
     assert [n for n in dists.sdist if n.startswith("tests/")] == []
     assert [n for n in dists.sdist if n.startswith(tuple(f"pending_actions/{p}" for p in PARTS))
             ] == []
-    assert "broker/scripts/take.lua" in dists.sdist
+    assert "broker/atomic/lua/take.lua" in dists.sdist
 
 
 @pytest.mark.parametrize("part", PARTS)

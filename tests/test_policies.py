@@ -18,9 +18,9 @@ import pytest
 import redis
 
 import pending_actions
+from pending_actions.broker.atomic.scripts import ToStage
 from pending_actions.broker.errors import InvalidInput, PendingActionsError
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.scripts import ToStage
 from pending_actions.producers import PendingActions
 from tests.conftest import Deployment, both
 from tests.support.faults import K, cluster, wait_history

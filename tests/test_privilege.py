@@ -22,8 +22,8 @@ import redis
 from pydantic import ValidationError
 
 from pending_actions.acl import PRODUCER_SCRIPTS, SCRIPTS, WORKER_SCRIPTS
+from pending_actions.broker.atomic.source import NAMES
 from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
-from pending_actions.broker.lua import NAMES
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import ROOT

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from pending_actions.broker.atomic.source import RUN, prelude
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import Poison, RedisFull, UnknownHandler
 from pending_actions.broker.failures import poison_of, redis_errors, translate
-from pending_actions.broker.lua import RUN, prelude
 from pending_actions.broker.pools import heartbeat, read_live
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
@@ -62,7 +62,7 @@ def full(rc: redis.Redis) -> None:
 
 
 def run(rc: redis.Redis, body: str) -> object:
-    """``body`` run as every script is (broker/lua.py): inside pcall, an error answered by
+    """``body`` run as every script is (broker/atomic/source.py): inside pcall, an error answered by
     the prelude's failure()."""
     return rc.eval(prelude("failure()") + RUN.format(body=body), 1, "k")
 

@@ -1,6 +1,6 @@
 """The Lua side of the protocol: every script names events and reply codes through the tables
 the prelude generates from the Python enums, its header lists exactly the KEYS and ARGV it
-uses, it names each of them at its top as ``broker/arguments.py`` does (name and position),
+uses, it names each of them at its top as ``broker/atomic/arguments.py`` does (name and position),
 and each one, prelude included, loads in a real Redis."""
 
 from __future__ import annotations
@@ -13,21 +13,28 @@ import pytest
 import redis
 
 from pending_actions.broker import Keys
-from pending_actions.broker.arguments import SIGNATURES, TakeArgs
-from pending_actions.broker.events import Event
-from pending_actions.broker.lua import (
+from pending_actions.broker.atomic.arguments import SIGNATURES, TakeArgs
+from pending_actions.broker.atomic.replies import BeginStatus, Begun, TakeStatus
+from pending_actions.broker.atomic.scripts import (
+    LUA_TABLES,
+    NAMES,
+    ToStage,
+    lua_file,
+    prelude,
+    source,
+)
+from pending_actions.broker.atomic.source import (
     CODE_NAME,
     UnknownCodeName,
     inline_codes,
     strip_comments,
 )
+from pending_actions.broker.events import Event
 from pending_actions.broker.pools import LiveView, heartbeat
-from pending_actions.broker.replies import BeginStatus, Begun, TakeStatus
-from pending_actions.broker.scripts import LUA_TABLES, NAMES, ToStage, lua_file, prelude, source
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 
-TABLE_USE = CODE_NAME  # a script's TABLE.NAME, as broker/lua.py finds it
+TABLE_USE = CODE_NAME  # a script's TABLE.NAME, as broker/atomic/source.py finds it
 EVENT_FIELD = re.compile(r"'event',\s*('[^']*'|\"[^\"]*\")")
 SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)\]")
 # a line naming slots: local a, b = KEYS[1], ARGV[2]
@@ -55,7 +62,7 @@ def test_every_event_is_written_somewhere() -> None:
     # the prelude's code (not its comments), as it names them
     code = [lua_file(name) for name in NAMES] + [strip_comments(lua_file("prelude"))]
     used = {m for text in code for t, m in TABLE_USE.findall(text) if t == "EVENT"}
-    # set_slot/clear_slot and finalize get theirs from Python (broker/scripts.py, attempt.py)
+    # set_slot/clear_slot and finalize get theirs from Python (broker/atomic/scripts.py, attempt.py)
     from_python = {"DIRECTIVE_SET", "STANDING_SET", "DIRECTIVE_CLEARED", "STANDING_CLEARED",
                    "APPLIED", "DISCARDED", "STALE"}
     assert used | from_python == set(Event.__members__)
@@ -106,7 +113,7 @@ def test_each_slot_is_named_as_its_object_names_it(name: str) -> None:
     sig = SIGNATURES[name]
     code = strip_comments(lua_file(name))
     assert disagreements(code, sig.keys._fields, sig.args._fields, sig.keys_tail,
-                         sig.args_tail) == [], f"{name}.lua against broker/arguments.py"
+                         sig.args_tail) == [], f"{name}.lua against broker/atomic/arguments.py"
 
 
 def test_the_slot_check_finds_a_swap() -> None:

@@ -101,7 +101,7 @@ def test_a_batch_leaves_the_history_and_the_feed_about_their_maxlen(
     """stage.lua appends to the history and the feed without trimming, then trims each once
     per call: a stream ends at least maxlen long, and shorter than maxlen and a whole stream
     node (at most 100 entries) more."""
-    monkeypatch.setattr("pending_actions.broker.scripts.feed_cap", lambda _keys: 20)
+    monkeypatch.setattr("pending_actions.broker.atomic.scripts.feed_cap", lambda _keys: 20)
     pa = PendingActions.from_url(deployment.url, history_maxlen=10)
     try:
         monkeypatch.setattr(pa.core, "CHUNK", 100)

@@ -10,11 +10,11 @@ import logging
 from typing import Any
 
 from pending_actions.broker import texts
+from pending_actions.broker.atomic.replies import Taken, TakeStatus
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import publish
 from pending_actions.broker.models import ResolveRequest, Result
-from pending_actions.broker.replies import Taken, TakeStatus
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.broker.rules import AUTO_BY
 

@@ -21,6 +21,7 @@ import redis
 from pydantic import ValidationError
 
 from pending_actions.broker import texts, tracing
+from pending_actions.broker.atomic.replies import ExpireOutcome, RecoverOutcome
 from pending_actions.broker.connection import is_cluster, server_info
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
@@ -30,7 +31,6 @@ from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import NOTHING_DUE, Keys
 from pending_actions.broker.models import Lease, Spec
 from pending_actions.broker.policy import check_policy
-from pending_actions.broker.replies import ExpireOutcome, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.workers.poison import park_poison
 from pending_actions.workers.policies import raise_markers

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, tracing
+from pending_actions.broker.atomic.replies import Taken, TakeStatus
 from pending_actions.broker.connection import is_cluster, pipeline, read_group
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
@@ -29,7 +30,6 @@ from pending_actions.broker.keys import RESOLVER_GROUP
 from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.pools import Live, LiveView
-from pending_actions.broker.replies import Taken, TakeStatus
 from pending_actions.broker.results import (
     expired,
     not_the_target,

@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from pending_actions.broker import texts
+from pending_actions.broker.atomic.replies import RunClaim, RunClaimed
 from pending_actions.broker.errors import (
     Denied,
     Forbidden,
@@ -34,7 +35,6 @@ from pending_actions.broker.errors import (
 )
 from pending_actions.broker.events import Event, Fate
 from pending_actions.broker.models import PendingAction, check_handler_name
-from pending_actions.broker.replies import RunClaim, RunClaimed
 from pending_actions.producers import AsyncPendingActions
 from pending_actions.workers import outcomes
 from pending_actions.workers.registry import handler

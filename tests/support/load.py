@@ -153,6 +153,6 @@ def gated(pa: PendingActions, rc: redis.Redis, session: str) -> Iterator[str]:
     [token] = byte_list(rc.hkeys(K.inflight(session)))
     yield token.decode()
     # opens the gate even while Redis is full, on any Redis: a first write that cannot grow
-    # memory (no member removed) lets the script's next ones through (see broker/lua.py)
+    # memory (no member removed) lets the script's next ones through (see broker/atomic/source.py)
     rc.eval("redis.pcall('ZREM', KEYS[1], '')\nreturn redis.call('RPUSH', KEYS[1], 'open')", 1,
             gate)

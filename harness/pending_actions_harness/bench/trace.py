@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker.scripts import NAMES, source
+from pending_actions.broker.atomic.scripts import NAMES, source
 from pending_actions.producers import PendingActions
 from pending_actions_harness.bench.fill import drop_sessions
 from pending_actions_harness.bench.handlers import NOOP

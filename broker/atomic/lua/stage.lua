@@ -57,7 +57,7 @@ local feed_maxlen, at, policy_version, dispatch_ms = ARGV[5], ARGV[6], ARGV[7], 
 local marker_ttl_s, denial_ttl_s, max_pending = ARGV[9], ARGV[10], ARGV[11]
 local actions_at = 12
 -- one record per action from ARGV[actions_at] on, its fields in the order of ToStage's
--- (broker/scripts.py; tests/test_scripts.py compares the two)
+-- (broker/atomic/scripts.py; tests/test_scripts.py compares the two)
 local RECORD = {'id', 'spec', 'ttl_ms', 'created', 'decision', 'rule', 'more'}
 local WIDTH = #RECORD
 local act = {}  -- an action's index in ARGV -> its record, by field name

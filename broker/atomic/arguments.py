@@ -1,7 +1,7 @@
 """What each script in ``scripts/`` is called with: its KEYS and its ARGV, one NamedTuple each,
 whose field order is the slot order and whose field names are the locals the script names
 those slots with at its top (``tests/test_scripts.py`` reads the scripts and checks both).
-``broker/scripts.py`` builds every call from these by keyword, so no caller can get an order
+``broker/atomic/scripts.py`` builds every call from these by keyword, so no caller can get an order
 wrong. A NamedTuple, not a dataclass: it is what Redis is sent (no copy into a list), and it is
 built in a third of the time a frozen dataclass takes. The steps of every resolve (take, begin,
 finalize, readd) build theirs as ``X.__new__(X, ...)``: ``X(...)`` by keyword first packs the

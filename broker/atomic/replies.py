@@ -1,10 +1,10 @@
 """What each Lua script answers, as a type: the one place that knows the layout of a script's
-reply. ``Scripts`` (``broker/scripts.py``) decodes through these whether a script ran on its own
-or on a pipeline, so no caller reads a reply by position.
+reply. ``Scripts`` (``broker/atomic/scripts.py``) decodes through these whether a script ran on
+its own or on a pipeline, so no caller reads a reply by position.
 
 The status codes are enums whose names the scripts use (``STAGE``, ``TAKE``, ``BEGIN``,
-``RECOVER``, ``EXPIRE``; broker/lua.py writes each as its value), so both sides spell them the
-same way."""
+``RECOVER``, ``EXPIRE``; ``source.py`` writes each as its value), so both sides spell them
+the same way."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The atomic operations: one Lua file each under ``scripts/``, each behind a method here that
+"""The atomic operations: one Lua file each under ``lua/``, each behind a method here that
 passes every key it touches in KEYS (all under the hash tag of the session's partition), builds
-its KEYS and ARGV by keyword from their types in ``broker/arguments.py`` (field order is slot
-order), and decodes its reply into the type from ``broker/replies.py``. Methods with more than
-a session and a value or two take keywords only.
+its KEYS and ARGV by keyword from their types in ``arguments.py`` (field order is slot order),
+and decodes its reply into the type from ``replies.py``. Methods with more than a session and a
+value or two take keywords only.
 
-A method returns a ``Call`` (``broker/calls.py``): sent now (``run()``) or queued on a pipeline
-(``on(pipe)``). The text of each script is ``broker/lua.py``'s."""
+A method returns a ``Call`` (``calls.py``): sent now (``run()``) or queued on a pipeline
+(``on(pipe)``). The text of each script is ``source.py``'s."""
 
 from __future__ import annotations
 
@@ -16,17 +16,9 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import redis
 import redis.asyncio
 
-from pending_actions.broker import arguments as arg
-from pending_actions.broker.calls import Call, Queued
-from pending_actions.broker.connection import server_info
-from pending_actions.broker.events import Event
-from pending_actions.broker.feed import cap as feed_cap
-from pending_actions.broker.keys import RESOLVER_GROUP, Keys
-from pending_actions.broker.lua import FLAGS, LUA_TABLES, NAMES, lua_file, prelude, source
-from pending_actions.broker.models import DEFAULT_TENANT
-from pending_actions.broker.pools import Live
-from pending_actions.broker.pools import record as pool_record
-from pending_actions.broker.replies import (
+from pending_actions.broker.atomic import arguments as arg
+from pending_actions.broker.atomic.calls import Call, Queued
+from pending_actions.broker.atomic.replies import (
     Begun,
     Concluded,
     Expiry,
@@ -39,6 +31,14 @@ from pending_actions.broker.replies import (
     Staged,
     Taken,
 )
+from pending_actions.broker.atomic.source import FLAGS, LUA_TABLES, NAMES, lua_file, prelude, source
+from pending_actions.broker.connection import server_info
+from pending_actions.broker.events import Event
+from pending_actions.broker.feed import cap as feed_cap
+from pending_actions.broker.keys import RESOLVER_GROUP, Keys
+from pending_actions.broker.models import DEFAULT_TENANT
+from pending_actions.broker.pools import Live
+from pending_actions.broker.pools import record as pool_record
 from pending_actions.broker.settings import Settings
 
 __all__ = ["FLAGS", "LUA_TABLES", "NAMES", "Call", "Queued", "Scripts", "Slot", "lua_file",

@@ -4,7 +4,7 @@ returns a ``Queued`` that picks and decodes its reply from ``pipe.execute()``. O
 script goes as EVAL with its body (redis-py's pipeline would send SCRIPT EXISTS before every
 execute that carries a registered script: a round trip more), or with ``by_digest=True`` as
 EVALSHA, where the caller sends again whatever comes back NOSCRIPT (the hot path and stage
-batches: Redis hashes an EVAL's body at every call). ``broker/scripts.py`` builds them."""
+batches: Redis hashes an EVAL's body at every call). ``broker/atomic/scripts.py`` builds them."""
 
 from __future__ import annotations
 

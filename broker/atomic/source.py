@@ -12,8 +12,7 @@ from importlib import resources
 
 import orjson
 
-from pending_actions.broker.events import Event
-from pending_actions.broker.replies import (
+from pending_actions.broker.atomic.replies import (
     BeginStatus,
     ExpireOutcome,
     RecoverOutcome,
@@ -21,6 +20,7 @@ from pending_actions.broker.replies import (
     StageRefusal,
     TakeStatus,
 )
+from pending_actions.broker.events import Event
 
 NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
@@ -82,7 +82,7 @@ def inline_codes(code: str) -> str:
 
 
 def lua_file(name: str) -> str:
-    return (resources.files("pending_actions.broker") / "scripts" / f"{name}.lua").read_text()
+    return (resources.files("pending_actions.broker.atomic") / "lua" / f"{name}.lua").read_text()
 
 
 def strip_comments(lua: str) -> str:
