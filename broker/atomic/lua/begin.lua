@@ -1,17 +1,24 @@
--- begin: a handler task claims its attempt. Fences duplicate and late deliveries: only the
--- first delivery of a live lease gets OK; it also extends the lease for the run (and its
--- index entry). The claim names its claimant, so the same claim sent again (to the master
--- that took over after a failover, say) is told OK again, and any other RUNNING.
--- KEYS[1] inflight (hash)  KEYS[2] actions (hash)  KEYS[3] state (hash)
--- KEYS[4] the partition's lease index (zset)
--- ARGV[1] lease token      ARGV[2] lease ms      ARGV[3] index member "<session>/<token>"
--- ARGV[4] claimant (one per delivery run)
+-- name: begin
+-- A handler task claims its attempt. Fences duplicate and late deliveries: only the first delivery
+-- of a live lease gets OK; it also extends the lease for the run (and its index entry). The claim
+-- names its claimant, so the same claim sent again (to the master that took over after a failover,
+-- say) is told OK again, and any other RUNNING.
+-- Every key is read before the first write (the index, written with call_on): no TYPE checks.
+-- flags: allow-oom
+-- roles: worker
+-- KEYS
+--   inflight  (hash)
+--   actions   (hash)
+--   state     (hash)
+--   leases    the partition's lease index (zset)
+-- ARGV
+--   token     lease token
+--   lease_ms  lease ms
+--   member    index member "<session>/<token>"
+--   claimant  (one per delivery run)
 -- Returns: {BEGIN.OK, spec JSON, counters JSON (attempts: this attempt's number), lease JSON}
 --          | {BEGIN.STALE} (no such lease) | {BEGIN.RUNNING} (already claimed)
 --          | {BEGIN.GONE, lease JSON} (spec replaced)
--- Every key is read before the first write (the index, written with call_on): no TYPE checks.
-local inflight, actions, state, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local token, lease_ms, member, claimant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 redis.replicate_commands()
 local lease, raw = json_field('lease', inflight, token)
 if not lease then

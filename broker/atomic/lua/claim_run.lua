@@ -1,16 +1,23 @@
--- claim_run: hold a session's agent-framework run for one process (a lease), so that a run is
--- continued once however many processes resume it at the same moment. A fresh claim (run())
--- starts an empty record; a resume claims the record of a paused run and reads it.
--- KEYS[1] the session's run (hash)   KEYS[2] the partition's sessions (hash: owner records)
--- ARGV[1] session   ARGV[2] tenant   ARGV[3] lease token   ARGV[4] lease ms
--- ARGV[5] "1" for a fresh run, "" for a resume   ARGV[6] the record's ttl ms
+-- name: claim_run
+-- Hold a session's agent-framework run for one process (a lease), so that a run is continued once
+-- however many processes resume it at the same moment. A fresh claim (run()) starts an empty
+-- record; a resume claims the record of a paused run and reads it.
+-- flags: none
+-- roles: producer, serve
+-- KEYS
+--   run       the session's run (hash)
+--   sessions  the partition's sessions (hash: owner records)
+-- ARGV
+--   session
+--   tenant
+--   token     lease token
+--   lease_ms  lease ms
+--   fresh     "1" for a fresh run, "" for a resume
+--   ttl_ms    the record's ttl ms
 -- Returns: {RUN.FOREIGN} another tenant's session or run; {RUN.NONE} no paused run (a resume);
 -- {RUN.BUSY, ms} another process holds it for ms more; {RUN.PAUSED} a fresh run in a session
 -- whose run is paused; {RUN.CLAIMED, framework, state, calls, out id, text, ...} claimed (a
 -- fresh claim: empty framework, state and calls).
-local run, sessions = KEYS[1], KEYS[2]
-local session, tenant, token = ARGV[1], ARGV[2], ARGV[3]
-local lease_ms, fresh, ttl_ms = ARGV[4], ARGV[5], ARGV[6]
 redis.replicate_commands()
 check_types({[run] = 'hash', [sessions] = 'hash'})
 local owner = redis.call('HGET', sessions, session)

@@ -1,19 +1,26 @@
--- expire: end one action whose ttl has passed, found by the recovery loop through its
--- partition's expiries. No handler runs; it leaves the stack, its spec and counters go, the
--- history says "expired". One taken before its ttl passed is left to its attempt (if that fails
--- and puts it back, a later look ends it); its entry stays as it is, since its score is what
--- every reader checks.
--- KEYS[1] stack (zset)   KEYS[2] actions (hash)   KEYS[3] state (hash)
--- KEYS[4] the partition's expiries (zset "<session>/<id>" -> expiry ms)
--- KEYS[5] expired (zset) KEYS[6] history (stream)
--- ARGV[1] action id      ARGV[2] history maxlen   ARGV[3] expired memory ms   ARGV[4] session
+-- name: expire
+-- End one action whose ttl has passed, found by the recovery loop through its partition's expiries.
+-- No handler runs; it leaves the stack, its spec and counters go, the history says "expired". One
+-- taken before its ttl passed is left to its attempt (if that fails and puts it back, a later look
+-- ends it); its entry stays as it is, since its score is what every reader checks.
+-- flags: allow-oom
+-- roles: worker
+-- KEYS
+--   stack     (zset)
+--   actions   (hash)
+--   state     (hash)
+--   expiries  the partition's expiries (zset "<session>/<id>" -> expiry ms)
+--   expired   (zset)
+--   hist      history (stream)
+-- ARGV
+--   action_id  action id
+--   maxlen     history maxlen
+--   memory_ms  expired memory ms
+--   session
 -- Returns: {outcome, ms[, spec]}, outcome one of EXPIRE: ENDED (then also the spec it ended,
 -- whose trace context the expiry's span links to), GONE (resolved or ended already: its
 -- entry is gone too), IN_FLIGHT (taken; look again later), LATER (not due yet: ms is its
 -- expiry time)
-local stack, actions, state, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local expired, hist = KEYS[5], KEYS[6]
-local action_id, maxlen, memory_ms, session = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 redis.replicate_commands()
 local now = now_ms()
 local member = session .. '/' .. action_id

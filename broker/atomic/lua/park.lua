@@ -1,27 +1,36 @@
--- park: move a record of a session that does not parse (a spec, its counters, a lease) out of
--- the way, onto the session's dead-letter list with its raw bytes and the reason, so that the
--- session and every other one carry on. Never loses an action: parking a spec or its counters
--- dead-letters the action itself (with its raw spec, and its raw counters), and ends every
--- lease that holds it, so that it is nowhere else (not pending, not in flight: one outcome);
--- parking a lease puts the action it held back where it was (found as the one spec neither
--- stacked, in a slot, nor held by another lease).
--- KEYS[1] actions (hash)  KEYS[2] state (hash)  KEYS[3] inflight (hash)
--- KEYS[4] stack (zset: the lowest score is the head)
--- KEYS[5] directive (string)  KEYS[6] standing (string)  KEYS[7] dead (list)
--- KEYS[8] history (stream)  KEYS[9] reply (list; a request's, or any key of the session)
--- KEYS[10] the partition's lease index (zset): a lease ended here leaves it too
--- ARGV[1] what: "spec" | "state" | "lease"  ARGV[2] field: action id (spec, state) or token
--- ARGV[3] the raw bytes as read by the caller (parked only if the record still holds them)
--- ARGV[4] the raw bytes as JSON-safe text  ARGV[5] reason  ARGV[6] history maxlen
--- ARGV[7] reply JSON for a resolver waiting on it ("" for none)  ARGV[8] reply ttl s
--- ARGV[9] lease token to end with a parked spec ("" for none)
--- ARGV[10] session (a lease's index member is "<session>/<token>")
+-- name: park
+-- Move a record of a session that does not parse (a spec, its counters, a lease) out of the way,
+-- onto the session's dead-letter list with its raw bytes and the reason, so that the session and
+-- every other one carry on. Never loses an action: parking a spec or its counters dead-letters the
+-- action itself (with its raw spec, and its raw counters), and ends every lease that holds it, so
+-- that it is nowhere else (not pending, not in flight: one outcome); parking a lease puts the
+-- action it held back where it was (found as the one spec neither stacked, in a slot, nor held by
+-- another lease).
+-- flags: allow-oom
+-- roles: worker
+-- KEYS
+--   actions    (hash)
+--   state      (hash)
+--   inflight   (hash)
+--   stack      (zset: the lowest score is the head)
+--   directive  (string)
+--   standing   (string)
+--   dead       (list)
+--   hist       history (stream)
+--   replies    reply (list; a request's, or any key of the session)
+--   leases     the partition's lease index (zset): a lease ended here leaves it too
+-- ARGV
+--   what         "spec" | "state" | "lease"
+--   field        action id (spec, state) or token
+--   raw          the raw bytes as read by the caller (parked only if the record still holds them)
+--   raw_text     the raw bytes as JSON-safe text
+--   reason
+--   maxlen       history maxlen
+--   reply        JSON for a resolver waiting on it ("" for none)
+--   reply_ttl_s  reply ttl s
+--   token        lease token to end with a parked spec ("" for none)
+--   session      (a lease's index member is "<session>/<token>")
 -- Returns: 1 when parked, 0 when the record had changed or gone meanwhile.
-local actions, state, inflight, stack = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local directive, standing, dead, hist = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local replies, leases = KEYS[9], KEYS[10]
-local what, field, raw, raw_text, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local maxlen, reply, reply_ttl_s, token, session = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 local hash = ({spec = actions, state = state, lease = inflight})[what]
 if redis.call('HGET', hash, field) ~= raw then
   return 0

@@ -1,12 +1,17 @@
--- peek: what the next resolve would target, without taking it (read only). The head is the
--- first stacked id that pending.lua would show too: one whose spec is gone, or that is past
--- its ttl, is skipped, never named.
--- KEYS[1] directive (string)  KEYS[2] stack (zset: the lowest score is the head)
--- KEYS[3] actions (hash)  KEYS[4] the partition's expiries (zset "<session>/<id>" -> expiry ms)
--- ARGV[1] session
+-- name: peek
+-- What the next resolve would target, without taking it (read only). The head is the first stacked
+-- id that pending.lua would show too: one whose spec is gone, or that is past its ttl, is skipped,
+-- never named.
+-- flags: no-writes, allow-oom
+-- roles: producer, serve
+-- KEYS
+--   directive  (string)
+--   stack      (zset: the lowest score is the head)
+--   actions    (hash)
+--   expiries   the partition's expiries (zset "<session>/<id>" -> expiry ms)
+-- ARGV
+--   session
 -- Returns: {"directive", id, spec JSON} | {"head", id} | {}
-local directive, stack, actions, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local session = ARGV[1]
 redis.replicate_commands()
 local id = redis.call('GET', directive)
 if id then

@@ -1,16 +1,21 @@
--- pending: read a session's actions in one consistent view (read only).
--- KEYS[1] stack (zset: the lowest score is the head)  KEYS[2] inflight (hash)
--- KEYS[3] actions (hash)  KEYS[4] state (hash)
--- KEYS[5] the partition's expiries (zset "<session>/<id>" -> expiry ms)
--- KEYS[6] the partition's revoked grants (set): approvals given through them are not shown
--- ARGV[1] max stack entries to return  ARGV[2] session
+-- name: pending
+-- Read a session's actions in one consistent view (read only).
+-- flags: no-writes, allow-oom
+-- roles: producer, serve
+-- KEYS
+--   stack     (zset: the lowest score is the head)
+--   inflight  (hash)
+--   actions   (hash)
+--   state     (hash)
+--   expiries  the partition's expiries (zset "<session>/<id>" -> expiry ms)
+--   revoked   the partition's revoked grants (set): approvals given through them are not shown
+-- ARGV
+--   limit    max stack entries to return
+--   session
 -- Returns: flat list of quadruples {where, id, spec JSON, state JSON} (a spec does not store
 -- its id: it is the field it is under); where is "in_flight" for leased
 -- actions (listed first) or "pending" for stacked ones (head first). A stacked action past its
 -- ttl is not shown: it is gone from that moment, whether or not the sweep has ended it yet.
-local stack, inflight, actions, state, expiries = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local revoked = KEYS[6]
-local limit, session = ARGV[1], ARGV[2]
 redis.replicate_commands()
 local now = now_ms()
 local out = {}

@@ -1,20 +1,31 @@
--- readd: a failed attempt puts its target back where it was (stack head, or the directive slot)
--- under the same id, with last_error set, and replies the error to the resolver. One step, so
--- no observer sees the action missing. Fenced by the lease token like finalize.
--- KEYS[1] inflight (hash)  KEYS[2] stack (zset: the lowest score is the head)
--- KEYS[3] directive (string)
--- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)  KEYS[7] reply (list)
--- KEYS[8] the partition's lease index (zset)  KEYS[9] dead (list)
--- ARGV[1] lease token  ARGV[2] error text  ARGV[3] reply JSON  ARGV[4] reply ttl s
--- ARGV[5] history maxlen  ARGV[6] action id  ARGV[7] attempt
--- ARGV[8] index member "<session>/<token>"
--- KEYS[3] is only ever SET NX, which no type refuses. An action (not a slot's target) whose
--- spec went while it was in flight is dead-lettered ("spec missing"): it cannot go back.
+-- name: readd
+-- A failed attempt puts its target back where it was (stack head, or the directive slot) under the
+-- same id, with last_error set, and replies the error to the resolver. One step, so no observer
+-- sees the action missing. Fenced by the lease token like finalize.
+-- flags: allow-oom
+-- roles: worker
+-- KEYS
+--   inflight   (hash)
+--   stack      (zset: the lowest score is the head)
+--   directive  is only ever SET NX, which no type refuses. An action (not a slot's target) whose
+--                spec went while it was in flight is dead-lettered ("spec missing"): it cannot go
+--                back.
+--   actions    (hash)
+--   state      (hash)
+--   hist       history (stream)
+--   replies    reply (list)
+--   leases     the partition's lease index (zset)
+--   dead       (list)
+-- ARGV
+--   token        lease token
+--   last_error   error text
+--   reply        JSON
+--   reply_ttl_s  reply ttl s
+--   maxlen       history maxlen
+--   action_id    action id
+--   attempt
+--   member       index member "<session>/<token>"
 -- Returns: 1 when re-added, 0 when the token was stale (only an EVENT.LATE_REFUSED entry).
-local inflight, stack, directive, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local state, hist, replies, leases, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local token, last_error, reply, reply_ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local maxlen, action_id, attempt, member = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 redis.replicate_commands()
 local lease = json_field('lease', inflight, token)
 if not lease then

@@ -1,24 +1,34 @@
--- recover: an attempt whose lease expired goes back where it was. If a handler was running
--- (its worker died or hung) that is a stall: stalls + 1, and at max_stalls the action is moved
--- to the dead-letter list instead. If no worker ever started it, it just goes back.
--- The resolver waiting on it gets the matching error reply. No-op unless the lease is expired.
--- KEYS[1] inflight (hash)  KEYS[2] stack (zset: the lowest score is the head)
--- KEYS[3] directive (string)
--- KEYS[4] actions (hash)   KEYS[5] state (hash)  KEYS[6] history (stream)
--- KEYS[7] dead (list)      KEYS[8] reply (list)  KEYS[9] the partition's lease index (zset)
--- ARGV[1] lease token  ARGV[2] max stalls  ARGV[3] reply ttl s  ARGV[4] history maxlen
--- ARGV[5] reply JSON when returned after a stall  ARGV[6] reply JSON when dead-lettered
--- ARGV[7] reply JSON when no worker started it
--- ARGV[8] last_error when returned after a stall  ARGV[9] last_error when no worker started it
--- ARGV[10] index member "<session>/<token>"
+-- name: recover
+-- An attempt whose lease expired goes back where it was. If a handler was running (its worker died
+-- or hung) that is a stall: stalls + 1, and at max_stalls the action is moved to the dead-letter
+-- list instead. If no worker ever started it, it just goes back. The resolver waiting on it gets
+-- the matching error reply. No-op unless the lease is expired.
+-- flags: allow-oom
+-- roles: worker
+-- KEYS
+--   inflight   (hash)
+--   stack      (zset: the lowest score is the head)
+--   directive  (string)
+--   actions    (hash)
+--   state      (hash)
+--   hist       history (stream)
+--   dead       (list)
+--   replies    reply (list)
+--   leases     the partition's lease index (zset)
+-- ARGV
+--   token            lease token
+--   max_stalls       max stalls
+--   reply_ttl_s      reply ttl s
+--   maxlen           history maxlen
+--   returned_reply   reply JSON when returned after a stall
+--   dead_reply       reply JSON when dead-lettered
+--   unstarted_reply  reply JSON when no worker started it
+--   returned_error   last_error when returned after a stall
+--   unstarted_error  last_error when no worker started it
+--   member           index member "<session>/<token>"
 -- Returns: {outcome, deadline ms}, outcome one of RECOVER: GONE (no such lease: finished or
 -- recovered already), RETURNED, DEAD_LETTERED (also an action whose spec is missing: it
 -- cannot go back), UNSTARTED, or LIVE (nothing done; the deadline says when to look again).
-local inflight, stack, directive, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local state, hist, dead, replies, leases = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local token, max_stalls, reply_ttl_s, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local returned_reply, dead_reply, unstarted_reply = ARGV[5], ARGV[6], ARGV[7]
-local returned_error, unstarted_error, member = ARGV[8], ARGV[9], ARGV[10]
 redis.replicate_commands()
 check_types({[inflight] = 'hash', [stack] = 'zset', [directive] = 'string', [actions] = 'hash',
   [state] = 'hash', [hist] = 'stream', [dead] = 'list', [replies] = 'list', [leases] = 'zset'})

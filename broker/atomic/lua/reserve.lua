@@ -1,18 +1,23 @@
--- reserve: a block of values of a partition's id counter, for a producer to stage with (an id's
--- seq is value * partitions + partition; producers/staging.py). The counter has a copy, its
--- mark, written in the same step: a counter deleted or set back by hand is rebuilt from the
--- mark before any value is handed out, so neither ever goes back and no id is handed out
--- twice. When neither is left (or readable) in a partition that has been used (it has sessions,
--- or entries in its event feed), no value is known to be free: nothing is handed out.
--- KEYS[1] the counter (string)   KEYS[2] its mark (string)
--- KEYS[3] the partition's sessions (hash)   KEYS[4] the partition's event feed (stream)
--- ARGV[1] size: how many values   ARGV[2] floor: a value known to be taken (a collision
--- stage.lua reported to the client), 0 for none
+-- name: reserve
+-- A block of values of a partition's id counter, for a producer to stage with (an id's seq is value
+-- * partitions + partition; producers/staging.py). The counter has a copy, its mark, written in the
+-- same step: a counter deleted or set back by hand is rebuilt from the mark before any value is
+-- handed out, so neither ever goes back and no id is handed out twice. When neither is left (or
+-- readable) in a partition that has been used (it has sessions, or entries in its event feed), no
+-- value is known to be free: nothing is handed out.
+-- flags: none
+-- roles: producer, serve
+-- KEYS
+--   counter   the counter (string)
+--   mark      its mark (string)
+--   sessions  the partition's sessions (hash)
+--   feed      the partition's event feed (stream)
+-- ARGV
+--   size   how many values
+--   floor  a value known to be taken (a collision stage.lua reported to the client), 0 for none
 -- Errors: POISON (a key of another type): nothing changed
 -- Returns: the block's last value (its first is size - 1 below), or -1 when neither the
 -- counter nor its mark can be trusted (nothing changed).
-local counter, mark, sessions, feed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local size, floor = ARGV[1], ARGV[2]
 
 -- a whole number >= 0 at key, or nil (absent, or not a number: not to be trusted)
 local function value(key)

@@ -1,13 +1,19 @@
--- save_run: what a claimed run came to, written by the process that holds its lease: paused
--- (the framework's state and the calls it waits for, kept for any process to resume) or done
--- (the record goes). Fenced: a process whose lease another took since changes nothing.
--- KEYS[1] the session's run (hash)
--- ARGV[1] lease token   ARGV[2] "1" when done   ARGV[3] framework   ARGV[4] state
--- ARGV[5] calls JSON (a list of {call, tool, id, label})   ARGV[6] the record's ttl ms
+-- name: save_run
+-- What a claimed run came to, written by the process that holds its lease: paused (the framework's
+-- state and the calls it waits for, kept for any process to resume) or done (the record goes).
+-- Fenced: a process whose lease another took since changes nothing.
+-- flags: allow-oom
+-- roles: producer, serve
+-- KEYS
+--   run  the session's run (hash)
+-- ARGV
+--   token      lease token
+--   done       "1" when done
+--   framework
+--   state
+--   calls      JSON (a list of {call, tool, id, label})
+--   ttl_ms     the record's ttl ms
 -- Returns: 1 when written, 0 when the lease is not this token's any more.
-local run = KEYS[1]
-local token, done, framework = ARGV[1], ARGV[2], ARGV[3]
-local state, calls, ttl_ms = ARGV[4], ARGV[5], ARGV[6]
 check_types({[run] = 'hash'})
 if redis.call('HGET', run, 'lease') ~= token then
   return 0

@@ -1,45 +1,60 @@
--- stage: push new pending actions of one session on the head of its stack, in the order given
--- (the last one given ends up the head), each with its `staged` entry in the session's history
--- (naming a tenant other than the default) and in its partition's event feed. Their counters (state hash) are written at their first
--- take: an action that has none is at attempt 0, no stalls, which saves a field, and for a
--- session's first action a whole key, per pending action.
--- The session's first stage claims it for its tenant, in this step: its field in its
--- partition's sessions hash (the owner record) and, for a tenant that keeps one, its member in
--- the tenant's index of the partition. Refused with nothing changed: a session of another
--- tenant; a session with no owner record but keys of its own (its record was lost: another
--- tenant must not take it over, an operator restores it); an id that holds another spec (its
--- counter was set back: the new action would replace or vanish behind an old one); actions
--- decided by another version of the tenant's policy than this partition's marker names.
--- What a policy decided for each action is carried out here (docs/design.md, Policies):
--- allow and ask stage as usual; deny stages nothing, records `denied` (history and feed) and
--- a denial marker; auto stores the spec on no stack, leases it (dispatched, attempt 1, by
--- policy:<rule>), marks its request as taken and adds that request to the partition's request
--- stream, whose take enqueues the task for the lease (a redelivered request's path).
--- KEYS[1] stack (zset: the lowest score is the head)   KEYS[2] actions (hash)
--- KEYS[3] history (stream)   KEYS[4] the partition's sessions (hash: session -> tenant)
--- KEYS[5] the tenant's index in the partition (set of sessions; written only when indexed)
--- KEYS[6] the partition's expiries (zset "<session>/<id>" -> expiry ms: the one record of a
---         ttl, read by every reader and by the sweep)
--- KEYS[7] the expiries' mark (string, ms: none is due before it), lowered to a new expiry
--- KEYS[8] the partition's event feed (stream)
--- KEYS[9] the partition's policy markers (hash: tenant -> version)
--- KEYS[10] inflight (hash)   KEYS[11] the partition's lease index (zset)
--- KEYS[12] the partition's request stream
--- KEYS[13..] one per action decided auto or deny, in the order given: its request's marker
---            (auto) or its denial marker (deny)
--- ARGV[1] history maxlen   ARGV[2] tenant   ARGV[3] session (the expiries member is
--- "<session>/<id>")   ARGV[4] indexed: "1" when the tenant keeps an index, else ""
--- ARGV[5] the feed's maxlen   ARGV[6] at: the feed entries' time (s)
--- ARGV[7] the policy version the actions were decided by ("" for none)
--- ARGV[8] dispatch timeout ms (an auto lease's)   ARGV[9] an auto request's marker ttl s
--- ARGV[10] a denial marker's ttl s
--- ARGV[11] the most pending actions the session may hold (MAX_PENDING_PER_SESSION)
--- ARGV[12..] seven per action: its id ("pending-action:<tool>:<seq>"), its spec JSON, its ttl
--- in ms or "" for none (the expiry is reckoned on the server's clock, so a client's clock can
--- be off without moving it), its created_at (s) for the feed, its decision ("" without a
--- policy, allow, ask, deny, auto), the deciding rule ("" for the default), and: deny, the
--- reason; ask, the approvals needed; auto, the lease token (32 hex digits) then the request's
--- JSON; else ""
+-- name: stage
+-- Push new pending actions of one session on the head of its stack, in the order given (the last
+-- one given ends up the head), each with its `staged` entry in the session's history (naming a
+-- tenant other than the default) and in its partition's event feed. Their counters (state hash) are
+-- written at their first take: an action that has none is at attempt 0, no stalls, which saves a
+-- field, and for a session's first action a whole key, per pending action. The session's first
+-- stage claims it for its tenant, in this step: its field in its partition's sessions hash (the
+-- owner record) and, for a tenant that keeps one, its member in the tenant's index of the
+-- partition. Refused with nothing changed: a session of another tenant; a session with no owner
+-- record but keys of its own (its record was lost: another tenant must not take it over, an
+-- operator restores it); an id that holds another spec (its counter was set back: the new action
+-- would replace or vanish behind an old one); actions decided by another version of the tenant's
+-- policy than this partition's marker names. What a policy decided for each action is carried out
+-- here (docs/design.md, Policies): allow and ask stage as usual; deny stages nothing, records
+-- `denied` (history and feed) and a denial marker; auto stores the spec on no stack, leases it
+-- (dispatched, attempt 1, by policy:<rule>), marks its request as taken and adds that request to
+-- the partition's request stream, whose take enqueues the task for the lease (a redelivered
+-- request's path).
+-- flags: none
+-- roles: producer, serve
+-- KEYS
+--   stack            (zset: the lowest score is the head)
+--   actions          (hash)
+--   hist             history (stream)
+--   sessions         the partition's sessions (hash: session -> tenant)
+--   tenants          the tenant's index in the partition (set of sessions; written only when
+--                      indexed)
+--   expiries         the partition's expiries (zset "<session>/<id>" -> expiry ms: the one record
+--                      of a ttl, read by every reader and by the sweep)
+--   expiries_due     the expiries' mark (string, ms: none is due before it), lowered to a new
+--                      expiry
+--   feed             the partition's event feed (stream)
+--   policies         the partition's policy markers (hash: tenant -> version)
+--   inflight         (hash)
+--   leases           the partition's lease index (zset)
+--   requests         the partition's request stream
+--   ...markers       one per action decided auto or deny, in the order given: its request's marker
+--                      (auto) or its denial marker (deny)
+-- ARGV
+--   maxlen             history maxlen
+--   tenant
+--   session            (the expiries member is "<session>/<id>")
+--   indexed            "1" when the tenant keeps an index, else ""
+--   feed_maxlen        the feed's maxlen
+--   at                 the feed entries' time (s)
+--   policy_version     the policy version the actions were decided by ("" for none)
+--   dispatch_ms        dispatch timeout ms (an auto lease's)
+--   marker_ttl_s       an auto request's marker ttl s
+--   denial_ttl_s       a denial marker's ttl s
+--   max_pending        the most pending actions the session may hold (MAX_PENDING_PER_SESSION)
+--   ...actions         seven per action: its id ("pending-action:<tool>:<seq>"), its spec JSON, its
+--                        ttl in ms or "" for none (the expiry is reckoned on the server's clock, so
+--                        a client's clock can be off without moving it), its created_at (s) for the
+--                        feed, its decision ("" without a policy, allow, ask, deny, auto), the
+--                        deciding rule ("" for the default), and: deny, the reason; ask, the
+--                        approvals needed; auto, the lease token (32 hex digits) then the request's
+--                        JSON; else ""
 -- Errors: POISON (a key of another type): nothing changed
 -- Returns: one number per action: the stack depth right after its push (1 for deny and auto,
 -- pushed on no stack), or 0 when its id holds this very spec already (a retried call whose
@@ -47,15 +62,7 @@
 -- {STAGE.FOREIGN} (another tenant's session), {STAGE.UNOWNED} (no owner record, keys of its
 -- own), {STAGE.COLLISION, id} (that id holds another spec), {STAGE.POLICY, version} (the
 -- partition's version of the tenant's policy, "" for none), {STAGE.FULL, depth} (the session
--- holds depth actions, stacked or in flight, and these would take it past ARGV[11]).
-local stack, actions, hist, sessions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local tenants, expiries, expiries_due, feed = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local policies, inflight, leases, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local markers_at = 13
-local maxlen, tenant, session, indexed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local feed_maxlen, at, policy_version, dispatch_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local marker_ttl_s, denial_ttl_s, max_pending = ARGV[9], ARGV[10], ARGV[11]
-local actions_at = 12
+-- holds depth actions, stacked or in flight, and these would take it past max_pending).
 -- one record per action from ARGV[actions_at] on, its fields in the order of ToStage's
 -- (broker/atomic/scripts.py; tests/test_scripts.py compares the two)
 local RECORD = {'id', 'spec', 'ttl_ms', 'created', 'decision', 'rule', 'more'}

@@ -1,15 +1,19 @@
--- sweep: one session's leases against its partition's lease index, for the slow sweep of
--- in-flight state (workers/sweep.py). Every script that writes or ends a lease writes its index
--- entry in the same step, but an entry deleted by hand (or lost by a Redis that lost writes)
--- leaves its lease, and the action it holds, in flight for ever: recovery looks only at the
--- index. Each lease without its entry gets it back, at the lease's deadline (0 for a lease that
--- does not parse: due at once, so that recovery parks it); recovery does the rest as usual. An
--- entry without its lease is recovery's already (recover.lua drops it when it comes due).
--- KEYS[1] inflight (hash)  KEYS[2] the partition's lease index (zset)
--- ARGV[1] session (a lease's index member is "<session>/<token>")
+-- name: sweep
+-- One session's leases against its partition's lease index, for the slow sweep of in-flight state
+-- (workers/sweep.py). Every script that writes or ends a lease writes its index entry in the same
+-- step, but an entry deleted by hand (or lost by a Redis that lost writes) leaves its lease, and
+-- the action it holds, in flight for ever: recovery looks only at the index. Each lease without its
+-- entry gets it back, at the lease's deadline (0 for a lease that does not parse: due at once, so
+-- that recovery parks it); recovery does the rest as usual. An entry without its lease is
+-- recovery's already (recover.lua drops it when it comes due).
+-- flags: allow-oom
+-- roles: worker
+-- KEYS
+--   inflight  (hash)
+--   leases    the partition's lease index (zset)
+-- ARGV
+--   session  (a lease's index member is "<session>/<token>")
 -- Returns: how many index entries were put back.
-local inflight, leases = KEYS[1], KEYS[2]
-local session = ARGV[1]
 local held = call_on('HGETALL', inflight)
 check_types({[leases] = 'zset'})
 local back = 0

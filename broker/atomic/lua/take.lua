@@ -1,60 +1,94 @@
--- take: pick the resolve target atomically (directive, else stack head, else standing handler),
--- lease it to one attempt, index the lease and enqueue its task to a pool of workers that has
--- the handler it needs. The target leaves the stack/slot but its spec stays in the actions
--- hash, so it is never missing: it is either stacked or in flight.
--- KEYS[1] directive (string)  KEYS[2] stack (zset: the lowest score is the head)
--- KEYS[3] standing (string)
--- KEYS[4] actions (hash)      KEYS[5] state (hash)  KEYS[6] inflight (hash)
--- KEYS[7] history (stream)    KEYS[8] request marker (string, dedupes redelivered requests)
--- KEYS[9] reply (list)        KEYS[10] the partition's lease index (zset)
--- KEYS[11] the partition's expiries (zset "<session>/<id>" -> expiry ms)
--- KEYS[12] expired (zset)
--- KEYS[13] the partition's request stream (the request is acked here when ARGV[20] is set)
--- KEYS[14] dead (list): a stacked id whose spec is missing is dead-lettered there
--- KEYS[15] the partition's revoked grants (set: ids of serve tokens revoked since)
--- KEYS[16] the partition's sessions (hash: session -> tenant), read with ARGV[30]
--- KEYS[17] the partition's policy markers (hash: tenant -> version), read with ARGV[31]
--- KEYS[18..] the partition's task stream of each live pool, in ARGV[12]'s order (none when
---            ARGV[14] is empty: the caller enqueues on a broker of its own)
--- ARGV[1] request id  ARGV[2] "apply"|"discard"  ARGV[3] lease token
--- ARGV[4] dispatch timeout ms (the lease until a worker starts the attempt)
--- ARGV[5] marker ttl seconds  ARGV[6] history maxlen  ARGV[7] reason
--- ARGV[8] extra as a JSON string (kept opaque: cjson would rewrite {} as [])
--- ARGV[9] reply JSON for "nothing to target"  ARGV[10] reply ttl seconds
--- ARGV[11] session (the lease index member is "<session>/<token>", an expiries one
---          "<session>/<id>")
--- ARGV[12] routes: JSON handler name -> list of pool numbers (1-based)
--- ARGV[13] number of live pools
--- ARGV[14] the task message (dramatiq, encoded; carries the token ARGV[3]) or ""
--- ARGV[15] expect_id ("" for none): take only if this id is the target, else change nothing
--- ARGV[16] by: who resolves ("" for unsaid), kept in the lease and the history
--- ARGV[17] reply JSON for "expect_id is not the target"
--- ARGV[18] reply JSON for "expect_id expired"  ARGV[19] expired memory ms
--- ARGV[20] the request's entry id in KEYS[13], acked (XACK + XDEL) with whatever this script
---          answers but NO_WORKER; "" when the caller acks it (after sending the task itself)
--- ARGV[21] the request stream's consumer group
--- ARGV[22] local claimant ("" for none): the caller runs the task itself, in a worker process of
---          pool ARGV[24] with a worker thread free for it; when the target can go to that pool
---          the lease is claimed here for that claimant (running, as begin.lua would) and no
---          task is enqueued
--- ARGV[23] running lease ms (with ARGV[22])  ARGV[24] the caller's pool number (0: none)
--- ARGV[25] the take's trace context ("" for none), kept opaque in the lease (broker/tracing.py)
--- ARGV[26] approver: the person whose resolve this is ("" for none: the model's)
--- ARGV[27] revision: the target's revision the caller saw ("" for unsaid): another one
---          changes nothing (REVISED)
--- ARGV[28] patched: with an approval that edits, the composed JSON Merge Patch of the
---          original payload to the edited one, as JSON text ("" for none)
--- ARGV[29] grant: the id of the serve token the approver's resolve came through ("" for none:
---          an approval given some other way, which no revocation voids)
--- ARGV[30] tenant: whose resolve this is ("" for unsaid): in a session another tenant owns it
---          finds nothing, and answers as in a session that does not exist
--- ARGV[31] edit tenant: with an edit, the tenant whose policy decided it ("" for no edit)
--- ARGV[32] edit version: the version of that policy it was decided by ("" for none): another
---          in force now changes nothing (REDECIDE)
+-- name: take
+-- Pick the resolve target atomically (directive, else stack head, else standing handler), lease it
+-- to one attempt, index the lease and enqueue its task to a pool of workers that has the handler it
+-- needs. The target leaves the stack/slot but its spec stays in the actions hash, so it is never
+-- missing: it is either stacked or in flight.
+-- An ask target (its spec's policy, read from the JSON text ahead of the payload) is applied, and
+-- discarded when that runs a reject handler, only with an approver, once its policy's approvals are
+-- given by distinct approvers (the counters' approved_by, of one verb at a time: approving, nil for
+-- apply; an approval of the other verb, or with a patch, starts them again at its approver).
+-- Approvals given through a serve token revoked since (its grant in the revoked set) no longer
+-- count. The last approval takes it as any apply or discard; the approvals are spent (the lease and
+-- the taken entry name them). An action's counters stay in the state hash only between attempts:
+-- take copies them into the lease (attempt, and whether the hash has an entry: "counted"), and
+-- readd/recover write them back; a directive's and a standing handler's are written here as before.
+-- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets its
+-- earlier answer back while that is still actionable (the same lease if no worker has started it,
+-- whose task is enqueued again; the same claim when it claimed for claimant; NONE again), else DUP.
+-- A stacked action past its ttl is gone for take as for every reader: passed over, and ended here
+-- (history "expired") when it lay above the target. So is a stacked id whose spec is missing,
+-- dead-lettered here ("spec missing", history "dead-lettered").
+-- flags: none
+-- roles: worker
+-- KEYS
+--   directive     (string)
+--   stack         (zset: the lowest score is the head)
+--   standing      (string)
+--   actions       (hash)
+--   state         (hash)
+--   inflight      (hash)
+--   hist          history (stream)
+--   marker        request marker (string, dedupes redelivered requests)
+--   replies       reply (list)
+--   leases        the partition's lease index (zset)
+--   expiries      the partition's expiries (zset "<session>/<id>" -> expiry ms)
+--   expired       (zset)
+--   requests      the partition's request stream (the request is acked here when entry is set)
+--   dead          (list): a stacked id whose spec is missing is dead-lettered there
+--   revoked       the partition's revoked grants (set: ids of serve tokens revoked since)
+--   sessions      the partition's sessions (hash: session -> tenant), read with tenant
+--   policies      the partition's policy markers (hash: tenant -> version), read with edit_tenant
+--   ...streams    the partition's task stream of each live pool, in routes_json's order (none when
+--                   message is empty: the caller enqueues on a broker of its own)
+-- ARGV
+--   req             request id
+--   action          "apply"|"discard"
+--   token           lease token
+--   dispatch_ms     dispatch timeout ms (the lease until a worker starts the attempt)
+--   marker_ttl_s    marker ttl seconds
+--   maxlen          history maxlen
+--   reason
+--   extra           as a JSON string (kept opaque: cjson would rewrite {} as [])
+--   none_reply      reply JSON for "nothing to target"
+--   reply_ttl_s     reply ttl seconds
+--   session         (the lease index member is "<session>/<token>", an expiries one
+--                     "<session>/<id>")
+--   routes_json     routes: JSON handler name -> list of pool numbers (1-based)
+--   pool_count      number of live pools
+--   message         the task message (dramatiq, encoded; carries the token token) or ""
+--   expect_id       ("" for none): take only if this id is the target, else change nothing
+--   by              who resolves ("" for unsaid), kept in the lease and the history
+--   conflict_reply  reply JSON for "expect_id is not the target"
+--   expired_reply   reply JSON for "expect_id expired"
+--   memory_ms       expired memory ms
+--   entry           the request's entry id in requests, acked (XACK + XDEL) with whatever this
+--                     script answers but NO_WORKER; "" when the caller acks it (after sending the
+--                     task itself)
+--   group           the request stream's consumer group
+--   claimant        local claimant ("" for none): the caller runs the task itself, in a worker
+--                     process of pool own_pool with a worker thread free for it; when the target
+--                     can go to that pool the lease is claimed here for that claimant (running, as
+--                     begin.lua would) and no task is enqueued
+--   lease_ms        running lease ms (with claimant)
+--   own_pool        the caller's pool number (0: none)
+--   trace           the take's trace context ("" for none), kept opaque in the lease
+--                     (broker/tracing.py)
+--   approver        the person whose resolve this is ("" for none: the model's)
+--   revision        the target's revision the caller saw ("" for unsaid): another one changes
+--                     nothing (REVISED)
+--   patched         with an approval that edits, the composed JSON Merge Patch of the original
+--                     payload to the edited one, as JSON text ("" for none)
+--   grant           the id of the serve token the approver's resolve came through ("" for none: an
+--                     approval given some other way, which no revocation voids)
+--   tenant          whose resolve this is ("" for unsaid): in a session another tenant owns it
+--                     finds nothing, and answers as in a session that does not exist
+--   edit_tenant     edit tenant: with an edit, the tenant whose policy decided it ("" for no edit)
+--   edit_version    edit version: the version of that policy it was decided by ("" for none):
+--                     another in force now changes nothing (REDECIDE)
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
 --          | {TAKE.OK, ..., pool number, spec JSON, counters JSON, lease JSON} (claimed here
---            for ARGV[22]: what begin.lua would answer)
+--            for claimant: what begin.lua would answer)
 --          | {TAKE.NONE} (replied here) | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 --          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
 --            nothing changed)
@@ -68,36 +102,6 @@
 --          | {TAKE.APPROVED, id, spec JSON, counters JSON, "1"|"0"} (an approval of an ask
 --            target that needs more: "1" recorded, with its history entry, and acked; "0" the
 --            approver had approved already: nothing changed, not acked)
--- An ask target (its spec's policy, read from the JSON text ahead of the payload) is applied,
--- and discarded when that runs a reject handler, only with an approver, once its policy's
--- approvals are given by distinct approvers (the counters' approved_by, of one verb at a time:
--- approving, nil for apply; an approval of the other verb, or with a patch, starts them again
--- at its approver). Approvals given through a serve token revoked since (its grant in the
--- revoked set) no longer count. The last approval takes it as any apply or discard; the
--- approvals are spent (the lease and the taken entry name them).
--- An action's counters stay in the state hash only between attempts: take copies them into the
--- lease (attempt, and whether the hash has an entry: "counted"), and readd/recover write them
--- back; a directive's and a standing handler's are written here as before.
--- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets
--- its earlier answer back while that is still actionable (the same lease if no worker has
--- started it, whose task is enqueued again; the same claim when it claimed for ARGV[22];
--- NONE again), else DUP.
--- A stacked action past its ttl is gone for take as for every reader: passed over, and ended
--- here (history "expired") when it lay above the target. So is a stacked id whose spec is
--- missing, dead-lettered here ("spec missing", history "dead-lettered").
-local directive, stack, standing, actions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local state, inflight, hist, marker = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local replies, leases, expiries, expired, requests = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local dead, revoked, sessions, policies = KEYS[14], KEYS[15], KEYS[16], KEYS[17]
-local streams_at = 18
-local req, action, token, dispatch_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local marker_ttl_s, maxlen, reason, extra = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local none_reply, reply_ttl_s, session, routes_json = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
-local pool_count, message, expect_id, by = ARGV[13], ARGV[14], ARGV[15], ARGV[16]
-local conflict_reply, expired_reply, memory_ms, entry = ARGV[17], ARGV[18], ARGV[19], ARGV[20]
-local group, claimant, lease_ms, own_pool = ARGV[21], ARGV[22], ARGV[23], ARGV[24]
-local trace, approver, revision, patched = ARGV[25], ARGV[26], ARGV[27], ARGV[28]
-local grant, tenant, edit_tenant, edit_version = ARGV[29], ARGV[30], ARGV[31], ARGV[32]
 redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(routes_json)
