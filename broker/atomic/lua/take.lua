@@ -55,7 +55,7 @@
 --                     "<session>/<id>")
 --   routes_json     routes: JSON handler name -> list of pool numbers (1-based)
 --   pool_count      number of live pools
---   message         the task message (dramatiq, encoded; carries the token token) or ""
+--   message         the task message (dramatiq, encoded; carries the lease token) or ""
 --   expect_id       ("" for none): take only if this id is the target, else change nothing
 --   by              who resolves ("" for unsaid), kept in the lease and the history
 --   conflict_reply  reply JSON for "expect_id is not the target"
