@@ -29,7 +29,7 @@ from pending_actions.broker.failures import poison_of, translate
 from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import NOTHING_DUE, Keys
 from pending_actions.broker.models import Lease, Spec
-from pending_actions.broker.policy import check_policy
+from pending_actions.broker.preflight import check_policy
 from pending_actions.broker.replies import ExpireOutcome, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.workers.poison import park_poison
