@@ -21,8 +21,8 @@ from pending_actions.broker.errors import ConfigError, RedisUnavailable
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveInput, Result
+from pending_actions.broker.policy.rules import Verdict
 from pending_actions.broker.replies import RunClaimed
-from pending_actions.broker.rules import Verdict
 from pending_actions.broker.scripts import Scripts
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions_async

@@ -14,9 +14,9 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import publish
 from pending_actions.broker.models import ResolveRequest, Result
+from pending_actions.broker.policy.rules import AUTO_BY
 from pending_actions.broker.replies import Taken, TakeStatus
 from pending_actions.broker.results import base_details, text_result
-from pending_actions.broker.rules import AUTO_BY
 
 log = logging.getLogger("pending_actions.resolver")
 
