@@ -44,7 +44,7 @@ from pending_actions.broker.replies import Staged, StageRefusal
 from pending_actions.broker.scripts import Call, Scripts, Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, send_scripts
-from pending_actions.producers.policies import PolicyPlans, raise_denied
+from pending_actions.producers.policy_versions import PolicyPlans, raise_denied
 
 MAX_FINGERPRINT_CHARS = 1_000
 

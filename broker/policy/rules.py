@@ -1,5 +1,5 @@
 """Policies: a tenant's rules, checked once when they are set, compiled once per version, and
-evaluated by the client that stages (``producers/policies.py``), never rule by rule in Redis.
+evaluated by the client that stages (``producers/policy_versions.py``), never rule by rule in Redis.
 
 The document (docs/policies.md): ``{"default": "allow"|"ask"|"deny", "rules": [rule, ...]}``,
 a rule ``{"name", "match", "decision", "reason"?, "approvals"?, "auto"?}``. Precedence: any
