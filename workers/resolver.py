@@ -35,9 +35,9 @@ from pending_actions.broker.results import (
     not_the_target,
     nothing_to_target_json,
 )
+from pending_actions.workers.answers import answer_people, is_auto, refuse_no_worker
 from pending_actions.workers.local import Claims, LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
-from pending_actions.workers.policies import answer_people, is_auto, refuse_no_worker
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.taskbroker import StreamsBroker
 from pending_actions.workers.tasks import TaskMessage, encoded_task, pool_queue
