@@ -32,8 +32,8 @@ from pending_actions.broker.models import Lease, Spec
 from pending_actions.broker.preflight import check_policy
 from pending_actions.broker.replies import ExpireOutcome, RecoverOutcome
 from pending_actions.broker.results import base_details, text_result
-from pending_actions.workers.answers import raise_markers
 from pending_actions.workers.poison import park_poison
+from pending_actions.workers.policy_markers import raise_markers
 from pending_actions.workers.retention import Retirement
 from pending_actions.workers.sweep import Sweep
 
