@@ -24,8 +24,6 @@ from pending_actions.broker.feed import cap as feed_cap
 from pending_actions.broker.keys import RESOLVER_GROUP, Keys
 from pending_actions.broker.lua import FLAGS, LUA_TABLES, NAMES, lua_file, prelude, source
 from pending_actions.broker.models import DEFAULT_TENANT
-from pending_actions.broker.pools import Live
-from pending_actions.broker.pools import record as pool_record
 from pending_actions.broker.replies import (
     Begun,
     Concluded,
@@ -39,6 +37,8 @@ from pending_actions.broker.replies import (
     Staged,
     Taken,
 )
+from pending_actions.broker.routing import Live
+from pending_actions.broker.routing import record as pool_record
 from pending_actions.broker.settings import Settings
 
 __all__ = ["FLAGS", "LUA_TABLES", "NAMES", "Call", "Queued", "Scripts", "Slot", "lua_file",

@@ -27,9 +27,9 @@ from pending_actions.broker.models import (
 )
 from pending_actions.broker.payloads import check_json, check_payload
 from pending_actions.broker.policy.rules import strictness
-from pending_actions.broker.pools import parse_live, queue_live
 from pending_actions.broker.replies import Peeked, Pending, RunClaimed
 from pending_actions.broker.results import base_details, text_result
+from pending_actions.broker.routing import parse_live, queue_live
 from pending_actions.broker.scripts import Slot
 from pending_actions.producers.plans import Batch, Chunks, Plan, Run, Wait
 from pending_actions.producers.staging import Staging

@@ -39,8 +39,8 @@ from pending_actions.broker.models import (
 )
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
 from pending_actions.broker.policy.rules import Verdict
-from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
 from pending_actions.broker.replies import Staged, StageRefusal
+from pending_actions.broker.routing import Live, parse_live, queue_live, queue_write_check
 from pending_actions.broker.scripts import Call, Scripts, Slot
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, send_scripts

@@ -17,8 +17,8 @@ from dramatiq.broker import MessageProxy
 
 from pending_actions.broker import texts
 from pending_actions.broker.context import Context
-from pending_actions.broker.pools import Live, heartbeat
 from pending_actions.broker.replies import BeginStatus
+from pending_actions.broker.routing import Live, heartbeat
 from pending_actions.broker.scripts import source
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis

@@ -21,8 +21,8 @@ from pending_actions.broker.lua import (
     inline_codes,
     strip_comments,
 )
-from pending_actions.broker.pools import LiveView, heartbeat
 from pending_actions.broker.replies import BeginStatus, Begun, TakeStatus
+from pending_actions.broker.routing import LiveView, heartbeat
 from pending_actions.broker.scripts import LUA_TABLES, NAMES, ToStage, lua_file, prelude, source
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions

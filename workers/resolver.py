@@ -28,13 +28,13 @@ from pending_actions.broker.failures import poison_of, translate
 from pending_actions.broker.keys import RESOLVER_GROUP
 from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop
 from pending_actions.broker.models import ResolveRequest
-from pending_actions.broker.pools import Live, LiveView
 from pending_actions.broker.replies import Taken, TakeStatus
 from pending_actions.broker.results import (
     expired,
     not_the_target,
     nothing_to_target_json,
 )
+from pending_actions.broker.routing import Live, LiveView
 from pending_actions.workers.answers import answer_people, is_auto, refuse_no_worker
 from pending_actions.workers.local import Claims, LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
