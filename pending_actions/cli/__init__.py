@@ -75,8 +75,8 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
 
 
 def _register() -> None:
-    from pending_actions.acl import acl
     from pending_actions.cli import actions, service
+    from pending_actions.cli.acl import acl
     from pending_actions.cli.policy import policy
     from pending_actions.health import health
     from pending_actions.mcp.cli import mcp_, mcp_proxy
