@@ -80,8 +80,8 @@ def _register() -> None:
     from pending_actions.cli.health import health
     from pending_actions.cli.policy import policy
     from pending_actions.cli.repair import repair
+    from pending_actions.cli.top import top
     from pending_actions.mcp.cli import mcp_, mcp_proxy
-    from pending_actions.ops import top
     from pending_actions.serve.cli import serve, token
 
     for command in (service.up, service.worker, actions.stage, actions.resolve, actions.ls_,

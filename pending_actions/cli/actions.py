@@ -199,7 +199,7 @@ def stats(obj: Obj) -> None:
     """Deployment-wide figures as a table: sessions, pending / in flight / dead (by tenant and
     tool), the oldest pending age, requests and tasks waiting, leases (and overdue ones),
     registered handlers."""
-    from pending_actions.ops import stats_text
+    from pending_actions.cli.top import stats_text
     from pending_actions.views import figures
 
     try:
