@@ -34,8 +34,8 @@ from redis.exceptions import (
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
+from pending_actions.broker.connection_pool import POOL_WAIT_S, bounded
 from pending_actions.broker.errors import ConfigError
-from pending_actions.broker.pooling import POOL_WAIT_S, bounded
 from pending_actions.broker.urls import UrlOptions, shown, url_options
 
 T = TypeVar("T")

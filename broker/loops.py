@@ -33,9 +33,9 @@ from redis.exceptions import RedisClusterException
 
 from pending_actions.broker.backoff import Backoff
 from pending_actions.broker.connection import TRANSIENT
+from pending_actions.broker.connection_pool import is_exhausted
 from pending_actions.broker.errors import ConfigError, Forbidden, RedisFull
 from pending_actions.broker.failures import translate
-from pending_actions.broker.pooling import is_exhausted
 
 log = logging.getLogger("pending_actions.loops")
 

@@ -45,7 +45,7 @@ def check_session(session: object) -> str:
 
 
 PERSON_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}\Z")
-# the ``by`` of what a policy applies at once (``policy:<rule>``, broker/rules.py AUTO_BY)
+# the ``by`` of what a policy applies at once (``policy:<rule>``, broker/policy/rules.py AUTO_BY)
 RESERVED_BY = "policy:"
 
 
@@ -131,7 +131,7 @@ class Spec(BaseModel):
     reject: str | None = None
     expires_at: float | None = None
     # what the tenant's policy decided at stage ({rule, decision, approvals, version, auto?},
-    # broker/rules.py Verdict.stamp): flat, and ahead of the payload, where take.lua reads it
+    # broker/policy/rules.py Verdict.stamp): flat, and ahead of the payload, where take.lua reads it
     policy: dict[str, Any] | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
     created_at: float

@@ -145,7 +145,7 @@ def approved(k: int, n: int, approved_by: list[str], again: str | None,
 
 def edit_stricter(action_id: str, verdict: Any, staged: dict[str, Any]) -> str:
     """An edit that the tenant's policy decides more strictly than the action it edits
-    (``verdict``: broker/rules.py Verdict; ``staged``: the action's policy as staged)."""
+    (``verdict``: broker/policy/rules.py Verdict; ``staged``: the action's policy as staged)."""
     def said(decision: str | None, approvals: int, rule: str | None) -> str:
         what = "allow" if decision is None else decision
         if what == "ask":

@@ -22,7 +22,7 @@ from pending_actions.broker import backoff, tracing
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ConfigError
 from pending_actions.broker.loops import EXIT_LOOP_DIED
-from pending_actions.broker.policy import preflight
+from pending_actions.broker.preflight import preflight
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import Child

@@ -23,7 +23,7 @@ from pending_actions.broker.errors import ConfigError, RedisUnavailable
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveInput, Result
-from pending_actions.broker.rules import Verdict
+from pending_actions.broker.policy.rules import Verdict
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions_async
 from pending_actions.broker.urls import url_options

@@ -16,8 +16,8 @@ from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, i
 from pending_actions.broker.context import Context
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveInput, Result
-from pending_actions.broker.pools import LiveView
-from pending_actions.broker.rules import Verdict
+from pending_actions.broker.policy.rules import Verdict
+from pending_actions.broker.routing import LiveView
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions
 from pending_actions.broker.urls import url_options

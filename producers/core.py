@@ -28,9 +28,9 @@ from pending_actions.broker.models import (
     person,
 )
 from pending_actions.broker.payloads import check_json, check_payload
-from pending_actions.broker.pools import parse_live, queue_live
+from pending_actions.broker.policy.rules import strictness
 from pending_actions.broker.results import base_details, text_result
-from pending_actions.broker.rules import strictness
+from pending_actions.broker.routing import parse_live, queue_live
 from pending_actions.producers.plans import Batch, Chunks, Plan, Run, Wait
 from pending_actions.producers.staging import Staging
 from pending_actions.producers.tool import soft_requirement

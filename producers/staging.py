@@ -40,11 +40,11 @@ from pending_actions.broker.models import (
     spec_json,
 )
 from pending_actions.broker.payloads import check_json, check_payload, check_schema
-from pending_actions.broker.pools import Live, parse_live, queue_live, queue_write_check
-from pending_actions.broker.rules import Verdict
+from pending_actions.broker.policy.rules import Verdict
+from pending_actions.broker.routing import Live, parse_live, queue_live, queue_write_check
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, send_scripts
-from pending_actions.producers.policies import PolicyPlans, raise_denied
+from pending_actions.producers.policy_versions import PolicyPlans, raise_denied
 
 MAX_FINGERPRINT_CHARS = 1_000
 

@@ -23,7 +23,7 @@ from pending_actions.broker.connection import (
     slot_master,
     worker_client,
 )
-from pending_actions.broker.pooling import PoolExhausted
+from pending_actions.broker.connection_pool import PoolExhausted
 from pending_actions.embedded import EmbeddedRedis
 from tests.conftest import Deployment
 

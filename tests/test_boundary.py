@@ -25,7 +25,7 @@ import redis
 import pending_actions
 from pending_actions.broker.errors import InvalidInput
 from pending_actions.broker.models import ResolveRequest, Result
-from pending_actions.broker.pools import heartbeat
+from pending_actions.broker.routing import heartbeat
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from tests.conftest import Deployment, both

@@ -19,7 +19,7 @@ from pending_actions.broker import texts
 from pending_actions.broker.atomic.replies import BeginStatus
 from pending_actions.broker.atomic.scripts import source
 from pending_actions.broker.context import Context
-from pending_actions.broker.pools import Live, heartbeat
+from pending_actions.broker.routing import Live, heartbeat
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions

@@ -19,7 +19,7 @@ from pending_actions.broker import Keys
 from pending_actions.broker.atomic.replies import TakeStatus
 from pending_actions.broker.context import Context
 from pending_actions.broker.keys import NOTHING_DUE
-from pending_actions.broker.pools import LiveView, heartbeat
+from pending_actions.broker.routing import LiveView, heartbeat
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions

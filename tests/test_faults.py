@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from pending_actions.broker.connection import producer_client
-from pending_actions.broker.pools import Live, heartbeat, read_live
+from pending_actions.broker.routing import Live, heartbeat, read_live
 from pending_actions.broker.texts import NOTHING_TO_APPLY
 from pending_actions.producers import PendingActions
 from tests.support.faults import (

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from pending_actions.broker.errors import RedisFull, Unowned
-from pending_actions.broker.pools import heartbeat
+from pending_actions.broker.routing import heartbeat
 from pending_actions.procs import ROOT
 from pending_actions_harness.supervise import WorkerProcess
 from tests.support.faults import FAST, K, cluster

@@ -24,7 +24,7 @@ from pending_actions.broker.atomic.replies import StageRefusal
 from pending_actions.broker.atomic.scripts import ToStage
 from pending_actions.broker.errors import Damaged, RedisFull
 from pending_actions.broker.models import spec_json
-from pending_actions.broker.pools import heartbeat
+from pending_actions.broker.routing import heartbeat
 from pending_actions.procs import ROOT
 from pending_actions.producers import AsyncPendingActions, PendingActions
 from tests.support.faults import K, cluster

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pending_actions.broker.errors import InvalidInput, UnknownHandler
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import ResolveRequest
-from pending_actions.broker.pools import read_live
+from pending_actions.broker.routing import read_live
 from pending_actions.broker.settings import Settings
 from pending_actions.producers import PendingActions
 from pending_actions.workers.taskbroker import FIELD as TASK_FIELD

@@ -1,5 +1,5 @@
-"""broker/lanes.py against a plain search (hypothesis): a run's leftmost place in a stretch of a
-text, as ``find`` picks its encoding and by each encoding that can say it (UTF-32 always,
+"""broker/policy/lanes.py against a plain search (hypothesis): a run's leftmost place in a stretch
+of a text, as ``find`` picks its encoding and by each encoding that can say it (UTF-32 always,
 Latin-1 bytes for a Latin-1 text), so each one is checked on every example, whatever the
 text's characters."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pending_actions.broker.lanes import LATIN_CODES, Atom, CharSet, Run, Text
+from pending_actions.broker.policy.lanes import LATIN_CODES, Atom, CharSet, Run, Text
 
 CHARS = "ab?\x00ÿé€ж😀"
 codes = st.sampled_from(CHARS).map(ord)

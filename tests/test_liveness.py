@@ -18,7 +18,7 @@ import redis
 
 from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.loops import PROC_TTL_MS
-from pending_actions.broker.pools import read_live
+from pending_actions.broker.routing import read_live
 from pending_actions.procs import ROOT, StreamWatch
 from tests.support.faults import FAST, K, cluster
 from tests.support.load import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from pending_actions.broker.pools import read_live
+from pending_actions.broker.routing import read_live
 from tests.support.faults import K, cluster, events, wait_for
 from tests.support.procs import Worker
 from tests.support.replies import tail_id

@@ -12,10 +12,10 @@ import pytest
 import redis
 from redis import exceptions as rx
 
+from pending_actions.broker.connection_pool import PoolExhausted
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import ConfigError
 from pending_actions.broker.loops import PROC_TTL_MS, Beats, Loop
-from pending_actions.broker.pooling import PoolExhausted
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 

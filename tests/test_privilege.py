@@ -21,10 +21,10 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from pending_actions.acl import PRODUCER_SCRIPTS, SCRIPTS, WORKER_SCRIPTS
 from pending_actions.broker.atomic.declared import NAMES
 from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
 from pending_actions.broker.settings import Settings
+from pending_actions.cli.acl import PRODUCER_SCRIPTS, SCRIPTS, WORKER_SCRIPTS
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions

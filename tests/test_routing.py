@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pending_actions.broker.errors import UnknownHandler
-from pending_actions.broker.pools import read_live
+from pending_actions.broker.routing import read_live
 from tests.support.faults import K, cluster, events
 from tests.support.procs import Worker
 from tests.support.replies import byte_list

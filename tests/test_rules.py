@@ -1,4 +1,4 @@
-"""broker/rules.py against a plain Python model of the rules (hypothesis): globs (a memoized
+"""broker/policy/rules.py against a plain Python model of the rules (hypothesis): globs (a memoized
 matcher over tokens, not a regex; spelled every way the syntax allows, over characters of
 every width), dotted paths (a walk), precedence (a loop over the matching rules); the glob
 syntax docs/policies.md states, example by example; 24-64 KB texts that made a regex
@@ -16,7 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pending_actions.broker.errors import InvalidInput
-from pending_actions.broker.globs import (
+from pending_actions.broker.models import (
+    check_handler_name,
+    check_session,
+    check_tenant,
+    person,
+)
+from pending_actions.broker.policy.globs import (
     INDEX_DIGITS,
     MISSING,
     BadGlob,
@@ -26,13 +32,7 @@ from pending_actions.broker.globs import (
     parse,
     parse_path,
 )
-from pending_actions.broker.models import (
-    check_handler_name,
-    check_session,
-    check_tenant,
-    person,
-)
-from pending_actions.broker.rules import Policy, check_document, read_document, strictness
+from pending_actions.broker.policy.rules import Policy, check_document, read_document, strictness
 
 ALPHABET = "ab.*?[]!-/\\"
 
@@ -97,7 +97,7 @@ def test_globs_match_as_the_model_does(glob: list[Token], text: str) -> None:
 
 
 # Characters above U+00FF and beyond the BMP, and the ones a set's syntax is made of: each way
-# broker/lanes.py encodes a text (Latin-1, Latin-1 with ``?`` for the rest, a charmap of the
+# broker/policy/lanes.py encodes a text (Latin-1, Latin-1 with ``?`` for the rest, a charmap of the
 # characters a glob names, UTF-32) is taken by some of these globs and texts.
 WIDE = "ab?]-!\\é€ж😀"
 wide_chars = st.sampled_from(WIDE)
@@ -161,7 +161,7 @@ def test_globs_of_any_characters_match_as_the_model_does(glob: list[Token],
                                                          data: st.DataObject) -> None:
     """Globs spelled every way the syntax allows, over characters of every width, against
     texts they match, nearly match (one character changed) or were never made for."""
-    # without ``?``: a character above U+00FF may then be written as one (broker/lanes.py)
+    # without ``?``: a character above U+00FF may then be written as one (broker/policy/lanes.py)
     text = data.draw(st.one_of(st.text(WIDE, max_size=24), st.text(WIDE.replace("?", "")),
                                st.just(sample(glob, data.draw))))
     if text and data.draw(st.booleans()):
@@ -338,7 +338,7 @@ SCATTERED = "".join(chr(0x100 + 128 * i) for i in range(255))
     ("*😀[b]*", "😀a" * 5 + "😀b", True), ("*😀[b]*", "😀a" * 6, False),
 ])
 def test_each_way_a_text_is_encoded(glob: str, text: str, matches: bool) -> None:
-    """broker/lanes.py's encodings of a text, by example: each answers right. Most of these
+    """broker/policy/lanes.py's encodings of a text, by example: each answers right. Most of these
     globs have no literal character: a run with one is looked for with str.find first, and
     masks (the encodings) come only after a few misses."""
     assert Glob(glob).matches(text) is matches
@@ -423,7 +423,7 @@ def test_a_policy_in_yaml_reads_as_its_json() -> None:
 def test_yaml_without_pyyaml_is_one_line_saying_so() -> None:
     """PyYAML is the ``yaml`` extra: a process without it refuses a YAML policy in one line."""
     code = ("import sys; sys.modules['yaml'] = None\n"
-            "from pending_actions.broker.rules import read_document\n"
+            "from pending_actions.broker.policy.rules import read_document\n"
             "from pending_actions.broker.errors import InvalidInput\n"
             "try:\n    read_document('default: deny', 'p.yaml')\n"
             "except InvalidInput as exc:\n    print(exc)\n")

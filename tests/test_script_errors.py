@@ -17,7 +17,7 @@ from pending_actions.broker.atomic.source import RUN, prelude
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import Poison, RedisFull, UnknownHandler
 from pending_actions.broker.failures import poison_of, redis_errors, translate
-from pending_actions.broker.pools import heartbeat, read_live
+from pending_actions.broker.routing import heartbeat, read_live
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions

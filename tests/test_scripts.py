@@ -29,7 +29,7 @@ from pending_actions.broker.atomic.source import (
     strip_comments,
 )
 from pending_actions.broker.events import Event
-from pending_actions.broker.pools import LiveView, heartbeat
+from pending_actions.broker.routing import LiveView, heartbeat
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 

@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
 from pending_actions.broker import tracing
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.pools import heartbeat
-from pending_actions.broker.rules import Verdict
+from pending_actions.broker.policy.rules import Verdict
+from pending_actions.broker.routing import heartbeat
 from pending_actions.procs import ROOT, child_env
 from tests.support.faults import FAST, cluster, started_pid
 from tests.support.otlp import Receiver, Span, receiver

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 import pending_actions
-from pending_actions.broker.pools import Live, heartbeat, leave, parse_live, record
+from pending_actions.broker.routing import Live, heartbeat, leave, parse_live, record
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions

@@ -1,5 +1,5 @@
 """The dramatiq side: broker setup from the environment, the actor that runs handlers, and a
-middleware that keeps this worker's pool of handlers live (``broker/pools.py``) and says when
+middleware that keeps this worker's pool of handlers live (``broker/routing.py``) and says when
 it is ready.
 
 Run with ``python -m dramatiq workers.actors your.handlers`` (``pending-actions worker`` does).
@@ -18,7 +18,7 @@ import dramatiq
 import redis
 from dramatiq.middleware import CurrentMessage
 
-from pending_actions.broker import pools, tracing
+from pending_actions.broker import routing, tracing
 from pending_actions.broker.connection import is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import WorkerEvent, announce
@@ -63,7 +63,7 @@ class Registration(dramatiq.Middleware):
     def before_worker_boot(self, broker: Any, worker: Any) -> None:
         self.names = registry.names()
         self.tenants = registry.tenants()
-        self.pool = pools.pool_id(self.names, self.tenants)
+        self.pool = routing.pool_id(self.names, self.tenants)
         serve_pool(broker, self.pool)
         # claims on the consumer thread need the state's Redis, and none of REPLICA_WAIT's
         if (isinstance(broker, StreamsBroker) and broker.client is ctx.client
@@ -94,7 +94,7 @@ class Registration(dramatiq.Middleware):
             self.local.closing = True
             self.resolver.stop.set()
         try:
-            pools.leave(ctx.client, ctx.keys, self.pool, self.instance)
+            routing.leave(ctx.client, ctx.keys, self.pool, self.instance)
             announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.STOPPING)
         except redis.RedisError:
             log.warning("could not announce shutdown; Redis is unavailable")

@@ -34,7 +34,7 @@ from dramatiq.message import Message
 from pending_actions.broker.atomic.replies import Taken
 from pending_actions.broker.context import Context
 from pending_actions.broker.models import ResolveRequest
-from pending_actions.broker.pools import Live
+from pending_actions.broker.routing import Live
 from pending_actions.workers.early import Claimed, EarlyClaims, Verdict
 from pending_actions.workers.taskbroker import ACKED, STREAM, StreamConsumer, StreamsBroker
 from pending_actions.workers.tasks import task_fields

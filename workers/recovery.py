@@ -30,10 +30,10 @@ from pending_actions.broker.failures import poison_of, translate
 from pending_actions.broker.feed import publish
 from pending_actions.broker.keys import NOTHING_DUE, Keys
 from pending_actions.broker.models import Lease, Spec
-from pending_actions.broker.policy import check_policy
+from pending_actions.broker.preflight import check_policy
 from pending_actions.broker.results import base_details, text_result
 from pending_actions.workers.poison import park_poison
-from pending_actions.workers.policies import raise_markers
+from pending_actions.workers.policy_markers import raise_markers
 from pending_actions.workers.retention import Retirement
 from pending_actions.workers.sweep import Sweep
 

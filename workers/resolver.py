@@ -29,15 +29,15 @@ from pending_actions.broker.failures import poison_of, translate
 from pending_actions.broker.keys import RESOLVER_GROUP
 from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop
 from pending_actions.broker.models import ResolveRequest
-from pending_actions.broker.pools import Live, LiveView
 from pending_actions.broker.results import (
     expired,
     not_the_target,
     nothing_to_target_json,
 )
+from pending_actions.broker.routing import Live, LiveView
+from pending_actions.workers.answers import answer_people, is_auto, refuse_no_worker
 from pending_actions.workers.local import Claims, LocalDispatch
 from pending_actions.workers.poison import not_served, park_poison
-from pending_actions.workers.policies import answer_people, is_auto, refuse_no_worker
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.taskbroker import StreamsBroker
 from pending_actions.workers.tasks import TaskMessage, encoded_task, pool_queue

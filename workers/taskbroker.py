@@ -7,7 +7,7 @@ message lands.
 
 Handler tasks live in the partitions beside the state (``pa:{tag}:dq:<pool>``, see
 ``broker/keys.py``): take.lua enqueues a task in the same atomic step as its lease. A worker
-process serves its pool (``broker/pools.py``) through queues named ``<pool>@<n>``, each reading
+process serves its pool (``broker/routing.py``) through queues named ``<pool>@<n>``, each reading
 a group of partition streams: all of them in one read on a single Redis, one per queue on a
 cluster (a blocking read's keys must share a slot). Whatever queue a message was sent under,
 the consumer that read it renames it to its own queue, which dramatiq's worker uses to ack.

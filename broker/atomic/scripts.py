@@ -37,8 +37,8 @@ from pending_actions.broker.events import Event
 from pending_actions.broker.feed import cap as feed_cap
 from pending_actions.broker.keys import RESOLVER_GROUP, Keys
 from pending_actions.broker.models import DEFAULT_TENANT
-from pending_actions.broker.pools import Live
-from pending_actions.broker.pools import record as pool_record
+from pending_actions.broker.routing import Live
+from pending_actions.broker.routing import record as pool_record
 from pending_actions.broker.settings import Settings
 
 __all__ = ["LUA_TABLES", "NAMES", "Call", "Queued", "Scripts", "Slot", "lua_file",
@@ -440,7 +440,7 @@ class Scripts:
     def register(self, *, pool: str, names: list[str], instance: str, ttl_ms: int,
                  tenants: dict[str, list[str]] | None = None) -> Call[int]:
         """Keep ``instance``, a worker process of ``pool`` (its handler ``names``, some kept to
-        ``tenants``), live for ``ttl_ms`` (``broker/pools.py``)."""
+        ``tenants``), live for ``ttl_ms`` (``broker/routing.py``)."""
         k = self._k
         return self._call(
             "register", KEYS.register(pools=k.pools, live=k.pool_live),

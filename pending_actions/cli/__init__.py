@@ -75,14 +75,14 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
 
 
 def _register() -> None:
-    from pending_actions.acl import acl
     from pending_actions.cli import actions, service
+    from pending_actions.cli.acl import acl
+    from pending_actions.cli.health import health
+    from pending_actions.cli.mcp import mcp_, mcp_proxy
     from pending_actions.cli.policy import policy
-    from pending_actions.health import health
-    from pending_actions.mcp.cli import mcp_, mcp_proxy
-    from pending_actions.ops import top
-    from pending_actions.repair import repair
-    from pending_actions.serve.cli import serve, token
+    from pending_actions.cli.repair import repair
+    from pending_actions.cli.serve import serve, token
+    from pending_actions.cli.top import top
 
     for command in (service.up, service.worker, actions.stage, actions.resolve, actions.ls_,
                     actions.show, actions.history, actions.dead, actions.stats,

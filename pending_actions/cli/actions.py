@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 from datetime import datetime
+from typing import get_args
 
 import click
 import orjson
 
 from pending_actions.broker.errors import PendingActionsError
-from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, Result
+from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveAction, Result
 from pending_actions.cli.base import SESSION, Obj, fail, json_object
 
 
@@ -45,7 +46,7 @@ def stage(obj: Obj, session: str, tool: str, label: str, apply_: str, reject: st
 
 @click.command()
 @SESSION
-@click.option("--action", required=True, type=click.Choice(["apply", "discard"]))
+@click.option("--action", required=True, type=click.Choice(get_args(ResolveAction)))
 @click.option("--reason", required=True, help="Why; passed to the handler.")
 @click.option("--extra", metavar="JSON|@FILE|-", help="JSON object passed through untouched.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
@@ -56,7 +57,7 @@ def stage(obj: Obj, session: str, tool: str, label: str, apply_: str, reject: st
 @click.option("--approver", metavar="NAME",
               help="A person's resolve: their approval of an action a policy asks people for.")
 @click.pass_obj
-def resolve(obj: Obj, session: str, action: str, reason: str, extra: str | None,
+def resolve(obj: Obj, session: str, action: ResolveAction, reason: str, extra: str | None,
             timeout: float | None, edit: str | None, expect_id: str | None,
             approver: str | None) -> None:
     """Apply or discard SESSION's current target (directive, newest action, or standing
@@ -199,7 +200,7 @@ def stats(obj: Obj) -> None:
     """Deployment-wide figures as a table: sessions, pending / in flight / dead (by tenant and
     tool), the oldest pending age, requests and tasks waiting, leases (and overdue ones),
     registered handlers."""
-    from pending_actions.ops import stats_text
+    from pending_actions.cli.top import stats_text
     from pending_actions.views import figures
 
     try:

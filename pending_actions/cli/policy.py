@@ -15,7 +15,7 @@ import orjson
 
 from pending_actions.broker.errors import Forbidden, PendingActionsError
 from pending_actions.broker.models import DEFAULT_TENANT
-from pending_actions.broker.rules import Policy, read_document
+from pending_actions.broker.policy.rules import Policy, read_document
 from pending_actions.cli.base import BadInput, Obj, fail, json_object
 
 TENANT = click.option("--tenant", default=DEFAULT_TENANT, show_default=True,

@@ -28,9 +28,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.stdio import stdio_server
 from starlette.applications import Starlette
 
-from pending_actions.broker import rules
 from pending_actions.broker.errors import ConfigError, PendingActionsError
 from pending_actions.broker.models import PendingAction, ResolveInput, Result, check_session
+from pending_actions.broker.policy import rules
 from pending_actions.broker.results import nothing_to_target
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.texts import REMINDER

@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 import redis
@@ -27,7 +27,7 @@ from pending_actions.broker.models import check_tenant, person
 log = logging.getLogger("pending_actions.serve")
 
 Role = Literal["producer", "approver", "admin"]
-ROLES: tuple[Role, ...] = ("producer", "approver", "admin")
+ROLES: tuple[Role, ...] = get_args(Role)
 TOKEN_PREFIX = "pat_"
 
 

@@ -68,7 +68,7 @@ def test_stats_table_and_top(pa: PendingActions, redis_server: EmbeddedRedis) ->
 def test_tops_rates_count_the_stages_in_the_feed(pa: PendingActions) -> None:
     """top's staged/s is stages (the feed's ``staged`` entries), not ids reserved: a new
     producer process reserves a block of ids for its first stage."""
-    from pending_actions.ops import feed_rates
+    from pending_actions.cli.top import feed_rates
 
     def now_ms() -> int:
         seconds, micros = pa.client.time()

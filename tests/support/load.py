@@ -48,7 +48,7 @@ def still_healthy(url: str, since_ms: int, within: float = 20.0) -> None:
     """Every loop of every live worker has beaten since ``since_ms`` (Redis time, taken after
     the fault), and all are on time: each went round after the fault. A loop that died never
     beats again, so this fails for it at ``within``."""
-    from pending_actions.health import beats
+    from pending_actions.cli.health import beats
 
     pa = PendingActions.from_url(url)
     deadline = time.monotonic() + within

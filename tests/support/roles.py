@@ -15,8 +15,8 @@ import orjson
 import pytest
 import redis
 
-from pending_actions.acl import ROLES
 from pending_actions.broker.errors import Denied
+from pending_actions.cli.acl import ROLES
 from pending_actions.embedded import EmbeddedRedis, free_port
 from pending_actions.procs import ROOT
 from pending_actions.producers import AsyncPendingActions, PendingActions

@@ -1,5 +1,5 @@
 -- name: register
--- A dramatiq worker process keeps its pool live (broker/pools.py): the pool's handler names, and
+-- A dramatiq worker process keeps its pool live (broker/routing.py): the pool's handler names, and
 -- the process's own entry among the live pools, expiring ttl ms from now; entries of processes that
 -- died long ago go. Tiny, and run while Redis is full (allow-oom): a pool that dropped out while
 -- Redis refused writes would leave stages told "no live worker" then, and for a while after memory

@@ -1,8 +1,8 @@
 """Globs against long payload strings, the worst a model could write: each pattern's
 per-decision time through ``Policy(...).decide`` (the path a stage takes) on a string of
 ``--size`` characters, the median and range of ``--repeat`` decisions; beside it the regex
-this project matched globs with before (``broker/globs.py`` until the matcher of
-``broker/lanes.py``), timed alone (its ``fullmatch``) at the largest size that still finishes
+this project matched globs with before (``broker/policy/globs.py`` until the matcher of
+``broker/policy/lanes.py``), timed alone (its ``fullmatch``) at the largest size that still finishes
 quickly: it backtracks, so each doubling of the size can cost it 8x, and a size is only tried
 while the one before took under ``--regex-budget`` / 8 seconds.
 
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from pending_actions.broker.rules import Policy
+from pending_actions.broker.policy.rules import Policy
 
 # (name, glob, the string of n characters it is decided against): each made to cost the most
 # for its kind of glob. None matches: a match found early ends the search early. Where a run

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker.pools import heartbeat
+from pending_actions.broker.routing import heartbeat
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 

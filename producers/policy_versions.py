@@ -1,5 +1,5 @@
 """The client's side of policies: every tenant's policy is read from Redis once per version,
-compiled (``broker/rules.py``) and kept; a stage decides its actions with the version the
+compiled (``broker/policy/rules.py``) and kept; a stage decides its actions with the version the
 client last saw and stage.lua checks that version against the partition's marker (a stage
 decided by another is refused, and decided again: ``producers/staging.py``). Setting a policy
 writes a new version, then raises every partition's marker (docs/design.md, Policies)."""
@@ -19,7 +19,7 @@ from pending_actions.broker.errors import Damaged, Denied, InvalidInput
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import DEFAULT_TENANT, ResolveRequest, check_tenant, spec_json
 from pending_actions.broker.payloads import check_json
-from pending_actions.broker.rules import AUTO_BY, Policy, Verdict, read_document
+from pending_actions.broker.policy.rules import AUTO_BY, Policy, Verdict, read_document
 from pending_actions.broker.settings import Settings
 from pending_actions.producers.plans import Batch, Plan, Run
 

@@ -13,7 +13,7 @@ LOG), and each forbidden act refused."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal, get_args
 
 import click
 
@@ -74,6 +74,8 @@ PLAIN: dict[str, tuple[str, ...]] = {
     "auth": (*CONNECTION, *AUTH, *RUNNING),
 }
 ROLES = tuple(PLAIN)
+# the servers whose rules differ (6.2 has no read-only key pattern)
+RedisVersion = Literal["7", "6.2"]
 
 
 def patterns(role: str, keys: Keys, version: str = "7") -> list[str]:
@@ -128,12 +130,12 @@ def acl_rules(role: str, prefix: str = "pa", password: str = "<password>",
 @click.option("--role", type=click.Choice(ROLES), required=True)
 @click.option("--user", help="User name [default: pa-ROLE].")
 @click.option("--password", default="<password>", show_default=True)
-@click.option("--redis-version", type=click.Choice(["7", "6.2"]),
+@click.option("--redis-version", type=click.Choice(get_args(RedisVersion)),
               help="The server the rules are for [default: asked of --redis-url's server, "
                    "else 7]: 6.2 has no read-only key pattern.")
 @click.pass_obj
 def acl(obj: Any, role: str, user: str | None, password: str,
-        redis_version: str | None) -> None:
+        redis_version: RedisVersion | None) -> None:
     """Print the Redis ACL SETUSER command for a least-privilege user of ROLE: a producer
     (an agent runtime staging and resolving, `mcp` over stdio; the operators' views), a worker
     (`pending-actions worker`), serve (the HTTP API, and `mcp --transport http`: they check
@@ -151,7 +153,7 @@ def acl(obj: Any, role: str, user: str | None, password: str,
             " ".join(_quoted(w) for w in ("ACL", "SETUSER", name, *rules)))
 
 
-def _server_version(url: str | None) -> str:
+def _server_version(url: str | None) -> RedisVersion:
     """The major version of the server at ``url`` ("7" when there is none to ask, or it does
     not answer: said on stderr)."""
     if not url:

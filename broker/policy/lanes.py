@@ -2,8 +2,8 @@
 text tested in C, never in a Python loop per character: the text becomes one lane per
 character of a big int, each atom a mask of the lanes it accepts, and the run the AND of its
 atoms' masks, each shifted back by the atom's place in the run. The work is a few passes over
-the text per atom (``broker/globs.py`` splits a glob at its stars into these runs). Before any
-mask, a run with a literal character tries a few places where str.find sees its longest
+the text per atom (``broker/policy/globs.py`` splits a glob at its stars into these runs). Before
+any mask, a run with a literal character tries a few places where str.find sees its longest
 literal stretch: most texts answer there, or have no such stretch at all.
 
 A byte per character wherever one can say all the run needs: ``bytes.translate`` then tests a

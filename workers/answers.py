@@ -1,8 +1,7 @@
-"""The workers' side of policies: what a resolve worker answers when take.lua decided about
-people's approvals (``answer``, ``answer_people``) or found no live worker for a target's
-handler (``refuse_no_worker``), and the housekeeping chore that brings every partition's
-marker of a tenant's policy up to its current version (``raise_markers``), which completes a
-``policy set`` that stopped between writing the version and raising the markers."""
+"""What a resolve worker answers when take.lua ran no handler: it decided about people's
+approvals (``answer``, ``answer_people``: held for people, or an approval counted) or found no
+live worker for a target's handler (``refuse_no_worker``). The housekeeping that completes a
+``policy set`` stopped half way is ``workers/policy_markers.py``."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import publish
 from pending_actions.broker.models import ResolveRequest, Result
+from pending_actions.broker.policy.rules import AUTO_BY
 from pending_actions.broker.results import base_details, text_result
-from pending_actions.broker.rules import AUTO_BY
 
 log = logging.getLogger("pending_actions.resolver")
 
@@ -53,34 +52,6 @@ def is_auto(request: ResolveRequest) -> bool:
     (LOCAL_DISPATCH) its take must claim nothing: the hand-off to a local thread would carry
     another message under the message id of the task the take enqueues for that lease."""
     return request.by is not None and request.by.startswith(AUTO_BY)
-
-
-def raise_markers(ctx: Context) -> int:
-    """Every partition's marker of every tenant's policy at least at the index's version (the
-    version set last): one read of the index and of the markers, a mark_policy.lua call only
-    where one is behind. Returns how many were raised."""
-    k, client = ctx.keys, ctx.client
-    index: Any = client.hgetall(k.policy_index)
-    if not index:
-        return 0
-    current = {t.decode(): int(v) for t, v in index.items()}
-    tenants = sorted(current)
-    pipe = client.pipeline(transaction=False)
-    for p in range(k.partitions):
-        pipe.hmget(k.policy_markers(p), tenants)
-    behind = [(p, t) for p, marks in enumerate(pipe.execute())
-              for t, mark in zip(tenants, marks, strict=True)
-              if int(mark or 0) < current[t]]
-    if not behind:
-        return 0
-    pipe = client.pipeline(transaction=False)
-    for p, t in behind:
-        ctx.scripts.mark_policy(p, tenant=t, version=current[t]).on(pipe)
-    raised = sum(1 for r in pipe.execute() if int(r))
-    if raised:
-        log.warning("raised %d partition marker(s) of policies to their current version (a "
-                    "policy set stopped half way)", raised)
-    return raised
 
 
 def _reply(pipe: Any, ctx: Context, request: ResolveRequest, body: bytes) -> None:

@@ -1,4 +1,4 @@
-"""The matching under a policy's rules (``broker/rules.py``): globs and dotted paths into a
+"""The matching under a policy's rules (``broker/policy/rules.py``): globs and dotted paths into a
 payload, as docs/policies.md states them.
 
 Globs (``Glob``): the whole string, case-sensitive, no path meaning (``/`` and ``.`` are
@@ -6,7 +6,7 @@ ordinary characters): ``*`` any run, ``?`` one character, ``[...]``/``[!...]`` a
 first is itself, ``-`` first or last is itself), ``\\`` the next character literally; a ``[``
 never closed, a reversed range or a trailing ``\\`` is refused (``BadGlob``). No regular
 expression, so no backtracking: a glob is parsed into runs of atoms between its stars, each
-run found at its leftmost place after the one before (``broker/lanes.py``), and a match takes
+run found at its leftmost place after the one before (``broker/policy/lanes.py``), and a match takes
 time in proportion to the text's length (times the glob's) at worst. Paths: keys joined by
 dots; an all-digit part (no sign, no leading zero, at most 9 digits) indexes a list; an absent
 path is ``MISSING``. Values compare as JSON does (``same``: a boolean is no number)."""
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pending_actions.broker.lanes import Atom, CharSet, Run, Text
+from pending_actions.broker.policy.lanes import Atom, CharSet, Run, Text
 
 MISSING = object()  # what ``lookup`` finds at a path that is not there
 
@@ -95,7 +95,7 @@ def _set_char(pattern: str, j: int) -> tuple[str, int]:
 
 
 class Glob:
-    """A compiled glob: ``matches(text)``, in time linear in the text (``broker/lanes.py``).
+    """A compiled glob: ``matches(text)``, in time linear in the text (``broker/policy/lanes.py``).
     ``literal``: no special character (``matches`` is ``==``); ``everything``: only stars."""
 
     __slots__ = ("everything", "literal", "matches", "text")

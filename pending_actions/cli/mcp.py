@@ -7,7 +7,7 @@ whose tools cannot be proxied."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal, get_args
 
 import click
 
@@ -16,6 +16,9 @@ from pending_actions.broker.errors import ConfigError, PendingActionsError
 from pending_actions.broker.models import DEFAULT_TENANT, check_session, check_tenant
 from pending_actions.broker.settings import Settings
 from pending_actions.cli.base import MCP_UPSTREAM, MCP_UPSTREAM_TENANTS, SESSION, Obj, fail
+
+# --transport: stdio (an MCP client starts it) or streamable HTTP
+Transport = Literal["stdio", "http"]
 
 
 def _need_sdk(command: str) -> None:
@@ -63,7 +66,7 @@ async def _owned(backend: Any, session: str, tenant: str) -> None:
 @click.option("--session", metavar="SESSION",
               help="The session served (stdio: required; http: the one of a request that sends "
                    "no Pending-Actions-Session header).")
-@click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio",
+@click.option("--transport", type=click.Choice(get_args(Transport)), default="stdio",
               show_default=True, help="stdio (an MCP client starts it) or streamable HTTP.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="(http) Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True,
@@ -72,7 +75,7 @@ async def _owned(backend: Any, session: str, tenant: str) -> None:
               help="(stdio) The tenant whose session it is: another tenant's session is "
                    "answered as one with nothing in it. (http: the token's tenant.)")
 @click.pass_obj
-def mcp_(obj: Obj, session: str | None, transport: str, host: str, port: int,
+def mcp_(obj: Obj, session: str | None, transport: Transport, host: str, port: int,
          tenant: str) -> None:
     """Serve the `resolve` and `pending` tools over MCP (needs the 'mcp' extra).
 

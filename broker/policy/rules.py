@@ -1,12 +1,12 @@
 """Policies: a tenant's rules, checked once when they are set, compiled once per version, and
-evaluated by the client that stages (``producers/policies.py``), never rule by rule in Redis.
+evaluated by the client that stages (``producers/policy_versions.py``), never rule by rule in Redis.
 
 The document (docs/policies.md): ``{"default": "allow"|"ask"|"deny", "rules": [rule, ...]}``,
 a rule ``{"name", "match", "decision", "reason"?, "approvals"?, "auto"?}``. Precedence: any
 matching ``deny`` wins (the first in the document), else the matching ``ask`` with the largest
 ``approvals`` (the first of those), else the first matching ``allow``, else ``default``.
 
-Globs and payload paths are ``broker/globs.py``'s; an absent path does not match."""
+Globs and payload paths are ``broker/policy/globs.py``'s; an absent path does not match."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from typing import Any, Literal, cast
 import orjson
 
 from pending_actions.broker.errors import InvalidInput
-from pending_actions.broker.globs import (
+from pending_actions.broker.models import RESERVED_BY
+from pending_actions.broker.policy.globs import (
     MISSING,
     BadGlob,
     Glob,
@@ -29,7 +30,6 @@ from pending_actions.broker.globs import (
     parse_path,
     same,
 )
-from pending_actions.broker.models import RESERVED_BY
 
 Decision = Literal["allow", "ask", "deny"]
 DECISIONS: tuple[Decision, ...] = ("allow", "ask", "deny")
