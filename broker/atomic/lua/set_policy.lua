@@ -1,7 +1,7 @@
 -- name: set_policy
 -- A new version of a tenant's policy, kept beside every earlier one, and the index's entry for the
 -- tenant, in one step (both keys carry the {policies} tag). The caller validated the document
--- (broker/rules.py). The partitions' markers are raised after it, by mark_policy.lua (or by
+-- (broker/policy/rules.py). The partitions' markers are raised after it, by mark_policy.lua (or by
 -- housekeeping, from the index, should the caller stop first).
 -- flags: none
 -- roles: producer, serve, auth
