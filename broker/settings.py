@@ -15,7 +15,7 @@ class Settings(BaseSettings):
     )
     dramatiq_url: str | None = Field(
         default=None,
-        description="Broker for handler tasks: redis:// (default: redis_url) or amqp://.",
+        description="Redis for handler tasks (default: redis_url); Redis is the only broker.",
     )
     key_prefix: str = Field(default="pa", pattern=r"^[A-Za-z0-9_.-]{1,32}$",
                             description="prefix of every key; never ending in -auth or -policy")

@@ -37,7 +37,11 @@ QUICK_ROWS = [
     "peer.bytes",
     "cluster.commands.per_resolve", "cluster.spread", "cluster.idle.p50",
     "cluster.loaded.throughput", "cluster.loaded.p50",
+    "policy.stage.p50", "policy.glob.worst", "tracing.idle.p50", "mcp.read.p50",
+    "mcp.resolve.p50",
 ]
+# rows of an optional part a run may skip (saying why in the row's note): the key's start
+OPTIONAL = {"peer.": "langgraph", "tracing.": "tracing", "mcp.": "mcp"}
 
 
 def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
@@ -54,8 +58,9 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
     assert [k for k in QUICK_ROWS if k not in rows] == []
     rabbit_skipped = "rabbitmq" in doc["skipped"]
     for key, row in rows.items():
-        if (key.endswith(".rabbitmq") and rabbit_skipped) or (
-                key.startswith("peer.") and "langgraph" in doc["skipped"]):
+        if (key.endswith(".rabbitmq") and rabbit_skipped) or any(
+                key.startswith(start) and part in doc["skipped"]
+                for start, part in OPTIONAL.items()):
             assert row["note"], key  # a skipped baseline says why
             continue
         assert row["value"] is not None, key
@@ -78,6 +83,17 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
             assert doc["distributions"][name]["errors"] == 0, name
         assert facts["langgraph"]["bytes_per_action"]["per_action"] > 0
         assert facts["langgraph"]["loaded_best"] in ("threads", "processes")
+    # the features' figures: both tenants' stages, every glob missed its string (it raises
+    # otherwise), spans really sent while tracing, every MCP call answered
+    assert len(facts["policy"]["block_ratios"]) == 3
+    assert facts["policy"]["blocks_p50_ms"]["ruled"]
+    assert len(facts["globs"]["globs"]) == 10
+    if "tracing" not in doc["skipped"]:
+        assert facts["tracing"]["exports"] > 0
+        assert doc["distributions"]["tracing.idle"]["errors"] == 0
+    if "mcp" not in doc["skipped"]:
+        for name in ("mcp.read.direct", "mcp.read.proxied", "mcp.resolve"):
+            assert doc["distributions"][name]["n"] > 0, name
     # every one-process pair was run, and its ratio is its own two sides'
     pairs = facts["scaling"]["pairs"]["pairs"]
     assert len(pairs) == throughput.PAIRS

@@ -118,23 +118,21 @@ class FlushSpans(dramatiq.Middleware):
         tracing.flush()
 
 
-def serve_pool(broker: Any, pool: str) -> None:
-    """Consume this pool's tasks: from every partition's stream on our streams broker in the
-    state's Redis (one read for all on a single Redis, one per partition on a cluster), from
-    one queue per pool on any other broker."""
+def serve_pool(broker: StreamsBroker, pool: str) -> None:
+    """Consume this pool's tasks: from every partition's stream in the state's Redis (one read
+    for all on a single Redis, one per partition on a cluster), from one stream per pool in a
+    Redis of its own (``DRAMATIQ_URL``)."""
     base = ctx.settings.queue
-    if isinstance(broker, StreamsBroker) and broker.client is ctx.client:
+    if broker.client is ctx.client:
         every = list(range(ctx.keys.partitions))
         groups = [[p] for p in every] if is_cluster(ctx.client) else [every]
         for n, group in enumerate(groups):
             broker.serve(f"{pool}@{n}", [ctx.keys.task_queue(p, pool) for p in group])
         broker.hide(base)
-    elif isinstance(broker, StreamsBroker):
+    else:
         name = pool_queue(base, pool)
         broker.serve(name, [ctx.keys.plain_queue(name)])
         broker.hide(base)
-    else:
-        broker.declare_queue(pool_queue(base, pool))
 
 
 tracing.setup("pending-actions-worker")  # this process's spans; from OTEL_* alone
@@ -164,8 +162,8 @@ def run_attempt(**fields: Any) -> None:
 
 
 def _settle(message: Any) -> attempt.Settle | None:
-    """On our streams broker (same Redis as the state), the task's ack joins the outcome's
-    round trip; on any other broker dramatiq acks it as usual."""
-    if message is None or not isinstance(broker, StreamsBroker) or broker.client is not ctx.client:
+    """In the state's Redis, the task's ack joins the outcome's round trip; in a Redis of its
+    own, dramatiq acks it as usual."""
+    if message is None or broker.client is not ctx.client:
         return None
     return lambda pipe: broker.ack_with(pipe, message)

@@ -21,8 +21,8 @@ ACTOR_NAME = "run_attempt"
 
 
 def pool_queue(queue: str, pool: str) -> str:
-    """The dramatiq queue of a pool's tasks on a broker other than our streams in the state's
-    Redis (RabbitMQ, or a Redis of its own): one per pool, no partitions."""
+    """The dramatiq queue of a pool's tasks on our streams broker in a Redis of its own
+    (``DRAMATIQ_URL``): one per pool, no partitions."""
     return f"{queue}.{pool}"
 
 
@@ -88,14 +88,11 @@ def serves_locally(settings: Settings) -> bool:
             and settings.dramatiq_url in (None, "", url))
 
 
-def task_broker(ctx: Context) -> Any:
-    """The dramatiq broker chosen by URL: our push-driven Redis streams broker by default,
-    dramatiq's RabbitMQ broker for an ``amqp://`` URL."""
+def task_broker(ctx: Context) -> StreamsBroker:
+    """Our push-driven Redis streams broker: in the state's Redis, or in the Redis of
+    ``DRAMATIQ_URL``; a URL of any other kind is a ``ConfigError`` (there is no RabbitMQ task
+    broker: docs/benchmarks.md says why)."""
     dramatiq.set_encoder(OrjsonEncoder())
     url = ctx.settings.dramatiq_url or ctx.settings.require_url()
-    if url.startswith(("amqp://", "amqps://")):
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
-
-        return RabbitmqBroker(url=url)
     client = ctx.client if url == ctx.settings.redis_url else worker_client(url)
     return StreamsBroker(client, ctx.keys, claim_idle_ms=ctx.settings.claim_idle_ms)

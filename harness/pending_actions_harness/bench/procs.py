@@ -44,18 +44,19 @@ class Ours:
 
 
 def start_ours(url: str, processes: int, threads: int, log_dir: Path, resolvers: int = 1,
-               timeout: float = 60.0, settings: dict[str, str] | None = None) -> Ours:
+               timeout: float = 60.0, settings: dict[str, str] | None = None,
+               env: dict[str, str] | None = None) -> Ours:
     """``pending-actions worker --handlers pending_actions_harness.bench.handlers``,
     ``resolvers`` of them, with ``processes`` dramatiq worker processes shared out between them
     (the one way to run a second resolve worker: the CLI has no resolve-only or dramatiq-only
-    mode)."""
+    mode). ``env``: more environment for each (``OTEL_*``, say)."""
     if processes % resolvers:
         raise ValueError(f"{processes} dramatiq processes cannot be shared by {resolvers}")
     each = {"worker_processes": str(processes // resolvers), "worker_threads": str(threads),
             **(settings or {})}
     names = ["ours-worker"] if resolvers == 1 else [
         f"ours-worker-{i + 1}-of-{resolvers}" for i in range(resolvers)]
-    workers = [WorkerProcess(url, "pending_actions_harness.bench.handlers", each,
+    workers = [WorkerProcess(url, "pending_actions_harness.bench.handlers", each, env,
                              log_path=log_dir / f"{name}.log") for name in names]
     # every watch opened before any launch: no ready event can be missed
     watches = [StreamWatch(url, Keys().workers) for _ in workers]

@@ -37,8 +37,7 @@ class Progress:
     def phase(self, name: str, total: int, unit: str = "op") -> Iterator[Tick]:
         """Yields ``tick(n)``, to be called as work completes."""
         self.done += 1
-        # a caller that counts no phases (a run within a campaign) gets its names alone
-        label = f"[{self.done}/{self.phases}] {name}" if self.phases else name
+        label = f"[{self.done}/{self.phases}] {name}"
         start = time.monotonic()
         if self._tqdm is None:
             self.say(f"{label} ...")

@@ -191,6 +191,41 @@ def rows(r: Run) -> list[Row]:
                   target="<= 20")
         row.met = swept["per_second_per_process"] <= 20
         out.append(row)
+    out += _feature_rows(r, idle50)
+    return out
+
+
+def _feature_rows(r: Run, idle50: float | None) -> list[Row]:
+    """What the optional features cost (``bench.features``): policies, their globs, tracing,
+    the MCP proxy."""
+    out: list[Row] = []
+    blocks = r.facts.get("policy", {}).get("block_ratios", [])
+    row = Row("policy.stage.p50", f"stage p50, a 50-rule policy ({len(blocks)} blocks "
+              "alternating with none" + (f", block ratios {min(blocks):.2f}-{max(blocks):.2f}x"
+                                         if blocks else "") + ")",
+              _p(r, "policy.stage.ruled", "p50"), "ms", "same, a tenant with no policy",
+              _p(r, "policy.stage.plain", "p50"), target="<= 1.10x")
+    row.met = None if row.ratio is None else row.ratio <= 1.10
+    out.append(row)
+    g = r.facts.get("globs", {})
+    worst = g.get("worst", {})
+    size, small = g.get("size", 0) // KIB, g.get("small", 0) // KIB
+    row = Row("policy.glob.worst", f"policy decision, the worst of {len(g.get('globs', []))} "
+              f"adversarial globs on a {size} KiB string ({worst.get('glob', '')[:24]})",
+              worst.get(f"ms_{g.get('size')}"), "ms", f"same glob on a {small} KiB string",
+              worst.get(f"ms_{g.get('small')}"), target="<= 5 ms")
+    row.met = None if row.value is None else row.value <= 5
+    out.append(row)
+    out.append(Row("tracing.idle.p50", "resolve idle p50, the workers exporting traces (OTLP)",
+                   _p(r, "tracing.idle", "p50"), "ms", "resolve idle p50, no OTEL_* set",
+                   idle50, note=r.skipped.get("tracing", "")))
+    skip = r.skipped.get("mcp", "")
+    out.append(Row("mcp.read.p50", "MCP read through mcp-proxy p50",
+                   _p(r, "mcp.read.proxied", "p50"), "ms", "same read straight to the upstream",
+                   _p(r, "mcp.read.direct", "p50"), note=skip))
+    out.append(Row("mcp.resolve.p50", "MCP resolve through mcp-proxy p50, sent to its answer",
+                   _p(r, "mcp.resolve", "p50"), "ms", "resolve idle p50 (Python client)",
+                   idle50, note=skip))
     return out
 
 

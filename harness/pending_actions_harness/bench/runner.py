@@ -22,6 +22,7 @@ from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions_harness.bench import (
     cluster,
+    features,
     fill,
     langgraph,
     measure,
@@ -67,6 +68,10 @@ class Sizes:
     sweep_window_s: float  # idle commands again with every session stored; 0 skips
     layout_per_caller: int  # round trips per caller in each worker layout's loaded run
     traced: int  # idle resolves traced step by step under MONITOR
+    policy_stages: int  # stages per block, with the 50-rule policy and without (features)
+    glob_repeat: int  # decisions per adversarial glob and size
+    mcp_reads: int  # reads straight and through mcp-proxy
+    mcp_applies: int  # resolves through mcp-proxy
 
 
 FULL = Sizes(raw=2000, raw_idle=50, idle=100, stock_idle=40, idle_gap_s=(0.2, 1.0), settle_s=3.0,
@@ -74,12 +79,14 @@ FULL = Sizes(raw=2000, raw_idle=50, idle=100, stock_idle=40, idle_gap_s=(0.2, 1.
              stage_single=2000, memory_actions=20_000, stock_memory_messages=5000,
              payload_bytes=256, depths=(1, 10, 100, 1000, 10_000, 100_000),
              sessions=(1, 10, 100, 1000, 10_000, 100_000), scaling_samples=200,
-             scaling_gap_s=0.005, sweep_window_s=61.0, layout_per_caller=200, traced=30)
+             scaling_gap_s=0.005, sweep_window_s=61.0, layout_per_caller=200, traced=30,
+             policy_stages=2000, glob_repeat=15, mcp_reads=300, mcp_applies=30)
 QUICK = Sizes(raw=200, raw_idle=5, idle=10, stock_idle=6, idle_gap_s=(0.05, 0.2), settle_s=1.0,
               idle_window_s=2.0, callers=4, per_caller=25, stage_pipelined=5000,
               stage_single=200, memory_actions=2000, stock_memory_messages=500,
               payload_bytes=256, depths=(1, 1000), sessions=(1, 1000), scaling_samples=20,
-              scaling_gap_s=0.005, sweep_window_s=0.0, layout_per_caller=10, traced=5)
+              scaling_gap_s=0.005, sweep_window_s=0.0, layout_per_caller=10, traced=5,
+              policy_stages=100, glob_repeat=3, mcp_reads=20, mcp_applies=5)
 
 
 # the memory figures: one action per session, ten, all in one session, one per session with
@@ -117,7 +124,7 @@ def _phases(s: Sizes, rabbit: bool, peer: bool) -> int:
     layouts = (len(throughput.LAYOUTS) + len({x.processes for x in throughput.LAYOUTS})
                + 2 * sum(x.local for x in throughput.LAYOUTS)  # and their idle resolves
                + 2 * (throughput.PAIRS - 1))  # the one-process pair's repeats
-    return 3 + stock + ours + layouts + 3
+    return 3 + stock + ours + layouts + features.PHASES + 3
 
 
 def run(options: Options) -> Run:
@@ -168,6 +175,7 @@ def run(options: Options) -> Run:
                     r.skipped["langgraph"] = f"failed: {exc!r}"[:300]
                     progress.say(f"LangGraph baseline failed: {exc!r}")
             throughput.run(r, base, logs, progress)
+            features.run(r, base, logs, progress)
         finally:
             server.stop()
     if options.cluster:
