@@ -55,6 +55,23 @@ local function call_on(cmd, key, ...)
   return reply
 end
 
+-- end a lease: its record in the session's inflight hash and its member "<session>/<token>"
+-- in the partition's lease index go in one step, so that recovery, which looks in the index,
+-- never finds one without the other
+local function end_lease(inflight, leases, token, member)
+  redis.call('HDEL', inflight, token)
+  redis.call('ZREM', leases, member)
+end
+
+-- push a reply on the list the waiting caller BLPOPs (a request's reply key), kept reply_ttl_s
+-- for a caller that comes late. Through call_on: in take.lua it is the first write, where a key
+-- of another type must change nothing and say POISON; the other scripts checked its type first,
+-- but for park.lua, which checks none (such a key stops it with POISON, no longer WRONGTYPE)
+local function send_reply(key, text, reply_ttl_s)
+  call_on('RPUSH', key, text)
+  redis.call('EXPIRE', key, reply_ttl_s)
+end
+
 -- append an event to a session's history, trimmed to about maxlen entries; a script that
 -- writes history first needs no TYPE check of it (see call_on)
 local function history(key, maxlen, event, ...)
@@ -82,6 +99,26 @@ local function push_head(key, ids)
   end
   redis.call('ZADD', key, unpack(args))
   return depth
+end
+
+-- put an action a lease held back where it was taken from, under the same id: an action on the
+-- head of the stack, a directive in its slot unless a newer one was set meanwhile, which wins;
+-- a standing handler never left its slot. With drop, the superseded directive's spec and
+-- counters go (readd, recover: the lease says it was the directive, so nothing else holds it).
+-- Without, they stay: park.lua knows only an id whose lease it could not read, and a standing
+-- handler's id looks like a directive's, so it deletes no action it did not park. Returns
+-- whether the action is back (false: a newer directive holds the slot)
+local function put_back(stack, directive, actions, state, kind, id, drop)
+  if kind == 'action' then
+    push_head(stack, {id})
+  elseif kind == 'directive' and not redis.call('SET', directive, id, 'NX') then
+    if drop then
+      redis.call('HDEL', actions, id)
+      redis.call('HDEL', state, id)
+    end
+    return false
+  end
+  return true
 end
 
 -- trim a stream that append() wrote to to about maxlen entries
@@ -153,10 +190,14 @@ end
 
 -- dead-letter an action whose spec is missing (deleted by hand, lost by a Redis that lost
 -- writes): its id, on a stack or in a lease, is all that is left of it. Nothing can run; the
--- dead letters and the history say what became of it, so that no action vanishes unseen
+-- dead letters and the history say what became of it, so that no action vanishes unseen.
+-- hist nil: no history entry here (recover.lua writes its own dead-lettered entry, with the
+-- attempt and the request, as it does for every outcome)
 local function spec_missing(dead, hist, maxlen, id, now)
   redis.call('LPUSH', dead, cjson.encode({id = id, reason = 'spec missing', at = now}))
-  history(hist, maxlen, EVENT.DEAD_LETTERED, 'id', id, 'reason', 'spec missing')
+  if hist then
+    history(hist, maxlen, EVENT.DEAD_LETTERED, 'id', id, 'reason', 'spec missing')
+  end
 end
 
 -- whether an action staged with a ttl is past it at server time ``now`` (ms): from that moment

@@ -176,11 +176,6 @@ local function ack()
   end
 end
 
-local function answer(text)
-  call_on('RPUSH', replies, text)
-  redis.call('EXPIRE', replies, reply_ttl_s)
-end
-
 local prev = call_on('GET', marker)
 if prev == 'none' or prev == 'conflict' then
   check({})
@@ -280,7 +275,7 @@ if expect_id ~= '' and id ~= expect_id then
   local gone = call_on('ZSCORE', expired, expect_id)
     or past_ttl(expiries, session .. '/' .. expect_id, now)
   check({})
-  answer(gone and expired_reply or conflict_reply)
+  send_reply(replies, gone and expired_reply or conflict_reply, reply_ttl_s)
   redis.call('SET', marker, 'conflict', 'EX', marker_ttl_s)
   ack()
   return {TAKE.CONFLICT}
@@ -360,7 +355,7 @@ if skipped > 0 then  -- entries above the target end here: their history, the me
 end
 if not id then
   check(expected)
-  answer(none_reply)
+  send_reply(replies, none_reply, reply_ttl_s)
 else
   expected[inflight], expected[leases] = 'hash', 'zset'
   if approved_by then expected[state] = 'hash' end
