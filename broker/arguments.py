@@ -181,6 +181,40 @@ class TakeArgs(NamedTuple):
     edit_version: str
 
 
+class ApproveKeys(NamedTuple):
+    directive: str
+    stack: str
+    actions: str
+    state: str
+    hist: str
+    marker: str
+    revoked: str
+    expiries: str
+    policies: str
+    requests: str
+
+
+class ApproveArgs(NamedTuple):
+    action_id: str
+    req: str
+    action: str
+    approver: str
+    grant: str
+    patched: str
+    seen: bytes
+    top: str
+    skipped: int
+    seen_directive: str
+    needed: int
+    session: str
+    edit_tenant: str
+    edit_version: str
+    maxlen: int
+    marker_ttl_s: int
+    entry: bytes | str
+    group: str
+
+
 class ExpireKeys(NamedTuple):
     stack: str
     actions: str
@@ -431,6 +465,7 @@ SIGNATURES: dict[str, Signature] = {
     "pending": Signature(PendingKeys, PendingArgs),
     "peek": Signature(PeekKeys, PeekArgs),
     "take": Signature(TakeKeys, TakeArgs, keys_tail="streams_at"),
+    "approve": Signature(ApproveKeys, ApproveArgs),
     "expire": Signature(ExpireKeys, ExpireArgs),
     "mark_expiries": Signature(MarkExpiriesKeys, MarkExpiriesArgs, args_tail="waiting_at"),
     "recover": Signature(RecoverKeys, RecoverArgs),

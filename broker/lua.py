@@ -26,7 +26,7 @@ NAMES = (
     "stage", "set_slot", "clear_slot", "take", "begin", "unclaim", "renew", "finalize", "readd",
     "recover", "pending", "peek", "expire", "beat", "park", "retire", "reserve", "upgrade",
     "upgrade_stack", "mark_expiries", "register", "sweep", "set_policy", "mark_policy",
-    "claim_run", "save_run", "note_outcome", "renew_run",
+    "claim_run", "save_run", "note_outcome", "renew_run", "approve",
 )
 # Each script's Redis 7 flags (its shebang line). A flagged script is checked against
 # maxmemory before it runs, never half way: with legacy EVAL, a write refused for memory
@@ -38,6 +38,8 @@ NAMES = (
 # tiny ones that say a worker lives (beat, register), so that none looks dead while full.
 FLAGS: dict[str, str] = {
     "stage": "", "set_slot": "", "take": "", "reserve": "",
+    # the approval a take counted is recorded as take recorded it before: refused while full
+    "approve": "",
     "clear_slot": "allow-oom", "begin": "allow-oom", "unclaim": "allow-oom",
     "renew": "allow-oom", "finalize": "allow-oom", "readd": "allow-oom", "recover": "allow-oom",
     "beat": "allow-oom", "park": "allow-oom", "retire": "allow-oom", "expire": "allow-oom",

@@ -28,7 +28,7 @@ PRODUCER_SCRIPTS = ("stage", "reserve", "set_slot", "clear_slot", "pending", "pe
 # (mark_policy: housekeeping raises the partitions' markers of a policy set half way)
 WORKER_SCRIPTS = ("take", "begin", "unclaim", "renew", "finalize", "readd", "recover", "expire",
                   "mark_expiries", "beat", "park", "retire", "upgrade", "upgrade_stack",
-                  "register", "sweep", "mark_policy", "note_outcome")
+                  "register", "sweep", "mark_policy", "note_outcome", "approve")
 POLICY_SCRIPTS = ("set_policy", "mark_policy")
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "producer": PRODUCER_SCRIPTS, "worker": WORKER_SCRIPTS, "serve": PRODUCER_SCRIPTS,

@@ -32,6 +32,16 @@ local function add_request(key, request)
   redis.call('XADD', key, '*', 'r', request)
 end
 
+-- ack a resolve request (XACK, and XDEL: a served request leaves the stream) in the step that
+-- served it; entry "" when the caller acks it itself (after sending the task on a broker of
+-- its own, or a request read from another stream than its partition's)
+local function ack_request(requests, group, entry)
+  if entry ~= '' then
+    redis.call('XACK', requests, group, entry)
+    redis.call('XDEL', requests, entry)
+  end
+end
+
 -- Redis keeps what a script wrote before an error stopped it, so a script reads and checks
 -- everything before its first write, and stops with POISON (nothing changed) on a record that
 -- does not parse: the caller parks it (park.lua) and carries on. A string (level 0: no
@@ -177,6 +187,33 @@ local function drop_revoked(st, revoked)
     st.grants = next(st.grants) and st.grants or nil
   end
   return dropped
+end
+
+-- count a person's approval into an action's counters st, after drop_revoked(st): approver
+-- joins approved_by (with the grant it came through, for a revocation to void) unless there
+-- already. People approve what they saw, so an approval with a patch (an edit: the revision one
+-- more) or of the other verb (approving: nil for apply) starts them again at this approver.
+-- take.lua decides with it whether this is the last approval needed, and approve.lua records,
+-- with it again, one that is not. Returns how many approvals st holds now, and whether approver
+-- had given one already
+local function count_approval(st, approver, grant, verb, patched)
+  local names = type(st.approved_by) == 'table' and st.approved_by or {}
+  local grants = type(st.grants) == 'table' and st.grants or {}
+  if patched ~= '' or (st.approving or 'apply') ~= verb then
+    names, grants = {}, {}
+  end
+  if patched ~= '' then
+    st.edit, st.revision = patched, (st.revision or 0) + 1
+  end
+  local given = false
+  for _, n in ipairs(names) do given = given or n == approver end
+  if not given then
+    names[#names + 1] = approver
+    if grant ~= '' then grants[approver] = grant end
+  end
+  st.approved_by, st.grants = names, next(grants) and grants or nil
+  st.approving = verb ~= 'apply' and verb or nil
+  return #names, given
 end
 
 -- the counters of a leased attempt, as its claim answers them: take keeps an action's counters
