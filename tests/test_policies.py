@@ -18,9 +18,12 @@ import pytest
 import redis
 
 import pending_actions
+from pending_actions.broker.atomic.replies import Taken, TakeStatus
 from pending_actions.broker.atomic.scripts import ToStage
 from pending_actions.broker.errors import InvalidInput, PendingActionsError
 from pending_actions.broker.keys import Keys
+from pending_actions.broker.routing import LiveView, heartbeat
+from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from tests.conftest import Deployment, both
 from tests.support.faults import K, cluster, wait_history
@@ -392,3 +395,57 @@ def test_a_slot_the_policy_keeps_from_the_model_is_not_set(tmp_path: Path) -> No
         pa.set_directive("slots", tool="edit", label="Edit", apply="t.ok")
         done = pa.resolve(session="slots", action="apply", reason="r")
         assert not done.is_error and done.details["label"] == "Edit", done.text
+
+
+def test_an_approval_is_recorded_only_while_it_is_still_not_the_last(
+        redis_server: EmbeddedRedis) -> None:
+    """take.lua only counts an approval that is not the last one needed (COUNTED, nothing
+    written); approve.lua records it while the action is as that take saw it, and else changes
+    nothing (RETAKE): of three people whose takes all counted the first of two approvals, one
+    records it; the second takes again and, the last one now, takes the action; the third's is
+    not recorded either (the action is gone from where its take saw it). Driven by
+    hand: a pool with the handler is made live, and no worker serves this prefix."""
+    prefix, session, tenant = f"ap{uuid.uuid4().hex[:6]}", "s1", f"t-{uuid.uuid4().hex[:8]}"
+    keys = Keys(prefix)
+    rc = redis.Redis.from_url(redis_server.url)
+    heartbeat(rc, keys, "p", ["t.ok"], "by-hand", 60_000)
+    pa = PendingActions.from_url(redis_server.url, key_prefix=prefix)
+    scripts = pa.ctx.scripts
+    try:
+        pa.set_policy({"rules": [ASK2]}, tenant=tenant, by="test")
+        action_id = pa.stage(session=session, tool="deploy", label="Deploy", apply="t.ok",
+                             tenant=tenant)
+        live = LiveView(rc, keys).get()
+
+        def take(req: str, approver: str) -> Taken:
+            return scripts.take(session, req=req, action="apply", token=uuid.uuid4().hex,
+                                reason="r", extra=b"null", marker_ttl_s=60, none_reply=b"{}",
+                                live=live, message=None, approver=approver).run()
+
+        def approve(req: str, approver: str, counted: Taken) -> Taken:
+            return scripts.approve(session, counted=counted, req=req, action="apply",
+                                   approver=approver, marker_ttl_s=60).run()
+
+        def approvals() -> list[str]:
+            return [f[b"by"].decode() for _e, f in entries(rc.xrange(keys.history(session)))
+                    if f[b"event"] == b"approved"]
+
+        alice, bob, carol = (take(f"r-{p}", p) for p in ("alice", "bob", "carol"))
+        assert {alice.status, bob.status, carol.status} == {TakeStatus.COUNTED}
+        assert rc.hget(keys.state(session), action_id) is None and approvals() == []
+        got = approve("r-alice", "alice", alice)
+        assert (got.status, got.recorded) == (TakeStatus.APPROVED, True)
+        assert got.counters is not None and got.counters.approved_by == ["alice"]
+        before = rc.hget(keys.state(session), action_id)
+        # bob's take counted on counters that changed since: nothing recorded, take again
+        assert approve("r-bob", "bob", bob).status is TakeStatus.RETAKE
+        assert rc.hget(keys.state(session), action_id) == before
+        assert approvals() == ["alice"] and rc.get(keys.request_marker(session, "r-bob")) is None
+        taken = take("r-bob", "bob")
+        assert (taken.status, taken.id) == (TakeStatus.OK, action_id)  # the last one
+        # taken since carol's take counted her approval: not recorded
+        assert approve("r-carol", "carol", carol).status is TakeStatus.RETAKE
+        assert approvals() == ["alice"]
+    finally:
+        pa.close()
+        rc.close()

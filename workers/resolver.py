@@ -193,6 +193,7 @@ class ResolveWorker:
         outcomes = ["expired"] * len(acks)
         view = self.live.get()
         taken = self._take_all(live, view, now_ms)
+        self._record_approvals(live, taken, view, now_ms)
         views = [view] * len(live)  # the view each take routed by (its pool numbers)
         refused = [i for i, t in enumerate(taken)
                    if isinstance(t, Taken) and t.status is TakeStatus.NO_WORKER]
@@ -211,6 +212,12 @@ class ResolveWorker:
                 if self._failed_take(entry, request, got):
                     acks.append(entry)
                 outcomes.append("refused")
+                continue
+            if got.status in (TakeStatus.COUNTED, TakeStatus.RETAKE):
+                # undecided after every round (see _record_approvals): left pending, unacked
+                log.warning("approval %s of %s contended; claimed again later", request.req,
+                            request.session)
+                outcomes.append("contended")
                 continue
             if not self.inline and got.status is TakeStatus.OK:
                 queue = pool_queue(ctx.settings.queue, seen.pools[got.pool - 1])
@@ -249,10 +256,7 @@ class ResolveWorker:
         for i, ((stream, entry_id), request) in enumerate(requests):
             lease = uuid.uuid4()
             token = lease.hex
-            # the marker must outlive every redelivery of this request, which stops at its
-            # expiry
-            expires = request.expires_ms(entry_id)
-            marker_ttl = max(ctx.settings.reply_ttl_s, (expires - now_ms) // 1000 + 60)
+            marker_ttl = self._marker_ttl(request, entry_id, now_ms)
             none = nothing_to_target_json(request.action, request.reason, request.extra)
             # the message id is the token's uuid spelled with dashes, so that take.lua, which
             # puts an earlier token in its place for a redelivered request, leaves it alone
@@ -301,6 +305,49 @@ class ResolveWorker:
             traced.done(out)
         return out
 
+    def _marker_ttl(self, request: ResolveRequest, entry_id: bytes, now_ms: int) -> int:
+        # the marker must outlive every redelivery of this request, which stops at its expiry
+        expires = request.expires_ms(entry_id)
+        return max(self.ctx.settings.reply_ttl_s, (expires - now_ms) // 1000 + 60)
+
+    def _record_approvals(self, requests: list[tuple[tuple[str, bytes], ResolveRequest]],
+                          taken: list[Taken | Exception], view: Live, now_ms: int) -> None:
+        """Record each approval that a take counted and left unwritten (COUNTED: not the last
+        one needed) with approve.lua, all in one round trip, in ``taken``'s place its answer:
+        APPROVED, DUP, or RETAKE when its action changed since the take (another approval
+        recorded first, say): taken again then, which decides on what is there now (it may be
+        the last approval now, and apply). Each round records or applies one at least of the
+        approvals that contend for an action, hence the bound; one still undecided after it
+        stays pending, to be claimed again."""
+        ctx = self.ctx
+        for _round in range(APPROVAL_ROUNDS):
+            counted = [i for i, t in enumerate(taken)
+                       if isinstance(t, Taken) and t.status is TakeStatus.COUNTED]
+            if not counted:
+                return
+            pipe = pipeline(ctx.client, own=True)  # called by a serve thread only
+            queued = []
+            for i in counted:
+                (stream, entry_id), request = requests[i]
+                got = taken[i]
+                assert isinstance(got, Taken)
+                queued.append(ctx.scripts.approve(
+                    request.session, counted=got, req=request.req, action=request.action,
+                    approver=request.approver or "", grant=request.grant or "",
+                    patched=request.patched or "",
+                    marker_ttl_s=self._marker_ttl(request, entry_id, now_ms),
+                    entry=entry_id if self._acked_by_take(stream, request) else b"",
+                    decided=request.decided).on(pipe))
+            replies = pipe.execute(raise_on_error=False)
+            for i, q in zip(counted, queued, strict=True):
+                reply = replies[q.index]
+                taken[i] = reply if isinstance(reply, Exception) else q.get(replies)
+            again = [i for i in counted
+                     if isinstance(t := taken[i], Taken) and t.status is TakeStatus.RETAKE]
+            for i, t in zip(again, self._take_all([requests[i] for i in again], view, now_ms),
+                            strict=True):
+                taken[i] = t
+
     def _acked_by_take(self, stream: str, request: ResolveRequest) -> bool:
         """Whether take.lua acks this request in the same step as its take: when it enqueues
         the task itself, and the request came from its session's partition's stream (any
@@ -339,6 +386,8 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+# rounds of approve.lua and takes again for the approvals a take counted (_record_approvals)
+APPROVAL_ROUNDS = 8
 # what take.lua answers without acking the request: nothing changed
 UNACKED = frozenset({TakeStatus.NO_WORKER, TakeStatus.NEEDS_APPROVAL, TakeStatus.REVISED,
                      TakeStatus.REDECIDE})

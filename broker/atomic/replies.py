@@ -145,13 +145,32 @@ class TakeStatus(StrEnum):
     NO_WORKER = "no-worker"  # no live worker has the handler the target needs; nothing taken
     # an ask target and no approver (the model's apply): nothing changed, the worker replies
     NEEDS_APPROVAL = "needs-approval"
-    # a person's approval recorded (or one given before: ``recorded`` False, nothing changed);
-    # more are needed, nothing taken
+    # a person's approval recorded (approve.lua; or one given before: ``recorded`` False,
+    # nothing changed); more are needed, nothing taken
     APPROVED = "approved"
+    # a person's approval counted, not the last one needed: nothing changed; the resolve worker
+    # records it with approve.lua (``Taken.basis``: what that re-checks)
+    COUNTED = "counted"
+    # approve.lua: the action is not as the take that counted the approval saw it; nothing
+    # changed, take again
+    RETAKE = "retake"
     REVISED = "revised"  # the request's revision is not the target's: nothing changed
     # the request's edit was decided by another version of the tenant's policy than the one
     # in force now: nothing changed (decided again, it might be refused)
     REDECIDE = "redecide"
+
+
+class Counted(NamedTuple):
+    """What take.lua saw when it counted an approval (TAKE.COUNTED), which approve.lua checks
+    is still so before it records it: the counters' text ("" for none), the stack's first
+    entry, how many stale entries lay above the target, the directive slot ("" for empty), and
+    how many approvals the action needs."""
+
+    counters: bytes
+    top: str
+    skipped: int
+    directive: str
+    needed: int
 
 
 class Taken(NamedTuple):
@@ -161,7 +180,8 @@ class Taken(NamedTuple):
     there is no live pool at all). ``claimed``: when the take claimed the attempt for the
     caller's own worker, begin.lua's answer as it would come (decoded where it runs). With
     NEEDS_APPROVAL, APPROVED, REVISED and REDECIDE, the target's id, spec and counters (after the
-    approval), and whether the script changed anything (``recorded``: then it acked too)."""
+    approval), and whether the script changed anything (``recorded``: then it acked too); with
+    COUNTED also ``basis``, for approve.lua (whose answer is a Taken too)."""
 
     status: TakeStatus
     id: str = ""
@@ -175,10 +195,17 @@ class Taken(NamedTuple):
     claimed: list[Any] | None = None
     counters: ActionState | None = None
     recorded: bool = False
+    basis: Counted | None = None
 
     @classmethod
     def decode(cls, raw: Any, session: str) -> Taken:
         status = TakeStatus(_text(raw[0]))
+        if status is TakeStatus.COUNTED:
+            action_id = _text(raw[1])
+            return cls(status, action_id, spec=Spec.read(raw[2], action_id, session),
+                       counters=ActionState.model_validate_json(raw[3]),
+                       basis=Counted(raw[4], _text(raw[5]), int(raw[6]), _text(raw[7]),
+                                     int(raw[8])))
         if status in (TakeStatus.NEEDS_APPROVAL, TakeStatus.APPROVED, TakeStatus.REVISED,
                       TakeStatus.REDECIDE):
             action_id = _text(raw[1])

@@ -275,6 +275,32 @@ class Scripts:
         return self._call("take", keys if message is None else keys + self._task_queues(p, live),
                           args, partial(Taken.decode, session=session))
 
+    def approve(self, session: str, *, counted: Taken, req: str, action: str, approver: str,
+                grant: str = "", patched: str = "", marker_ttl_s: int,
+                entry: bytes | str = b"", decided: tuple[str, str] | None = None) -> Call[Taken]:
+        """Record the approval a take answered COUNTED for (``counted``), the request's own
+        fields as given to that take: APPROVED (recorded), RETAKE (changed since: take again)
+        or DUP."""
+        assert counted.basis is not None
+        k, s, seen = self._k, self._s, counted.basis
+        p = k.partition(session)
+        return self._call(
+            "approve",
+            KEYS.approve(directive=k.directive(session), stack=k.stack(session),
+                         actions=k.actions(session), state=k.state(session),
+                         hist=k.history(session), marker=k.request_marker(session, req),
+                         revoked=k.revoked(p), expiries=k.expiries(p),
+                         policies=k.policy_markers(p), requests=k.requests(p)),
+            ARGV.approve(action_id=counted.id, req=req, action=action, approver=approver,
+                         grant=grant, patched=patched, seen=seen.counters, top=seen.top,
+                         skipped=seen.skipped, seen_directive=seen.directive,
+                         needed=seen.needed, session=session,
+                         edit_tenant=decided[0] if decided else "",
+                         edit_version=decided[1] if decided else "",
+                         maxlen=s.history_maxlen, marker_ttl_s=marker_ttl_s, entry=entry,
+                         group=RESOLVER_GROUP),
+            partial(Taken.decode, session=session))
+
     def _task_queues(self, partition: int, live: Live) -> tuple[str, ...]:
         """The partition's task stream of each live pool, kept: every take sends them."""
         found = self._streams.get((partition, live.pools))

@@ -46,12 +46,10 @@ if lease.by and lease.by ~= '' then
   fields[#fields + 1] = lease.by
 end
 history(hist, maxlen, event, unpack(fields))
-redis.call('HDEL', inflight, token)
-redis.call('ZREM', leases, member)
+end_lease(inflight, leases, token, member)
 if consumed then
   redis.call('HDEL', actions, lease.id)
   if lease.counted ~= false then redis.call('HDEL', state, lease.id) end
 end
-redis.call('RPUSH', replies, reply)
-redis.call('EXPIRE', replies, reply_ttl_s)
+send_reply(replies, reply, reply_ttl_s)
 return 1

@@ -48,8 +48,8 @@ if spec then
   spec_json = ok and type(decoded) == 'table'
   if not spec_json then parked.spec = spec end
 end
-redis.call('HDEL', hash, field)
 if what ~= 'lease' then
+  -- the record parked is the spec or the counters of id: both go
   redis.call('HDEL', actions, id)
   redis.call('HDEL', state, id)
   redis.call('ZREM', stack, id)
@@ -60,12 +60,11 @@ if what ~= 'lease' then
   for i = 1, #held, 2 do
     local ok, lease = pcall(cjson.decode, held[i + 1])
     if held[i] == token or (ok and type(lease) == 'table' and lease.id == id) then
-      redis.call('HDEL', inflight, held[i])
-      redis.call('ZREM', leases, session .. '/' .. held[i])
+      end_lease(inflight, leases, held[i], session .. '/' .. held[i])
     end
   end
 elseif what == 'lease' then
-  redis.call('ZREM', leases, session .. '/' .. field)
+  end_lease(inflight, leases, field, session .. '/' .. field)
   -- the ids accounted for: stacked, in a slot, or held by a lease that still parses
   local known = {}
   for _, x in ipairs(redis.call('ZRANGE', stack, 0, -1)) do known[x] = true end
@@ -79,11 +78,9 @@ elseif what == 'lease' then
   end
   for _, x in ipairs(redis.call('HKEYS', actions)) do
     if not known[x] then
-      if string.sub(x, 1, 10) == 'directive:' then
-        redis.call('SET', directive, x, 'NX')
-      else
-        push_head(stack, {x})
-      end
+      -- a slot's id (directive or standing handler: the same prefix) to the directive slot
+      local kind = string.sub(x, 1, 10) == 'directive:' and 'directive' or 'action'
+      put_back(stack, directive, actions, state, kind, x, false)
       id = x
     end
   end
@@ -93,8 +90,7 @@ local entry = cjson.encode(parked)
 if spec_json then entry = string.sub(entry, 1, -2) .. ',"spec":' .. spec .. '}' end
 redis.call('LPUSH', dead, entry)
 if reply ~= '' then
-  redis.call('RPUSH', replies, reply)
-  redis.call('EXPIRE', replies, reply_ttl_s)
+  send_reply(replies, reply, reply_ttl_s)
 end
 history(hist, maxlen, EVENT.PARKED, 'id', id, 'what', what, 'reason', reason)
 return 1

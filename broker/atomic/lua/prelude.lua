@@ -32,6 +32,16 @@ local function add_request(key, request)
   redis.call('XADD', key, '*', 'r', request)
 end
 
+-- ack a resolve request (XACK, and XDEL: a served request leaves the stream) in the step that
+-- served it; entry "" when the caller acks it itself (after sending the task on a broker of
+-- its own, or a request read from another stream than its partition's)
+local function ack_request(requests, group, entry)
+  if entry ~= '' then
+    redis.call('XACK', requests, group, entry)
+    redis.call('XDEL', requests, entry)
+  end
+end
+
 -- Redis keeps what a script wrote before an error stopped it, so a script reads and checks
 -- everything before its first write, and stops with POISON (nothing changed) on a record that
 -- does not parse: the caller parks it (park.lua) and carries on. A string (level 0: no
@@ -53,6 +63,23 @@ local function call_on(cmd, key, ...)
     error(reply.err, 0)
   end
   return reply
+end
+
+-- end a lease: its record in the session's inflight hash and its member "<session>/<token>"
+-- in the partition's lease index go in one step, so that recovery, which looks in the index,
+-- never finds one without the other
+local function end_lease(inflight, leases, token, member)
+  redis.call('HDEL', inflight, token)
+  redis.call('ZREM', leases, member)
+end
+
+-- push a reply on the list the waiting caller BLPOPs (a request's reply key), kept reply_ttl_s
+-- for a caller that comes late. Through call_on: in take.lua it is the first write, where a key
+-- of another type must change nothing and say POISON; the other scripts checked its type first,
+-- but for park.lua, which checks none (such a key stops it with POISON, no longer WRONGTYPE)
+local function send_reply(key, text, reply_ttl_s)
+  call_on('RPUSH', key, text)
+  redis.call('EXPIRE', key, reply_ttl_s)
 end
 
 -- append an event to a session's history, trimmed to about maxlen entries; a script that
@@ -82,6 +109,26 @@ local function push_head(key, ids)
   end
   redis.call('ZADD', key, unpack(args))
   return depth
+end
+
+-- put an action a lease held back where it was taken from, under the same id: an action on the
+-- head of the stack, a directive in its slot unless a newer one was set meanwhile, which wins;
+-- a standing handler never left its slot. With drop, the superseded directive's spec and
+-- counters go (readd, recover: the lease says it was the directive, so nothing else holds it).
+-- Without, they stay: park.lua knows only an id whose lease it could not read, and a standing
+-- handler's id looks like a directive's, so it deletes no action it did not park. Returns
+-- whether the action is back (false: a newer directive holds the slot)
+local function put_back(stack, directive, actions, state, kind, id, drop)
+  if kind == 'action' then
+    push_head(stack, {id})
+  elseif kind == 'directive' and not redis.call('SET', directive, id, 'NX') then
+    if drop then
+      redis.call('HDEL', actions, id)
+      redis.call('HDEL', state, id)
+    end
+    return false
+  end
+  return true
 end
 
 -- trim a stream that append() wrote to to about maxlen entries
@@ -142,6 +189,33 @@ local function drop_revoked(st, revoked)
   return dropped
 end
 
+-- count a person's approval into an action's counters st, after drop_revoked(st): approver
+-- joins approved_by (with the grant it came through, for a revocation to void) unless there
+-- already. People approve what they saw, so an approval with a patch (an edit: the revision one
+-- more) or of the other verb (approving: nil for apply) starts them again at this approver.
+-- take.lua decides with it whether this is the last approval needed, and approve.lua records,
+-- with it again, one that is not. Returns how many approvals st holds now, and whether approver
+-- had given one already
+local function count_approval(st, approver, grant, verb, patched)
+  local names = type(st.approved_by) == 'table' and st.approved_by or {}
+  local grants = type(st.grants) == 'table' and st.grants or {}
+  if patched ~= '' or (st.approving or 'apply') ~= verb then
+    names, grants = {}, {}
+  end
+  if patched ~= '' then
+    st.edit, st.revision = patched, (st.revision or 0) + 1
+  end
+  local given = false
+  for _, n in ipairs(names) do given = given or n == approver end
+  if not given then
+    names[#names + 1] = approver
+    if grant ~= '' then grants[approver] = grant end
+  end
+  st.approved_by, st.grants = names, next(grants) and grants or nil
+  st.approving = verb ~= 'apply' and verb or nil
+  return #names, given
+end
+
 -- the counters of a leased attempt, as its claim answers them: take keeps an action's counters
 -- in its lease while it is in flight and says whether the state hash holds more of them
 -- (counted), only then read (POISON before a write); attempts is the lease's attempt
@@ -153,10 +227,14 @@ end
 
 -- dead-letter an action whose spec is missing (deleted by hand, lost by a Redis that lost
 -- writes): its id, on a stack or in a lease, is all that is left of it. Nothing can run; the
--- dead letters and the history say what became of it, so that no action vanishes unseen
+-- dead letters and the history say what became of it, so that no action vanishes unseen.
+-- hist nil: no history entry here (recover.lua writes its own dead-lettered entry, with the
+-- attempt and the request, as it does for every outcome)
 local function spec_missing(dead, hist, maxlen, id, now)
   redis.call('LPUSH', dead, cjson.encode({id = id, reason = 'spec missing', at = now}))
-  history(hist, maxlen, EVENT.DEAD_LETTERED, 'id', id, 'reason', 'spec missing')
+  if hist then
+    history(hist, maxlen, EVENT.DEAD_LETTERED, 'id', id, 'reason', 'spec missing')
+  end
 end
 
 -- whether an action staged with a ttl is past it at server time ``now`` (ms): from that moment

@@ -39,19 +39,12 @@ local st = kept and counters(state, lease.id)  -- POISON before the first write
 check_types({[stack] = 'zset', [replies] = 'list', [leases] = 'zset', [dead] = 'list'})
 history(hist, maxlen, EVENT.FAILED, 'id', lease.id, 'attempt', lease.attempt,
   'request', lease.req, 'error', last_error, by_of(lease))
-redis.call('HDEL', inflight, token)
-redis.call('ZREM', leases, member)
+end_lease(inflight, leases, token, member)
 if not kept and lease.kind == 'action' then
   spec_missing(dead, hist, maxlen, lease.id, now_ms())
-elseif kept and lease.kind == 'action' then
-  push_head(stack, {lease.id})
-elseif kept and lease.kind == 'directive' then
+elseif kept then
   -- a newer directive set meanwhile wins; the failed one is dropped
-  if not redis.call('SET', directive, lease.id, 'NX') then
-    redis.call('HDEL', actions, lease.id)
-    redis.call('HDEL', state, lease.id)
-    kept = false
-  end
+  kept = put_back(stack, directive, actions, state, lease.kind, lease.id, true)
 end
 if kept then
   -- the counters come back from the lease (take keeps them there while in flight)
@@ -59,6 +52,5 @@ if kept then
   st.last_error = last_error
   redis.call('HSET', state, lease.id, cjson.encode(st))
 end
-redis.call('RPUSH', replies, reply)
-redis.call('EXPIRE', replies, reply_ttl_s)
+send_reply(replies, reply, reply_ttl_s)
 return 1

@@ -44,8 +44,7 @@ if lease.deadline > now then
 end
 local spec = redis.call('HGET', actions, lease.id)
 local st = spec and counters(state, lease.id)  -- POISON before the first write
-redis.call('HDEL', inflight, token)
-redis.call('ZREM', leases, member)
+end_lease(inflight, leases, token, member)
 local outcome = RECOVER.RETURNED
 if lease.state == 'dispatched' then
   outcome = RECOVER.UNSTARTED
@@ -69,21 +68,15 @@ if spec then
     redis.call('HDEL', state, lease.id)
   else
     redis.call('HSET', state, lease.id, cjson.encode(st))
-    if lease.kind == 'action' then
-      push_head(stack, {lease.id})
-    elseif lease.kind == 'directive' and not redis.call('SET', directive, lease.id, 'NX') then
-      redis.call('HDEL', actions, lease.id)
-      redis.call('HDEL', state, lease.id)
-    end
+    put_back(stack, directive, actions, state, lease.kind, lease.id, true)
   end
 elseif lease.kind == 'action' then
   outcome = RECOVER.DEAD_LETTERED
-  redis.call('LPUSH', dead, cjson.encode({id = lease.id, reason = 'spec missing', at = now}))
+  spec_missing(dead, nil, nil, lease.id, now)
 end
 local reply_of = {[RECOVER.RETURNED] = returned_reply, [RECOVER.DEAD_LETTERED] = dead_reply,
                   [RECOVER.UNSTARTED] = unstarted_reply}
-redis.call('RPUSH', replies, reply_of[outcome])
-redis.call('EXPIRE', replies, reply_ttl_s)
+send_reply(replies, reply_of[outcome], reply_ttl_s)
 history(hist, maxlen,
   outcome == RECOVER.DEAD_LETTERED and EVENT.DEAD_LETTERED or EVENT.RECOVERED,
   'id', lease.id, 'attempt', lease.attempt, 'started', outcome == RECOVER.UNSTARTED and 'no' or 'yes',

@@ -9,7 +9,8 @@
 -- apply; an approval of the other verb, or with a patch, starts them again at its approver).
 -- Approvals given through a serve token revoked since (its grant in the revoked set) no longer
 -- count. The last approval takes it as any apply or discard; the approvals are spent (the lease and
--- the taken entry name them). An action's counters stay in the state hash only between attempts:
+-- the taken entry name them). One that is not the last is only counted here (count_approval), and
+-- recorded by approve.lua, which the caller runs next. An action's counters stay in the state hash only between attempts:
 -- take copies them into the lease (attempt, and whether the hash has an entry: "counted"), and
 -- readd/recover write them back; a directive's and a standing handler's are written here as before.
 -- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets its
@@ -99,9 +100,12 @@
 --            nothing changed, not acked)
 --          | {TAKE.REDECIDE, id, spec JSON, counters JSON} (the edit was decided by another
 --            version of the policy than the one in force: nothing changed, not acked)
---          | {TAKE.APPROVED, id, spec JSON, counters JSON, "1"|"0"} (an approval of an ask
---            target that needs more: "1" recorded, with its history entry, and acked; "0" the
---            approver had approved already: nothing changed, not acked)
+--          | {TAKE.APPROVED, id, spec JSON, counters JSON, "0"} (an approval of an ask target
+--            that needs more, whose approver had approved already: nothing changed, not acked)
+--          | {TAKE.COUNTED, id, spec JSON, counters JSON, the counters as read or "", the
+--            stack's first entry or "", stale entries above the target, the directive slot or
+--            "", approvals needed} (an approval of an ask target that needs more: counted,
+--            nothing changed, not acked; approve.lua records it)
 redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(routes_json)
@@ -174,15 +178,7 @@ local function check(expected)
 end
 
 local function ack()
-  if entry ~= '' then
-    redis.call('XACK', requests, group, entry)
-    redis.call('XDEL', requests, entry)
-  end
-end
-
-local function answer(text)
-  call_on('RPUSH', replies, text)
-  redis.call('EXPIRE', replies, reply_ttl_s)
+  ack_request(requests, group, entry)
 end
 
 local prev = call_on('GET', marker)
@@ -284,7 +280,7 @@ if expect_id ~= '' and id ~= expect_id then
   local gone = call_on('ZSCORE', expired, expect_id)
     or past_ttl(expiries, session .. '/' .. expect_id, now)
   check({})
-  answer(gone and expired_reply or conflict_reply)
+  send_reply(replies, gone and expired_reply or conflict_reply, reply_ttl_s)
   redis.call('SET', marker, 'conflict', 'EX', marker_ttl_s)
   ack()
   return {TAKE.CONFLICT}
@@ -311,39 +307,21 @@ if id and kind == 'action' then
     if approver == '' or (grant ~= '' and call_on('SISMEMBER', revoked, grant) == 1) then
       return {TAKE.NEEDS_APPROVAL, id, spec, cjson.encode(st)}
     end
-    local names = type(st.approved_by) == 'table' and st.approved_by or {}
-    local grants = type(st.grants) == 'table' and st.grants or {}
-    -- people approve what they saw: an edit's payload, or the other verb, from now on
-    if patched ~= '' or (st.approving or 'apply') ~= action then
-      names, grants = {}, {}
-    end
-    if patched ~= '' then
-      st.edit, st.revision = patched, (st.revision or 0) + 1
-    end
-    local given = false
-    for _, n in ipairs(names) do given = given or n == approver end
-    if not given then
-      names[#names + 1] = approver
-      if grant ~= '' then grants[approver] = grant end
-    end
-    st.approved_by, st.grants = names, next(grants) and grants or nil
-    st.approving = action ~= 'apply' and action or nil
-    if #names < (tonumber(policy.approvals) or 1) then
+    local needed = tonumber(policy.approvals) or 1
+    local count, given = count_approval(st, approver, grant, action, patched)
+    if count < needed then
       if given then
         return {TAKE.APPROVED, id, spec, cjson.encode(st), '0'}
       end
-      check({[hist] = 'stream'})
-      call_on('HSET', state, id, cjson.encode(st))
-      local edit = patched ~= '' and {'edit', patched} or {}
-      history(hist, maxlen, EVENT.APPROVED, 'id', id, 'by', approver, 'approvals',
-        #names .. '/' .. (tonumber(policy.approvals) or 1), 'revision', st.revision or 0,
-        'request', req, unpack(edit))
-      redis.call('SET', marker, 'approved', 'EX', marker_ttl_s)
-      ack()
-      return {TAKE.APPROVED, id, spec, cjson.encode(st), '1'}
+      -- not the last one: nothing written here, so that this script only ever takes. What
+      -- approve.lua re-checks before it records it: the counters as read, the stack's first
+      -- entry, how many stale entries lie above the target, the directive slot
+      return {TAKE.COUNTED, id, spec, cjson.encode(st), counted or '',
+              call_on('ZRANGE', stack, 0, 0)[1] or '', skipped,
+              call_on('GET', directive) or '', needed}
     end
     -- the last one: spent by the attempt it starts, which names them
-    approved_by = table.concat(names, ',')
+    approved_by = table.concat(st.approved_by, ',')
     st.approved_by, st.grants, st.approving = nil, nil, nil
   end
 end
@@ -364,7 +342,7 @@ if skipped > 0 then  -- entries above the target end here: their history, the me
 end
 if not id then
   check(expected)
-  answer(none_reply)
+  send_reply(replies, none_reply, reply_ttl_s)
 else
   expected[inflight], expected[leases] = 'hash', 'zset'
   if approved_by then expected[state] = 'hash' end
