@@ -56,7 +56,8 @@ class Event(StrEnum):
     STALE = "stale", Fate.END  # finalize.lua: the handler raised Stale; consumed, not applied
     # stage.lua: a policy rule denied the action; nothing was staged (it never was pending)
     DENIED = "denied", Fate.END
-    # take.lua: a person's approval of an ask action that needs more; it stays pending
+    # approve.lua: a person's approval, counted by take.lua, of an ask action that needs more;
+    # it stays pending
     APPROVED = "approved"
 
     @property

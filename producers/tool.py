@@ -3,9 +3,9 @@ intent line, the soft requirement, and the rendering of a result."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pending_actions.broker.models import Result
+from pending_actions.broker.models import ResolveAction, Result
 from pending_actions.broker.texts import REMINDER
 
 DESCRIPTION = (
@@ -18,7 +18,7 @@ PARAMETERS: dict[str, Any] = {
     "properties": {
         "action": {
             "type": "string",
-            "enum": ["apply", "discard"],
+            "enum": list(get_args(ResolveAction)),  # the verbs, as the models name them
             "description": "Whether to commit or reject the pending action.",
         },
         "reason": {
