@@ -29,6 +29,8 @@ from tests.support.procs import Worker
 from tests.support.replies import tail_id
 from tests.support.runs import runs
 
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
+
 pool = ThreadPoolExecutor(max_workers=4)
 
 

@@ -36,6 +36,8 @@ from tests.support.load import (
 from tests.support.procs import TEST_ENV, worker_env
 from tests.support.replies import byte_list, entries
 
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
+
 
 def test_global_keys_deleted_under_load(tmp_path: Path) -> None:
     with cluster(tmp_path) as (server, _w, pa):

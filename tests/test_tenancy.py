@@ -30,6 +30,8 @@ from tests.support.procs import worker_env
 from tests.support.replies import entries
 from tests.support.unchanged import live, redis_unchanged
 
+pytestmark = pytest.mark.redis62  # .ci/run runs it again on Redis 6.2
+
 CLIENTS = ["sync", "async", "cli"]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from pending_actions.embedded import EmbeddedRedis
@@ -19,6 +20,8 @@ from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
 from tests.serve.conftest import Server
 from tests.support.procs import Worker
+
+pytestmark = pytest.mark.redis62  # .ci/run runs it again on Redis 6.2
 
 
 def routes(session: str) -> list[tuple[str, str, Any]]:
