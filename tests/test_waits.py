@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,8 +13,8 @@ from tests.support.waits import Watched, wait_until
 
 
 def test_the_answer_is_returned() -> None:
-    asked = iter([None, False, 0, "yes"])
-    assert wait_until(lambda: next(asked), 5, "a yes", interval_s=0) == 0  # (0 is an answer)
+    asked: Iterator[object] = iter([None, False, 0, [], "yes"])
+    assert wait_until(lambda: next(asked), 5, "a yes", interval_s=0) == "yes"
 
 
 def test_the_deadline_names_what_was_awaited() -> None:

@@ -1,5 +1,5 @@
 """The tests' one way to wait for something: ``wait_until(predicate, timeout_s, what)`` asks
-until the predicate answers (anything but None or False), with a deadline, and fails with an
+until the predicate answers (anything true), with a deadline, and fails with an
 AssertionError naming what was awaited. A sleep in a test paces a fault or lets time pass where
 time is what is tested; a test that waits for an event waits here (docs/testing.md#waits).
 
@@ -9,10 +9,11 @@ the deadline passes with nothing said."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
@@ -78,8 +79,8 @@ class Watched:
 def wait_until(predicate: Callable[[], T | None], timeout_s: float,
                what: str | Callable[[], str], *, interval_s: float = 0.05,
                watching: Sequence[Watched] = ()) -> T:
-    """``predicate()`` until it answers (not None, not False), at most ``timeout_s``; returns
-    the answer. A predicate that blocks itself (XREAD, BLPOP with a short timeout) takes
+    """``predicate()`` until it answers something true, at most ``timeout_s``; returns the
+    answer. A predicate that blocks itself (XREAD, BLPOP with a short timeout) takes
     ``interval_s=0``. ``what``: what is awaited, said in the failure (a callable is asked then,
     for the state at the deadline)."""
     deadline = time.monotonic() + timeout_s
@@ -88,13 +89,26 @@ def wait_until(predicate: Callable[[], T | None], timeout_s: float,
             if child.proc.poll() is not None:
                 raise AssertionError(f"waiting for {_said(what)}: {child.said()}")
         answer = predicate()
-        if answer is not None and answer is not False:
+        if answer:
             return answer
         if time.monotonic() >= deadline:
             still = "".join(f"\n{child.said()}" for child in watching)
             raise AssertionError(f"{_said(what)}: not within {timeout_s} s{still}")
         if interval_s:
             time.sleep(min(interval_s, max(deadline - time.monotonic(), 0)))
+
+
+async def wait_until_async(predicate: Callable[[], Awaitable[T | None]], timeout_s: float,
+                           what: str | Callable[[], str], *, interval_s: float = 0.05) -> T:
+    """``wait_until`` on an event loop: the predicate awaited, the loop free in between."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = await predicate()
+        if answer:
+            return answer
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{_said(what)}: not within {timeout_s} s")
+        await asyncio.sleep(min(interval_s, max(deadline - time.monotonic(), 0)))
 
 
 def _said(what: str | Callable[[], str]) -> str:
