@@ -140,3 +140,10 @@ def test_ci_reruns_the_redis62_mark_on_6_2() -> None:
                                  re.M))
     assert len(marked) >= 20, marked
     assert "tests/test_redis6.py" in marked and "tests/test_faults.py" in marked
+
+
+def test_ci_runs_the_readmes_test_command_as_written() -> None:
+    readme = (ROOT / "README.md").read_text()
+    [command] = [line for line in readme.splitlines()
+                 if line.startswith("python3 -m venv") and "pytest" in line]
+    assert command in (ROOT / ".ci" / "run").read_text().splitlines()
