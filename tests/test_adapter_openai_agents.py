@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from pending_actions.procs import ROOT
 from tests.support import adapters as shared
 from tests.support.adapter_openai_agents import agent, calls, plain_agent, prompt
 from tests.support.procs import worker_env
+from tests.support.waits import wait_until_async
 
 HANDLERS = "tests.support.adapter_openai_agents"
 
@@ -137,10 +137,12 @@ def test_run_with_wait_goes_on_once_a_person_approves_in_another_process(
             running = asyncio.create_task(run(
                 agent, prompt("write_note", path=str(file), text="soon"), session=session,
                 tenant=tenant, pa=pa, wait=60))
-            deadline = time.monotonic() + 30
-            while not (waiting := await pa.pending(session)):
-                assert time.monotonic() < deadline and not running.done(), "never staged"
-                await asyncio.sleep(0.02)
+            async def staged() -> list[Any]:
+                found = await pa.pending(session)
+                assert found or not running.done(), "the run ended, never staged"
+                return found
+
+            waiting = await wait_until_async(staged, 30, "the call staged", interval_s=0.02)
             approving = await asyncio.create_subprocess_exec(
                 shared.CLI, *shared.resolve_args(session, "apply", "ok", waiting[0].id),
                 env=worker_env(url), cwd=ROOT)

@@ -26,6 +26,7 @@ from pending_actions.broker.connection import (
 from pending_actions.broker.connection_pool import PoolExhausted
 from pending_actions.embedded import EmbeddedRedis
 from tests.conftest import Deployment
+from tests.support.waits import wait_until
 
 
 def _key() -> str:
@@ -117,8 +118,8 @@ def test_a_workers_pool_waits_for_a_connection_then_says_it_has_none(
     waited: list[Any] = []
     waiter = threading.Thread(target=lambda: waited.append(pool.get_connection()))
     waiter.start()
-    while not pool._freed._waiters:  # until the waiter waits (the pool's own condition)
-        time.sleep(0.001)
+    # until the waiter waits (the pool's own condition)
+    wait_until(lambda: bool(pool._freed._waiters), 10, "the waiter waiting", interval_s=0.001)
     back = held.pop()
     pool.release(back)
     waiter.join(5)

@@ -34,6 +34,8 @@ from tests.support.replies import entries
 from tests.support.runs import runs
 from tests.support.unchanged import live, redis_unchanged
 
+pytestmark = pytest.mark.redis62  # .ci/run runs it again on Redis 6.2
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "broker" / "atomic" / "lua"
 
 # every way a handler can come to run, and the test here that shows the policy decides it

@@ -14,6 +14,8 @@ from tests.conftest import Deployment, both
 from tests.support.replies import read
 from tests.support.runs import runs
 
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
+
 
 @pytest.fixture(params=["single", "cluster", "local"])
 def deployment(request: pytest.FixtureRequest) -> Deployment:

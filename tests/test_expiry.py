@@ -26,8 +26,9 @@ from pending_actions.producers import PendingActions
 from pending_actions.producers.tool import render
 from pending_actions.workers.recovery import Recovery
 from tests.support.procs import Worker
-from tests.support.replies import command_calls, read
+from tests.support.replies import command_calls
 from tests.support.runs import runs
+from tests.support.waits import history_event
 
 PREFIX = "pa"
 
@@ -63,18 +64,6 @@ def erc(own_redis: EmbeddedRedis) -> Iterator[redis.Redis]:
     client.close()
 
 
-def wait_for_event(rc: redis.Redis, key: str, event: str, timeout: float = 10.0) -> dict[str, str]:
-    """Block on the history stream (XREAD) until an entry with ``event`` arrives."""
-    last, deadline = b"0-0", time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        for entry_id, fields in read(rc, key, last, max(int(left * 1000), 1)):
-            last = entry_id
-            decoded = {k.decode(): v.decode() for k, v in fields.items()}
-            if decoded["event"] == event:
-                return decoded
-    raise AssertionError(f"no {event} entry in {key} within {timeout}s")
-
-
 def test_expires_with_every_handler_thread_busy(epa: PendingActions, erc: redis.Redis) -> None:
     rc = erc
     busy, session = f"busy-{uuid.uuid4().hex[:8]}", f"exp-{uuid.uuid4().hex[:8]}"
@@ -91,7 +80,7 @@ def test_expires_with_every_handler_thread_busy(epa: PendingActions, erc: redis.
         assert staged.expires_at is not None and staged.expires_at > staged.created_at
         choice = epa.next_tool_choice(session)
         assert choice is not None and choice["id"] == action_id
-        ended = wait_for_event(rc, Keys(PREFIX).history(session), "expired")
+        ended = history_event(rc, Keys(PREFIX).history(session), "expired", 10)
         assert ended["id"] == action_id and int(ended["expires_at"]) > 0
         assert epa.pending(session) == [] and epa.next_tool_choice(session) is None
         assert epa.show(session, action_id) is None
@@ -140,7 +129,7 @@ def test_resolve_after_expiry_targets_what_pending_shows(epa: PendingActions, er
     rc = erc
     keep = epa.stage(session=session, tool="edit", label="Keep", apply="t.ok")
     short = epa.stage(session=session, tool="edit", label="Short", apply="t.ok", ttl=0.2)
-    wait_for_event(rc, Keys(PREFIX).history(session), "expired")
+    history_event(rc, Keys(PREFIX).history(session), "expired", 10)
     res = epa.resolve(session=session, action="apply", reason="r")
     assert (res.is_error, res.details["label"]) == (False, "Keep")
     assert [r["id"] for r in runs(rc, session)] == [keep]

@@ -41,6 +41,7 @@ from pending_actions_harness.supervise import WorkerProcess
 from tests.support.failover_handlers import RUNS
 from tests.support.procs import TEST_ENV
 from tests.support.replies import byte_list
+from tests.support.waits import wait_until
 
 SESSIONS = 60
 # stages acknowledged before the fault and after the healing: the load, not a clock, says it runs
@@ -95,10 +96,9 @@ def _async_load(url: str, stop: threading.Event, acked: list[str], answered: lis
 def _more_acked(acked: list[str], n: int, within_s: float = 60) -> None:
     """Return once ``n`` more stages than now have been acknowledged."""
     goal = len(acked) + n
-    deadline = time.monotonic() + within_s
-    while len(acked) < goal:
-        assert time.monotonic() < deadline, f"the load stalled at {len(acked)} of {goal}"
-        time.sleep(0.02)
+    wait_until(lambda: len(acked) >= goal, within_s,
+               lambda: f"{goal} stages acknowledged (the load stalled at {len(acked)})",
+               interval_s=0.02)
 
 
 def _drain(pa: PendingActions, deadline_s: float = 90) -> list[str]:
@@ -169,10 +169,9 @@ def test_master_failover_under_load(tmp_path: Path, replica_wait: int) -> None:
         cluster.wait_replicas()
         _more_acked(acked, WINDOW)
         if not replica_wait:  # the asyncio producer is served again after the failover
-            healed, deadline = len(answered), time.monotonic() + 60
-            while len(answered) < healed + 20 and not failed:
-                assert time.monotonic() < deadline, f"async resolves stalled at {len(answered)}"
-                time.sleep(0.05)
+            healed = len(answered)
+            wait_until(lambda: len(answered) >= healed + 20 or failed, 60,
+                       lambda: f"async resolves answered (stalled at {len(answered)})")
             assert not failed, failed
         stop.set()
         for t in threads:

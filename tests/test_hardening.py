@@ -35,6 +35,9 @@ from tests.support.load import (
 )
 from tests.support.procs import TEST_ENV, worker_env
 from tests.support.replies import byte_list, entries
+from tests.support.waits import wait_until
+
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
 
 
 def test_global_keys_deleted_under_load(tmp_path: Path) -> None:
@@ -80,15 +83,11 @@ def test_lease_index_and_sessions_deleted_then_worker_killed(tmp_path: Path) -> 
             pid = int(orjson.loads(byte_list(rc.lrange("test:runs:lost", -1, -1))[0])["pid"])
             index = K.leases(K.partition("lost"))
             rc.delete(index, K.sessions(K.partition("lost")))
-            deadline = time.monotonic() + 20
-            while not rc.zcard(index):  # the renewal writes it back
-                assert time.monotonic() < deadline, "the renewal never indexed its lease"
-                time.sleep(0.05)
+            wait_until(lambda: rc.zcard(index), 20,  # the renewal writes it back
+                       "the renewal indexing its lease")
             os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 20
-            while rc.hlen(K.inflight("lost")):
-                assert time.monotonic() < deadline, "the lease was never recovered"
-                time.sleep(0.2)
+            wait_until(lambda: not rc.hlen(K.inflight("lost")), 20, "the lease recovered",
+                       interval_s=0.2)
         assert [a.label for a in pa.pending("lost")] == ["gated"]
         others_resolve(pa, rc)
         wait_healthy(server.url)
@@ -175,10 +174,8 @@ def test_corrupt_lease_is_parked_and_its_action_returns(tmp_path: Path) -> None:
             rc.hset(K.inflight("bad"), token, b"[1, 2")
             # the renewer stops renewing it, recovery parks it once due, and the action
             # goes back on the stack (its handler may still finish: fenced, late-refused)
-            deadline = time.monotonic() + 20
-            while not rc.llen(K.dead("bad")):
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+            wait_until(lambda: rc.llen(K.dead("bad")), 20, "the corrupt lease parked",
+                       interval_s=0.2)
         [parked] = [orjson.loads(x) for x in byte_list(rc.lrange(K.dead("bad"), 0, -1))]
         assert parked["poison"] == "lease" and parked["raw"] == "[1, 2"
         assert [a.label for a in pa.pending("bad")] == ["gated"]
@@ -230,10 +227,8 @@ def test_redis_full_then_freed(tmp_path: Path) -> None:
             os.kill(resolver, signal.SIGSTOP)  # requests queue up unread
             waiting = [pool.submit(pa.resolve, session=s, action="apply", reason="r",
                                    timeout=60) for s in sessions]
-            deadline = time.monotonic() + 10
-            while sum(rc.xlen(K.requests(p)) for p in range(K.partitions)) < len(sessions):
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+            wait_until(lambda: sum(rc.xlen(K.requests(p)) for p in range(K.partitions))
+                       >= len(sessions), 10, "every resolve's request queued")
             fill(rc)
             refused = refused_scripts(rc)
             os.kill(resolver, signal.SIGCONT)
@@ -247,10 +242,7 @@ def test_redis_full_then_freed(tmp_path: Path) -> None:
             last = entries(rc.xrange(K.history("running")))[-1][1][b"event"]
             return refused_scripts(rc) >= refused + len(sessions) + 1 and last == b"failed"
 
-        deadline = time.monotonic() + 20
-        while not settled():
-            assert time.monotonic() < deadline, "the takes were never tried, or the attempt hung"
-            time.sleep(0.05)
+        wait_until(settled, 20, "the takes tried and refused, and the gated attempt ended")
         pending: Any = [rc.xpending(K.requests(p), K.RESOLVER_GROUP)
                         for p in {K.partition(s) for s in sessions}]
         assert sum(x["pending"] for x in pending) == len(sessions)  # read, refused, not acked

@@ -32,6 +32,8 @@ from tests.support.procs import worker_env
 from tests.support.replies import byte_list, entries
 from tests.support.unchanged import redis_unchanged
 
+pytestmark = pytest.mark.redis62  # .ci/run runs it again on Redis 6.2
+
 THREADS = 6
 
 

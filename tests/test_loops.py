@@ -19,6 +19,8 @@ from pending_actions.broker.loops import PROC_TTL_MS, Beats, Loop
 from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
+
 SURVIVED = [rx.ConnectionError("gone"), rx.TimeoutError("slow"),
             rx.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
             rx.ResponseError("UNBLOCKED the stream key no longer exists"),

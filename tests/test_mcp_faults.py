@@ -42,6 +42,7 @@ from tests.support.mcp import (
 )
 from tests.support.procs import worker_env
 from tests.support.replies import tail_id
+from tests.support.waits import wait_until
 
 pool = ThreadPoolExecutor(max_workers=2)
 CALL_TIMEOUT = "3"
@@ -188,10 +189,7 @@ def test_a_failed_apply_keeps_the_action_pending_under_its_id(
 
 def await_write(folder: Path, timeout: float = 20.0) -> None:
     """Until the upstream has made a write (it records each in a file, fsynced)."""
-    deadline = time.monotonic() + timeout
-    while not writes(folder):
-        assert time.monotonic() < deadline, "the upstream never wrote"
-        time.sleep(0.02)
+    wait_until(lambda: writes(folder), timeout, "the upstream's write", interval_s=0.02)
 
 
 @pytest.mark.parametrize("when", ["mid-call", "after-the-answer"])

@@ -14,6 +14,7 @@ import os
 import uuid
 from pathlib import Path
 
+import pytest
 import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -24,6 +25,8 @@ from tests.support.faults import K, cluster, wait_for
 from tests.support.model import APPLY, REJECT, Entry, Model
 from tests.support.replies import tail_id
 from tests.support.runs import runs
+
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
 
 MAX_STALLS = 2
 EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "200"))

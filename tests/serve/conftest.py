@@ -7,7 +7,6 @@ import contextlib
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from pending_actions.procs import ROOT
 from pending_actions.serve.auth import Tokens
 from tests.conftest import Deployment
 from tests.support.procs import Worker, worker_env
+from tests.support.waits import wait_until
 
 
 def free_port() -> int:
@@ -49,17 +49,16 @@ class Server:
                                      timeout=60, trust_env=False)
 
     def wait_ready(self, timeout: float = 30) -> Server:
-        deadline = time.monotonic() + timeout
-        while True:
+        def answering() -> bool:  # the port opens when uvicorn is up: nothing to block on
             assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}"
             try:
-                if self.http.get("/healthz").status_code == 200 and \
-                        self.operator.get("/healthz").status_code == 200:
-                    return self
+                return self.http.get("/healthz").status_code == 200 and \
+                    self.operator.get("/healthz").status_code == 200
             except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.05)  # the port opens when uvicorn is up: nothing to block on before
+                return False
+
+        wait_until(answering, timeout, f"serve answering on {self.base} and its metrics port")
+        return self
 
     def stop(self) -> None:
         self.http.close()

@@ -22,6 +22,7 @@ from pending_actions.serve.auth import Tokens
 from tests.serve.conftest import Server
 from tests.support.procs import worker_env
 from tests.support.runs import runs
+from tests.support.waits import wait_until
 
 
 def tenant() -> str:
@@ -288,15 +289,14 @@ def test_metrics_show_a_tenant_its_own_series_only(server: Server, pa: PendingAc
 
 
 def _eventually(scrape: Callable[[], str], wanted: str, timeout: float = 10) -> str:
-    import time
+    scraped = [""]
 
-    deadline = time.monotonic() + timeout
-    while True:
-        body = scrape()
-        if wanted in body or time.monotonic() > deadline:
-            assert wanted in body, body[-3000:]
-            return body
-        time.sleep(0.1)
+    def found() -> str | None:
+        scraped[0] = body = scrape()
+        return body if wanted in body else None
+
+    return wait_until(found, timeout, lambda: f"{wanted!r} in {scraped[0][-3000:]}",
+                      interval_s=0.1)
 
 
 def test_plain_json_stats(pa: PendingActions, redis_server: Any) -> None:

@@ -18,6 +18,8 @@ from tests.serve.conftest import Server
 from tests.support.runs import runs
 from tests.support.unchanged import redis_unchanged
 
+pytestmark = pytest.mark.redis62  # .ci/run runs it again on Redis 6.2
+
 POLICY = {"default": "allow", "rules": [
     {"name": "two", "match": {"tool": "deploy"}, "decision": "ask", "approvals": 2}]}
 

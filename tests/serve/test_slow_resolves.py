@@ -16,6 +16,7 @@ from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
 from tests.serve.conftest import Server
 from tests.support.runs import runs
+from tests.support.waits import wait_until
 
 ITEMS = 100
 READ_BOUND_S = 2.0
@@ -45,15 +46,13 @@ def test_a_batch_of_slow_resolves_never_blocks_another_tenants_reads(
         # every resolve of the batch was sent and taken (its session's history says so): all
         # 100 are waiting in serve on handlers that cannot finish
         history = [pa.ctx.keys.history(s) for s in sessions]
-        deadline = time.monotonic() + 30
-        while True:
+        def all_taken() -> bool:
             pipe = rc.pipeline(transaction=False)
             for key in history:
                 pipe.xlen(key)
-            if all(n >= 2 for n in pipe.execute()):
-                break
-            assert time.monotonic() < deadline, "the batch's resolves were not all taken"
-            time.sleep(0.1)
+            return all(n >= 2 for n in pipe.execute())
+
+        wait_until(all_taken, 30, "the batch's resolves all taken", interval_s=0.1)
         assert not answered
         for _ in range(5):
             started = time.monotonic()

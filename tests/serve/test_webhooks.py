@@ -24,6 +24,7 @@ from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions.webhooks import DELIVERY, SIGNATURE, TIMESTAMP, sign, verify
 from tests.support.procs import Worker, worker_env
+from tests.support.waits import wait_until
 
 SECRET = "s3cret-for-tests"
 
@@ -74,12 +75,12 @@ class Receiver:
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
     def wait_for(self, check: Any, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            while not check():
-                left = deadline - time.monotonic()
-                assert left > 0, f"receiver saw {self.accepted} / {dict(self.tries)}"
-                self.lock.wait(left)
+        def holds() -> bool:
+            with self.lock:
+                return bool(check())
+
+        wait_until(holds, timeout, lambda: f"the receiver's deliveries (it saw {self.accepted}"
+                   f" / {dict(self.tries)})", interval_s=0.02)
 
 
 @pytest.fixture(scope="module")

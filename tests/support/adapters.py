@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import ROOT
 from tests.support.faults import FAST
 from tests.support.procs import Worker, worker_env
+from tests.support.waits import wait_until, wait_until_async
 
 GATE_TIMEOUT_S = 60.0
 CLI = str(Path(sys.executable).parent / "pending-actions")
@@ -75,11 +75,10 @@ async def through_gate(path: str, text: str, gate: str) -> None:
         append_note(path, text)
     with open(path + ".started", "a") as f:
         f.write(f"{os.getpid()}\n")
-    deadline = time.monotonic() + GATE_TIMEOUT_S
-    while not Path(gate).exists():  # the gate is a file: another process opens it
-        if time.monotonic() > deadline:
-            raise RuntimeError("the gate never opened")
-        await asyncio.sleep(0.02)
+    async def opened() -> bool:  # the gate is a file: another process opens it
+        return Path(gate).exists()
+
+    await wait_until_async(opened, GATE_TIMEOUT_S, "the gate opening", interval_s=0.02)
 
 
 def plan_of(content: object) -> dict[str, Any]:
@@ -99,11 +98,7 @@ def wait_to_go(barrier: list[str]) -> None:
         return
     ready, go = Path(barrier[0]), Path(barrier[1])
     ready.write_text(str(os.getpid()))
-    deadline = time.monotonic() + GATE_TIMEOUT_S
-    while not go.exists():
-        if time.monotonic() > deadline:
-            raise SystemExit("never told to go")
-        time.sleep(0.002)
+    wait_until(go.exists, GATE_TIMEOUT_S, "told to go", interval_s=0.002)
 
 
 async def answer(resuming: Awaitable[Any],
@@ -213,20 +208,12 @@ def lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def wait_until(condition: Callable[[], bool], message: str, timeout: float = 30.0) -> None:
-    """Poll ``condition`` (another process's doing) until it holds, or fail at ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.02)
-
-
 def resumed_at_once(url: str, handlers: str, *argv: str,
                     ready: list[Path], go: Path) -> list[dict[str, Any]]:
     """Two (or more) third processes, one a ``ready`` file, that resume at the same moment
     (``argv`` and then the barrier): their answers, the done first, the NotPaused after."""
     procs = [third(url, handlers, *argv, str(r), str(go)) for r in ready]
-    wait_until(lambda: all(r.exists() for r in ready), "the resumes never got ready")
+    wait_until(lambda: all(r.exists() for r in ready), 30, "the resumes ready", interval_s=0.02)
     go.write_text("go")
     return sorted((outcome(p) for p in procs), key=lambda a: "error" in a)
 
@@ -272,7 +259,7 @@ def killed_mid_apply(own: Deployment, session: str, action_id: str, file: Path) 
     resolving = subprocess.Popen([CLI, *resolve_args(session, "apply", "go", action_id)],
                                  env=worker_env(own.url), cwd=ROOT, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: lines(started) == 1, "the body never started")
+    wait_until(lambda: lines(started) == 1, 30, "the body started", interval_s=0.02)
     assert int(started.read_text().split()[0]) in own.first.tree()
     assert len(notes(file)) == 1  # written, not yet returned
     own.first.kill()  # SIGKILL, mid-apply

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,8 +14,9 @@ from pending_actions.embedded import EmbeddedRedis
 from pending_actions.producers import PendingActions
 from pending_actions_harness.embedded_cluster import Cluster
 from tests.support.procs import Worker
-from tests.support.replies import entries, read
+from tests.support.replies import entries
 from tests.support.runs import runs
+from tests.support.waits import next_entry, wait_until
 
 K = Keys()
 # Short leases so that recovery happens within a test's patience.
@@ -51,14 +51,8 @@ def cluster(tmp: Path, workers: int = 1, fsync: str = "always", on_cluster: bool
 def wait_for(rc: redis.Redis, stream: str, match: Callable[[dict[bytes, bytes]], bool],
              since: bytes = b"0-0", timeout: float = 20.0) -> dict[bytes, bytes]:
     """Block on a stream until an entry after ``since`` matches."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        assert left > 0, f"no matching entry on {stream} within {timeout}s"
-        for entry_id, fields in read(rc, stream, since, int(min(left, 2.0) * 1000)):
-            since = entry_id
-            if match(fields):
-                return fields
+    return wait_until(next_entry(rc, stream, match, since), timeout,
+                      f"a matching entry on {stream}", interval_s=0)
 
 
 def wait_history(rc: redis.Redis, session: str, event: str, since: bytes = b"0-0",

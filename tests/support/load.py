@@ -23,6 +23,7 @@ from pending_actions.producers import PendingActions
 from tests.support.faults import K, started_pid
 from tests.support.procs import worker_env
 from tests.support.replies import byte_list
+from tests.support.waits import wait_until
 
 pool = ThreadPoolExecutor(max_workers=8)
 
@@ -35,13 +36,14 @@ def health(url: str) -> subprocess.CompletedProcess[str]:
 
 def wait_healthy(url: str, timeout: float = 20.0) -> dict[str, Any]:
     """Poll ``health`` (a CLI: there is no event to await) until it passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = health(url)
-        if got.returncode == 0:
-            return dict(orjson.loads(got.stdout))
-        assert time.monotonic() < deadline, f"never healthy: {got.stdout}{got.stderr}"
-        time.sleep(0.5)
+    last: list[subprocess.CompletedProcess[str]] = []
+
+    def healthy() -> dict[str, Any] | None:
+        last[:] = [got := health(url)]
+        return dict(orjson.loads(got.stdout)) if got.returncode == 0 else None
+
+    return wait_until(healthy, timeout, lambda: f"healthy: {last[0].stdout}{last[0].stderr}",
+                      interval_s=0.5)
 
 
 def still_healthy(url: str, since_ms: int, within: float = 20.0) -> None:
@@ -51,14 +53,16 @@ def still_healthy(url: str, since_ms: int, within: float = 20.0) -> None:
     from pending_actions.cli.health import beats
 
     pa = PendingActions.from_url(url)
-    deadline = time.monotonic() + within
-    while True:
+    seen: list[Any] = []
+
+    def round_since() -> bool:
         now, rows = beats(pa)
         behind = [r for r in rows if now - r["age_ms"] <= since_ms or not r["ok"]]
-        if rows and not behind:
-            break
-        assert time.monotonic() < deadline, f"loops not round since the fault: {behind or rows}"
-        time.sleep(0.2)
+        seen[:] = [behind or rows]
+        return bool(rows) and not behind
+
+    wait_until(round_since, within, lambda: f"loops round since the fault: {seen[0]}",
+               interval_s=0.2)
     got = health(url)
     assert got.returncode == 0, got.stdout + got.stderr
 
