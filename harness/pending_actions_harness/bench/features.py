@@ -23,8 +23,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.policy.rules import Policy
 from pending_actions.broker.routing import heartbeat
@@ -35,6 +33,7 @@ from pending_actions_harness.bench.handlers import NOOP
 from pending_actions_harness.bench.procs import start_ours
 from pending_actions_harness.bench.progress import Progress
 from pending_actions_harness.bench.stats import Dist
+from pending_actions_harness.bench.throughput import flush
 from pending_actions_harness.supervise import WorkerProcess
 
 POLICY_DB, MCP_DB, TRACING_DB = 5, 6, 7  # of the run's private redis-server, flushed first
@@ -66,34 +65,25 @@ def run(r: Any, base: str, logs: Path, progress: Progress) -> None:
     run is in ``r.skipped`` with the reason."""
     policy(r, f"{base}/{POLICY_DB}", progress)
     globs(r, progress)
-    why = tracing_unavailable()
-    if why:
-        r.skipped["tracing"] = why
-        progress.done += 3
-    else:
-        try:
-            tracing(r, f"{base}/{TRACING_DB}", logs, progress)
-        except Exception as exc:  # an optional feature: say why, keep the run
-            r.skipped["tracing"] = f"failed: {exc!r}"[:300]
-            progress.say(f"tracing figures failed: {exc!r}")
-    why = mcp_unavailable()
-    if why:
-        r.skipped["mcp"] = why
-        progress.done += 1
-    else:
-        try:
-            mcp(r, f"{base}/{MCP_DB}", logs, progress)
-        except Exception as exc:
-            r.skipped["mcp"] = f"failed: {exc!r}"[:300]
-            progress.say(f"MCP figures failed: {exc!r}")
+    optional(r, "tracing", tracing_unavailable(), 3, progress,
+             lambda: tracing(r, f"{base}/{TRACING_DB}", logs, progress))
+    optional(r, "mcp", mcp_unavailable(), 1, progress,
+             lambda: mcp(r, f"{base}/{MCP_DB}", logs, progress))
 
 
-def _flush(url: str) -> None:
-    client = redis.Redis.from_url(url)
+def optional(r: Any, name: str, why: str | None, phases: int, progress: Progress,
+             measure_it: Callable[[], None]) -> None:
+    """An optional feature's figures: skipped with ``why`` when its extra is missing (its
+    ``phases`` counted done), or with what it raised; the rest of the run goes on either way."""
+    if why:
+        r.skipped[name] = why
+        progress.done += phases
+        return
     try:
-        client.flushdb()
-    finally:
-        client.close()
+        measure_it()
+    except Exception as exc:  # an optional feature: say why, keep the run
+        r.skipped[name] = f"failed: {exc!r}"[:300]
+        progress.say(f"{name} figures failed: {exc!r}")
 
 
 # --- policies --------------------------------------------------------------------------------
@@ -126,7 +116,7 @@ def policy(r: Any, url: str, progress: Progress) -> None:
     the two alternating in blocks, every stage timed alone; ``policy.stage.ruled`` and
     ``policy.stage.plain`` hold every block's stages, ``facts["policy"]`` each block's p50."""
     n = r.sizes.policy_stages
-    _flush(url)
+    flush(url)
     pa = PendingActions.from_url(url)
     try:
         heartbeat(pa.client, pa.ctx.keys, "bench", [NOOP], "bench", 3_600_000)
@@ -163,7 +153,7 @@ def policy(r: Any, url: str, progress: Progress) -> None:
                              "block_ratios": ratios, "ratio": statistics.median(ratios)}
     finally:
         pa.close()
-        _flush(url)
+        flush(url)
 
 
 def globs(r: Any, progress: Progress) -> None:
@@ -246,7 +236,7 @@ def tracing(r: Any, url: str, logs: Path, progress: Progress) -> None:
     sink = Sink()
     try:
         with progress.phase("tracing: start workers exporting spans", o.processes + 1) as tick:
-            _flush(url)
+            flush(url)
             ours = start_ours(url, o.processes, o.threads, logs / "tracing",
                               env={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
                                    "OTEL_SERVICE_NAME": "bench"})
@@ -283,7 +273,7 @@ def tracing(r: Any, url: str, logs: Path, progress: Progress) -> None:
         r.facts["tracing"] = {"exports": sink.requests, "bytes": sink.bytes}
     finally:
         sink.close()
-        _flush(url)
+        flush(url)
 
 
 # --- MCP -------------------------------------------------------------------------------------
@@ -309,7 +299,7 @@ def mcp(r: Any, url: str, logs: Path, progress: Progress) -> None:
     s = r.sizes
     with progress.phase("MCP: reads straight and through mcp-proxy, resolves through it",
                         s.mcp_reads + s.mcp_applies) as tick:
-        _flush(url)
+        flush(url)
         with tempfile.TemporaryDirectory(prefix="pa-bench-mcp-") as tmp:
             folder = Path(tmp)
             upstream = [sys.executable, "-m", "tests.support.mcp_upstream", str(folder)]
@@ -329,7 +319,7 @@ def mcp(r: Any, url: str, logs: Path, progress: Progress) -> None:
             finally:
                 watch.close()
                 worker.kill()  # every call was answered: nothing to wait for
-                _flush(url)
+                flush(url)
     r.dists.update(found)
 
 

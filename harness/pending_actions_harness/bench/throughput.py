@@ -122,7 +122,8 @@ def _figures(d: Dist | None, one: Dist | None) -> dict[str, Any]:
             if one is not None and one.samples_ms else None}
 
 
-def _flush(url: str) -> None:
+def flush(url: str) -> None:
+    """Empties the run's database between the cases that share it."""
     client = redis.Redis.from_url(url)
     try:
         client.flushdb()
@@ -137,7 +138,7 @@ def _stock(r: Any, url: str, processes: int, logs: Path, progress: Progress,
     again = " again" if key else ""
     with progress.phase(f"scaling: stock dramatiq (redis), {processes} x {o.threads}, "
                         f"{s.callers} callers{again}", total) as tick:
-        _flush(url)
+        flush(url)
         queue = new_queue_name()
         child, _pids = start_stock(url, url, queue, processes, o.threads, logs / "scaling",
                                    f"stock-redis-p{processes}")
@@ -163,7 +164,7 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress,
     again = " again" if key else ""
     with progress.phase(f"scaling: ours, {layout.describe(o.threads)}, {s.callers} callers"
                         f"{again}", s.callers * each * 2) as tick:
-        _flush(url)
+        flush(url)
         ours = start_ours(url, layout.processes, o.threads, logs / "scaling", layout.resolvers,
                           settings={"local_dispatch": "true"} if layout.local else None)
         try:
