@@ -2,7 +2,7 @@
 flags, the roles whose Redis users may run it, its KEYS and its ARGV. Everything else about a
 script's slots is derived from it: the ``local`` lines that name them in the text Redis runs
 (``source.py``), the tuple each call builds (``KEYS``/``ARGV`` here), the scripts of each
-role's ACL rules (``pending_actions/acl.py``).
+role's ACL rules (``pending_actions/cli/acl.py``).
 
 A header, as ``lua/take.lua`` begins::
 
