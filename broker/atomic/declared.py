@@ -77,7 +77,8 @@ class Declared:
         return "".join(out)
 
 
-def _text(name: str) -> str:
+def lua_file(name: str) -> str:
+    """The text of ``lua/<name>.lua``, from the installed package (a wheel or a checkout)."""
     return (resources.files("pending_actions.broker.atomic") / "lua" / f"{name}.lua").read_text()
 
 
@@ -158,7 +159,7 @@ def _scripts() -> dict[str, Declared]:
     # prelude.lua is no script: the definitions the scripts share (source.py)
     names = sorted(p.name[:-4] for p in folder.iterdir()
                    if p.name.endswith(".lua") and p.name != "prelude.lua")
-    return {n: parse(f"broker/atomic/lua/{n}.lua", _text(n)) for n in names}
+    return {n: parse(f"broker/atomic/lua/{n}.lua", lua_file(n)) for n in names}
 
 
 SCRIPTS = _scripts()

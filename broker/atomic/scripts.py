@@ -17,7 +17,7 @@ import redis
 import redis.asyncio
 
 from pending_actions.broker.atomic.calls import Call, Queued
-from pending_actions.broker.atomic.declared import ARGV, KEYS, NAMES
+from pending_actions.broker.atomic.declared import ARGV, KEYS, NAMES, lua_file
 from pending_actions.broker.atomic.replies import (
     Begun,
     Concluded,
@@ -31,7 +31,7 @@ from pending_actions.broker.atomic.replies import (
     Staged,
     Taken,
 )
-from pending_actions.broker.atomic.source import LUA_TABLES, lua_file, prelude, source
+from pending_actions.broker.atomic.source import LUA_TABLES, prelude, source
 from pending_actions.broker.connection import server_info
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import cap as feed_cap

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from importlib import resources
 
 import orjson
 
-from pending_actions.broker.atomic.declared import SCRIPTS
+from pending_actions.broker.atomic.declared import SCRIPTS, lua_file
 from pending_actions.broker.atomic.replies import (
     BeginStatus,
     ExpireOutcome,
@@ -59,10 +58,6 @@ def _literal(found: re.Match[str]) -> str:
 def inline_codes(code: str) -> str:
     """``code`` with each ``TABLE.NAME`` of ``LUA_TABLES`` as its value's literal."""
     return CODE_NAME.sub(_literal, code)
-
-
-def lua_file(name: str) -> str:
-    return (resources.files("pending_actions.broker.atomic") / "lua" / f"{name}.lua").read_text()
 
 
 def body(name: str) -> str:

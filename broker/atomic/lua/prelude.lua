@@ -1,6 +1,6 @@
 -- prelude: the definitions the scripts share (Redis has no include). broker/atomic/source.py puts
--- in front of each script the ones it uses. So: one definition per block, blocks apart by a
--- blank line, and only definitions, no commands. The code names of the Python enums, EVENT.X
+-- in front of each script the ones it uses. So: one definition per block, blocks apart by a blank
+-- line, and only definitions, no commands. The code names of the Python enums, EVENT.X
 -- (broker/events.py), TAKE.X, BEGIN.X, RECOVER.X and EXPIRE.X (broker/atomic/replies.py), are
 -- written into the text as their values by broker/atomic/source.py, which refuses a name the enum
 -- lacks when the text is built: no table is built at each call.
@@ -258,11 +258,11 @@ local function end_expired(actions, state, expiries, member, expired, hist, maxl
   history(hist, maxlen, EVENT.EXPIRED, 'id', id, 'expires_at', at)
 end
 
--- the error reply of an error raised in a script (by Lua, by a redis.call, by poison()),
--- starting with its code (POISON, OOM, WRONGTYPE, ERR for Lua's own): broker/atomic/source.py runs every
--- script inside pcall and returns this, so the caller reads the same reply from Redis 6.2 and
--- 7 (6.2's own handler fails on an error raised as a table, "attempt to concatenate", and puts
--- where a command failed before its text: "@user_script: 3: -OOM ...\r\n")
+-- the error reply of an error raised in a script (by Lua, by a redis.call, by poison()), starting
+-- with its code (POISON, OOM, WRONGTYPE, ERR for Lua's own): broker/atomic/source.py runs every
+-- script inside pcall and returns this, so the caller reads the same reply from Redis 6.2 and 7
+-- (6.2's own handler fails on an error raised as a table, "attempt to concatenate", and puts where
+-- a command failed before its text: "@user_script: 3: -OOM ...\r\n")
 local function failure(raised)
   local text = type(raised) == 'table' and raised.err or tostring(raised)
   text = string.gsub(string.gsub(text, '^@user_script: %d+: %-', ''), '%s+$', '')

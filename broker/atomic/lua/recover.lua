@@ -79,6 +79,7 @@ local reply_of = {[RECOVER.RETURNED] = returned_reply, [RECOVER.DEAD_LETTERED] =
 send_reply(replies, reply_of[outcome], reply_ttl_s)
 history(hist, maxlen,
   outcome == RECOVER.DEAD_LETTERED and EVENT.DEAD_LETTERED or EVENT.RECOVERED,
-  'id', lease.id, 'attempt', lease.attempt, 'started', outcome == RECOVER.UNSTARTED and 'no' or 'yes',
+  'id', lease.id, 'attempt', lease.attempt,
+  'started', outcome == RECOVER.UNSTARTED and 'no' or 'yes',
   'request', lease.req)
 return {outcome, lease.deadline}

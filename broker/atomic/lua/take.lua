@@ -10,15 +10,15 @@
 -- Approvals given through a serve token revoked since (its grant in the revoked set) no longer
 -- count. The last approval takes it as any apply or discard; the approvals are spent (the lease and
 -- the taken entry name them). One that is not the last is only counted here (count_approval), and
--- recorded by approve.lua, which the caller runs next. An action's counters stay in the state hash only between attempts:
--- take copies them into the lease (attempt, and whether the hash has an entry: "counted"), and
--- readd/recover write them back; a directive's and a standing handler's are written here as before.
--- A request seen before (redelivered, or retried after a lost reply) takes nothing new: it gets its
--- earlier answer back while that is still actionable (the same lease if no worker has started it,
--- whose task is enqueued again; the same claim when it claimed for claimant; NONE again), else DUP.
--- A stacked action past its ttl is gone for take as for every reader: passed over, and ended here
--- (history "expired") when it lay above the target. So is a stacked id whose spec is missing,
--- dead-lettered here ("spec missing", history "dead-lettered").
+-- recorded by approve.lua, which the caller runs next. An action's counters stay in the state hash
+-- only between attempts: take copies them into the lease (attempt, and whether the hash has an
+-- entry: "counted"), and readd/recover write them back; a directive's and a standing handler's are
+-- written here as before. A request seen before (redelivered, or retried after a lost reply) takes
+-- nothing new: it gets its earlier answer back while that is still actionable (the same lease if no
+-- worker has started it, whose task is enqueued again; the same claim when it claimed for claimant;
+-- NONE again), else DUP. A stacked action past its ttl is gone for take as for every reader: passed
+-- over, and ended here (history "expired") when it lay above the target. So is a stacked id whose
+-- spec is missing, dead-lettered here ("spec missing", history "dead-lettered").
 -- flags: none
 -- roles: worker
 -- KEYS
