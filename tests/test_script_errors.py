@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from pending_actions.broker.atomic.replies import Taken, TakeStatus
 from pending_actions.broker.atomic.source import RUN, prelude
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import Poison, RedisFull, UnknownHandler
@@ -123,6 +124,42 @@ def test_stage_and_take_are_refused_while_full_and_say_so(ctx: Context, rc: redi
                              extra=b"null", marker_ttl_s=60, none_reply=b"{}",
                              live=read_live(rc, ctx.keys), message=None).run()
         assert rc.zcard(ctx.keys.stack("s")) == 1 and not rc.hlen(ctx.keys.inflight("s"))
+    finally:
+        pa.close()
+
+
+def test_an_approval_is_refused_while_full_and_recorded_once_memory_is_back(
+        ctx: Context, rc: redis.Redis, server: EmbeddedRedis) -> None:
+    """approve.lua adds to an action's counters: refused while Redis is full (flagged on 7, its
+    first write refused on 6.2), the counters, history and request marker as they were; the
+    same approval, once memory is back, is recorded."""
+    heartbeat(rc, ctx.keys, "p", ["t.ok"], "by-hand", 60_000)
+    pa = PendingActions.from_url(server.url)
+    try:
+        pa.set_policy({"rules": [{"name": "two", "match": {"tool": "deploy"},
+                                  "decision": "ask", "approvals": 2}]}, tenant="t", by="test")
+        action_id = pa.stage(session="s", tool="deploy", label="L", apply="t.ok", tenant="t")
+        counted = ctx.scripts.take("s", req="r1", action="apply", token="ab" * 16, reason="r",
+                                   extra=b"null", marker_ttl_s=60, none_reply=b"{}",
+                                   live=read_live(rc, ctx.keys), message=None,
+                                   approver="alice").run()
+        assert counted.status is TakeStatus.COUNTED
+
+        def approve() -> Taken:
+            return ctx.scripts.approve("s", counted=counted, req="r1", action="apply",
+                                       approver="alice", marker_ttl_s=60).run()
+
+        history = rc.xlen(ctx.keys.history("s"))
+        full(rc)
+        with pytest.raises(RedisFull), redis_errors():
+            approve()
+        assert rc.hget(ctx.keys.state("s"), action_id) is None
+        assert rc.xlen(ctx.keys.history("s")) == history
+        assert rc.get(ctx.keys.request_marker("s", "r1")) is None
+        rc.config_set("maxmemory", 0)
+        got = approve()
+        assert (got.status, got.recorded) == (TakeStatus.APPROVED, True)
+        assert got.counters is not None and got.counters.approved_by == ["alice"]
     finally:
         pa.close()
 
