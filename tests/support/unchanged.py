@@ -1,13 +1,16 @@
-""""Redis unchanged": every key and every value, read before and after a call that must be
-refused, compared. A refusal that writes anything (an index entry, a feed entry, a counter)
-shows up as a diff naming the key.
+""""Redis unchanged": every key and every value, read before and after a call that must be refused,
+compared. A refusal that writes anything (an index entry, a feed entry, a counter) shows up as
+a diff naming the key.
 
 Keys that change on their own while a deployment idles (worker heartbeats, the live-handler
 registry, housekeeping's and the sweep's cursors and locks) are left out (``live``); pass
-``ignore`` to leave out more. Values are read per type (never DUMP: a stream's DUMP carries its
-consumers' seen times, which a blocked reader moves without writing anything). A key that is
-gone after the call because its TTL ran out meanwhile (an earlier resolve's request marker, say)
-was not written by the call, and is no diff; one gone before its time is."""
+``ignore`` to leave out more. A running attempt's lease is renewed on its own too (renew.lua
+moves its deadline, in the session's in-flight record and the partition's lease index): those
+are compared without the deadline (``steady``), so a lease made or ended still shows. Values
+are read per type (never DUMP: a stream's DUMP carries its consumers' seen times, which a
+blocked reader moves without writing anything). A key that is gone after the call because its
+TTL ran out meanwhile (an earlier resolve's request marker, say) was not written by the call,
+and is no diff; one gone before its time is."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import redis
 
 from pending_actions.broker.keys import Keys
@@ -42,6 +46,28 @@ def live(keys: Keys | None = None) -> Callable[[bytes], bool]:
                                   keys.sweep, keys.sweep_lock)}
     beats = keys.beats("").encode()
     return lambda key: key in exact or key.startswith(beats)
+
+
+def steady(key: bytes, kind: str, value: Any) -> Any:
+    """``value`` as a lease renewal leaves it: a lease index without its scores (deadlines), an
+    in-flight hash's leases without their deadline (renew.lua re-encodes the whole lease). A
+    record that does not parse (a poison test's) is compared as it is."""
+    if kind == "zset" and key.endswith(b":leases") and isinstance(value, list):
+        return [member for member, _deadline in value]
+    if kind == "hash" and key.endswith(b":inflight") and isinstance(value, dict):
+        return {token: _without_deadline(lease) for token, lease in value.items()}
+    return value
+
+
+def _without_deadline(lease: bytes) -> Any:
+    try:
+        record = orjson.loads(lease)
+    except orjson.JSONDecodeError:
+        return lease
+    if not isinstance(record, dict):
+        return lease
+    record.pop("deadline", None)
+    return record
 
 
 READERS: dict[str, Callable[[Any, bytes], Any]] = {
@@ -76,7 +102,7 @@ def snapshot(rc: redis.Redis, ignore: Callable[[bytes], bool] | None = None) -> 
     values = pipe.execute(raise_on_error=False)  # a key retyped meanwhile: a diff
     # a value read as nothing (None, or an empty collection, which Redis never keeps) is of a
     # key gone between the two reads: absent, so that an expiry meanwhile is told as one
-    return Snapshot({key: (kind, frozenset(v) if isinstance(v, set) else v)
+    return Snapshot({key: (kind, frozenset(v) if isinstance(v, set) else steady(key, kind, v))
                      for (key, kind), v in zip(read, values, strict=True)
                      if v is not None and v != [] and v != {} and v != set()},
                     expires, time.monotonic())
