@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import redis
 from redis import exceptions as rx
@@ -42,6 +43,19 @@ def poison_of(exc: BaseException) -> Poison | None:
     return Poison(what, key, field)
 
 
+def cluster_node(url: str = "") -> ConfigError:
+    """A single-node client reached a node of a Redis Cluster: it can reach only the keys of
+    that node's slots, and every other key answers MOVED. Never worked around (by following
+    the redirect): the URL says which topology is meant, and a cluster needs its own URL."""
+    where = f" at {shown(url)}" if url else ""
+    parts = urlsplit(url)
+    # the same node and credentials as a cluster's startup node (a cluster has database 0 only)
+    example = (f", e.g. {shown(f'{parts.scheme}+cluster://{parts.netloc}/')}"
+               if parts.scheme in ("redis", "rediss") and parts.netloc else "")
+    return ConfigError(f"the Redis{where} is a node of a Redis Cluster: name the cluster with "
+                       f"a redis+cluster:// URL (rediss+cluster:// for TLS){example}")
+
+
 def translate(exc: BaseException, url: str = "", tls: bool = False) -> PendingActionsError:
     """The package error for a redis-py (or URL parsing) error. ``tls``: the client was asked
     for TLS (so is any client of a ``rediss`` ``url``)."""
@@ -59,6 +73,9 @@ def translate(exc: BaseException, url: str = "", tls: bool = False) -> PendingAc
     if isinstance(exc, rx.NoPermissionError) or "can't run this command" in str(exc):
         return Forbidden(f"the Redis user lacks a permission: {exc} "
                          "(see `pending-actions acl --role ...`)")
+    # (a cluster client follows these itself: one reaches here from a single-node client only)
+    if isinstance(exc, rx.MovedError | rx.AskError):
+        return cluster_node(url)
     if isinstance(exc, rx.InvalidResponse) or "Protocol error" in str(exc):
         return RedisUnavailable(f"the server{where} does not speak the Redis protocol ({exc})")
     if isinstance(exc, TRANSIENT):

@@ -7,6 +7,8 @@ that keeps each connection's first bytes."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,21 +17,26 @@ import pytest
 import redis
 
 from pending_actions import AsyncPendingActions, ConfigError, PendingActions, RedisUnavailable
+from pending_actions.broker.connection import producer_client
 from pending_actions.broker.errors import Forbidden
+from pending_actions.broker.keys import Keys
 from pending_actions.broker.urls import url_options
 from pending_actions.embedded import EmbeddedRedis
+from pending_actions.procs import ROOT
 from pending_actions_harness.embedded_cluster import Cluster
+from tests.support.procs import worker_env
 from tests.support.proxy import ChaosProxy
 
 pytestmark = pytest.mark.redis62  # .ci/run runs it again on Redis 6.2
 
+K = Keys()
 TLS_RECORD = b"\x16\x03"  # a TLS handshake record: what a ClientHello starts with
 
 
-def sync_pending(url: str) -> Any:
+def sync_pending(url: str, session: str = "") -> Any:
     pa = PendingActions.from_url(url)  # (a cluster client reads its slot table here)
     try:
-        return pa.pending(f"s-{uuid.uuid4().hex[:8]}")
+        return pa.pending(session or f"s-{uuid.uuid4().hex[:8]}")
     finally:
         pa.close()
 
@@ -182,3 +189,50 @@ def test_a_bad_url_is_one_clear_line_without_its_password(url: str, says: str) -
         with pytest.raises(ConfigError) as again:
             make(url)
         assert str(again.value) == text
+
+
+def _owned_elsewhere(node: Any, keys: Keys) -> str:
+    """A session whose keys live in a slot this node does not serve (it answers MOVED)."""
+    me = node.execute_command("CLUSTER", "MYID")
+    mine = [range(int(lo), int(hi) + 1) for lo, hi, (_h, _p, owner, *_r), *_replicas
+            in node.execute_command("CLUSTER", "SLOTS") if owner == me]
+    for n in range(1000):
+        session = f"elsewhere-{n}"
+        slot = node.execute_command("CLUSTER", "KEYSLOT", keys.stack(session))
+        if not any(slot in r for r in mine):
+            return session
+    raise AssertionError("every session hashed to one node")
+
+
+def test_a_cluster_node_under_a_plain_url_is_named_in_one_line(redis_cluster: Cluster) -> None:
+    """A plain redis:// URL to a node of a cluster: a worker refuses to start (it would have
+    served nothing, its consumer restarting on MOVED for ever), and a client's call that meets
+    another node's key says what URL to use; both in one line, exit 2, nothing written."""
+    port = redis_cluster.master_ports()[0]
+    plain = f"redis://127.0.0.1:{port}/0"
+    node = redis_cluster.node(port).client()
+    # what a worker that started would have written first: its lifecycle event and its beats
+    whole: Any = producer_client(redis_cluster.url)
+    workers_before = (whole.xlen(K.workers), set(whole.zrange(K.beat_procs, 0, -1)))
+    whole.close()
+
+    started = subprocess.run([sys.executable, "-m", "pending_actions", "worker",
+                              "--redis-url", plain], env=worker_env(redis_cluster.url),
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2, started
+    assert started.stderr.count("\n") == 1 and "redis+cluster://127.0.0.1:" in started.stderr, \
+        started.stderr
+    assert "node of a Redis Cluster" in started.stderr, started.stderr
+
+    session = _owned_elsewhere(node, K)
+    listed = subprocess.run([sys.executable, "-m", "pending_actions", "ls", "--redis-url",
+                             plain, "--session", session], env=worker_env(redis_cluster.url),
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 2, listed
+    assert listed.stderr.count("\n") == 1 and "redis+cluster://" in listed.stderr, listed.stderr
+    with pytest.raises(ConfigError, match=r"redis\+cluster://"):
+        sync_pending(plain, session)
+    node.close()
+    whole = producer_client(redis_cluster.url)
+    assert (whole.xlen(K.workers), set(whole.zrange(K.beat_procs, 0, -1))) == workers_before
+    whole.close()
