@@ -156,7 +156,8 @@ class Api:
         def run() -> dict[str, Any]:
             who = self.principal(request)
             return {"tenant": who.tenant, "token": who.name, "role": who.role,
-                    "now": time.time(), "actions": inbox(self.pa, who.tenant)}
+                    "now": time.time(),
+                    "actions": inbox(self.pa, who.tenant, who.name)}
         return json_response(await run_in_threadpool(run))
 
     async def get_pending(self, request: Request) -> Response:

@@ -238,6 +238,41 @@ def test_inbox_newest_first_with_the_target_marked(server: Server, pa: PendingAc
     assert body["actions"][1]["payload"]["diff"].startswith("--- a")
 
 
+def test_inbox_says_where_approvals_stand_for_whom(server: Server, pa: PendingActions,
+                                                   tokens: Tokens) -> None:
+    """``approval``: who approved (per verb), how many are missing, and whether the token's own
+    person is among them; a discard that runs no reject handler needs no approval (None)."""
+    t = tenant()
+    pa.set_policy({"rules": [{"name": "two", "match": {"tool": "deploy"}, "decision": "ask",
+                              "approvals": 2}]}, tenant=t)
+    alice, who = tokens.create(t, "approver", name=f"Alice-{uuid.uuid4().hex[:4]}")
+    bob, _ = tokens.create(t, "approver")
+    s1, s2 = new_session(), new_session()
+    plain = stage(pa, s1, t)  # no rule matches it: allowed, nobody's approval needed
+    asked = pa.stage(session=s1, tool="deploy", label="Deploy", apply="t.ok", tenant=t)
+    undo = pa.stage(session=s2, tool="deploy", label="Deploy", apply="t.ok",
+                    reject="t.reject_text", tenant=t)
+    r = server.http.post(f"/v1/sessions/{s1}/resolve", headers=server.as_(alice),
+                         json={"action": "apply", "reason": "ok", "expect_id": asked})
+    assert r.json()["content"][0]["text"].startswith("Approved 1 of 2"), r.text
+    r = server.http.post(f"/v1/sessions/{s2}/resolve", headers=server.as_(alice),
+                         json={"action": "discard", "reason": "no", "expect_id": undo})
+    assert r.json()["content"][0]["text"].startswith("Approved 1 of 2"), r.text
+
+    def seen(token: str) -> dict[str, Any]:
+        body = server.http.get("/v1/inbox", headers=server.as_(token)).json()
+        return {a["id"]: a["approval"] for a in body["actions"]}
+
+    mine = {"by": [who.name], "missing": 1, "mine": True}
+    none = {"by": [], "missing": 2, "mine": False}
+    assert seen(alice) == {
+        plain: None,
+        asked: {"needed": 2, "apply": mine, "discard": None},
+        undo: {"needed": 2, "apply": none, "discard": mine}}
+    assert seen(bob)[asked] == {"needed": 2, "apply": {**mine, "mine": False},
+                                "discard": None}
+
+
 def test_metrics_show_a_tenant_its_own_series_only(server: Server, pa: PendingActions,
                                                    tokens: Tokens) -> None:
     t, other = tenant(), tenant()
