@@ -153,10 +153,13 @@ def test_approve_and_discard_from_the_page(server: Server, pa: PendingActions, t
 
 
 def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens: Tokens,
-                                     browser: object) -> None:
-    """An action its policy asks two people for shows its rule and "0 of 2 approvals"; the
-    first person's button says it only adds an approval, and after the click the card reads
-    "1 of 2 approvals: <name>"; the second person's click applies it, once, by that person."""
+                                     browser: object, tmp_path: Path) -> None:
+    """An action its policy asks two people for shows its rule and that it waits for two
+    approvers; the first person's button says it only adds an approval. After the click the
+    card reads "Approved by <name> (1 of 2); waiting for 1 more approver", and that person's
+    page, reloaded too, offers no approve button (a second click would count nothing) but says
+    what it waits for; a discard stays offered, saying it sets the approval aside. The second
+    person's click applies it, once, by that person."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.support import expected_conditions as ec
@@ -165,11 +168,12 @@ def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens:
     tenant = f"web-{uuid.uuid4().hex[:6]}"
     pa.set_policy({"rules": [{"name": "two-people", "match": {"tool": "deploy"},
                               "decision": "ask", "approvals": 2}]}, tenant=tenant)
-    alice, _a = tokens.create(tenant, "approver", name=f"alice-{uuid.uuid4().hex[:4]}")
+    alice, first = tokens.create(tenant, "approver", name=f"alice-{uuid.uuid4().hex[:4]}")
     bob, who = tokens.create(tenant, "approver", name=f"bob-{uuid.uuid4().hex[:4]}")
     session = f"agent-{uuid.uuid4().hex[:4]}"
+    # with a reject handler, a discard runs it: it needs the two approvals as well
     action_id = pa.stage(session=session, tool="deploy", label="Deploy api", apply="t.ok",
-                         tenant=tenant)
+                         reject="t.reject_text", payload={"image": "api:2"}, tenant=tenant)
     wait = rerendered(driver)
     card = f'.action[data-id="{action_id}"]'
 
@@ -181,26 +185,50 @@ def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens:
         driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, card)))
 
-    def click(reason: str) -> None:
-        driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").click()
+    def text(css: str) -> str:
+        return driver.find_element(By.CSS_SELECTOR, f"{card} {css}").text
+
+    def click(button: str, reason: str) -> None:
+        driver.find_element(By.CSS_SELECTOR, f"{card} button.{button}").click()
         wait.until(ec.visibility_of_element_located((By.ID, "reason"))).send_keys(reason)
-        driver.find_element(By.ID, "confirm").click()
 
     as_(alice)
-    line = driver.find_element(By.CSS_SELECTOR, f"{card} .policy").text
-    assert "rule two-people" in line and "0 of 2 approvals" in line, line
-    assert driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").text == \
-        "Add approval (1 of 2)"
-    click("looks fine")
+    line = text(".policy")
+    assert "rule two-people" in line and "Waiting for 2 approvers (0 of 2)" in line, line
+    assert text("button.approve") == "Add approval (1 of 2)"
+    assert text("button.discard") == "Add discard approval (1 of 2)"
+    click("approve", "looks fine")
+    driver.find_element(By.ID, "confirm").click()
     wait.until(lambda d: "Approved 1 of 2" in d.find_element(By.ID, "notice").text)
-    wait.until(lambda d: "1 of 2 approvals: alice" in d.find_element(
-        By.CSS_SELECTOR, f"{card} .policy").text)
+    approved = f"Approved by {first.name} (1 of 2); waiting for 1 more approver"
+    wait.until(lambda d: approved in d.find_element(By.CSS_SELECTOR, f"{card} .policy").text)
+    for _ in ("as the click left it", "as the server says it after a reload"):
+        assert driver.find_elements(By.CSS_SELECTOR, f"{card} button.approve") == []
+        assert text(".mine.approve") == \
+            "You approved this; it applies once 1 more approver approves"
+        assert text("button.discard") == "Add discard approval (1 of 2)"
+        driver.save_screenshot(str(tmp_path / "approved-1-of-2.png"))
+        driver.refresh()
+        wait.until(lambda d: approved in d.find_element(By.CSS_SELECTOR, f"{card} .policy").text)
+    shutil.copy(tmp_path / "approved-1-of-2.png", "/tmp/inbox-approved-by-me.png")
+    # a discard is still hers to start, and the dialog says what it does to her approval
+    click("discard", "changed my mind")
+    note = driver.find_element(By.ID, "decide-note").text
+    assert note.startswith(f"This sets aside the approvals to apply ({first.name})"), note
+    driver.save_screenshot("/tmp/inbox-discard-sets-aside.png")
+    driver.find_element(By.ID, "cancel").click()
     assert runs(pa.client, session) == []
 
     as_(bob)
-    assert driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").text == \
-        "Approve and apply"
-    click("ship it")
+    assert approved in text(".policy")
+    assert text("button.approve") == "Approve and apply"
+    assert driver.find_elements(By.CSS_SELECTOR, f"{card} .mine") == []
+    driver.save_screenshot("/tmp/inbox-approved-by-other.png")
+    click("approve", "ship it")
+    # an edit would start the approvals again: the dialog names whose it would set aside
+    assert first.name in (driver.find_element(By.ID, "edit-note").get_attribute("textContent")
+                          or "")
+    driver.find_element(By.ID, "confirm").click()
     wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, card)))
     assert [r["id"] for r in runs(pa.client, session)] == [action_id]
     assert [e.get("by") for e in pa.history(session) if e["event"] == "applied"] == [who.name]
