@@ -143,6 +143,10 @@ def test_token_cli_revocation_and_no_plaintext_in_redis(
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     assert re.fullmatch(r"pat_[A-Za-z0-9_-]{40,}", token)
+    # with an approver's token, a link that opens the inbox signed in: on stderr, after the
+    # token itself on stdout, which stays the one line a script reads
+    assert f"sign-in link (as secret as the token): http://127.0.0.1:8080/#token={token}\n" \
+        in made.stderr, made.stderr
     assert cli(redis_server.url, "token", "create", "--tenant", t, "--role", "approver",
                "--name", name).returncode == 2  # the name is taken
     assert cli(redis_server.url, "token", "create", "--tenant", t, "--role", "root") \
@@ -155,6 +159,32 @@ def test_token_cli_revocation_and_no_plaintext_in_redis(
     r = server.http.get("/v1/inbox", headers=server.as_(token))
     assert r.status_code == 401 and r.json()["error"] == "invalid or revoked token"
     assert cli(redis_server.url, "token", "revoke", name).returncode == 1
+
+
+def test_token_cli_links_for_people_only(redis_server: Any, tokens: Tokens) -> None:
+    """``--inbox-url`` (or its variable) sets where the link goes; a producer's token, a
+    program's, gets none; an address the fragment cannot follow is refused, no token made."""
+    t = tenant()
+
+    def made(*args: str, **env: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-m", "pending_actions", "--json", "token", "create", "--tenant", t,
+             *args], env={**worker_env(redis_server.url), **env}, cwd=ROOT,
+            capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return dict(orjson.loads(done.stdout))
+
+    admin = made("--role", "admin", "--inbox-url", "https://inbox.example/pa/")
+    assert admin["link"] == f"https://inbox.example/pa/#token={admin['token']}"
+    approver = made("--role", "approver", PENDING_ACTIONS_INBOX_URL="http://10.0.0.5:9000/")
+    assert approver["link"] == f"http://10.0.0.5:9000/#token={approver['token']}"
+    assert "link" not in made("--role", "producer")
+    before = {p.name for p in tokens.all()}
+    for bad in ("ftp://inbox.example/", "inbox.example", "http://inbox.example/#x"):
+        refused = cli(redis_server.url, "token", "create", "--tenant", t, "--role", "approver",
+                      "--inbox-url", bad)
+        assert refused.returncode == 2 and "--inbox-url" in refused.stderr, refused.stderr
+    assert {p.name for p in tokens.all()} == before
 
 
 def assert_nowhere_in_redis(rc: redis.Redis, token: str) -> None:

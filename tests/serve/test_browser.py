@@ -6,6 +6,8 @@ its Content-Security-Policy with nothing refused."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
 from tests.serve.conftest import Server
+from tests.support.procs import worker_env
 from tests.support.runs import runs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -48,8 +52,9 @@ def browser() -> Iterator[object]:
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1280,1000"):
         options.add_argument(arg)
-    # the console, to see every Content-Security-Policy refusal
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # the console, to see every Content-Security-Policy refusal; the network (DevTools'
+    # events), to see every request the page made and what it got
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)),
                               options=options)
     try:
@@ -232,6 +237,82 @@ def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens:
     wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, card)))
     assert [r["id"] for r in runs(pa.client, session)] == [action_id]
     assert [e.get("by") for e in pa.history(session) if e["event"] == "applied"] == [who.name]
+
+
+def test_a_sign_in_link(server: Server, redis_server: Any, pa: PendingActions,
+                        browser: object) -> None:
+    """The link ``token create`` prints opens the page signed in, and the token leaves the
+    address at once; the server never gets it in a URL (a fragment is never sent). A link with a
+    revoked or unknown token shows the form with why. Loading the page requests nothing that
+    is not there: its favicon is served."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support import expected_conditions as ec
+
+    driver: WebDriver = browser  # type: ignore[assignment]
+    tenant = f"web-{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(
+        [sys.executable, "-m", "pending_actions", "--json", "token", "create", "--tenant",
+         tenant, "--role", "approver", "--inbox-url", server.base + "/"],
+        env=worker_env(redis_server.url), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    token = orjson.loads(made.stdout)
+    session = f"agent-{uuid.uuid4().hex[:4]}"
+    action_id = pa.stage(session=session, tool="email", label="Send it", apply="t.ok",
+                         tenant=tenant)
+    wait = rerendered(driver)
+    network: list[dict[str, Any]] = []
+
+    def heard() -> list[dict[str, Any]]:
+        """DevTools' network events so far (the log hands each one over once)."""
+        for entry in driver.get_log("performance"):  # type: ignore[attr-defined]
+            message = orjson.loads(entry["message"])["message"]
+            if message["method"].startswith("Network."):
+                network.append(message)
+        return network
+
+    def got(path: str) -> list[int]:
+        return [m["params"]["response"]["status"] for m in heard()
+                if m["method"] == "Network.responseReceived"
+                and m["params"]["response"]["url"] == server.base + path]
+
+    driver.get(token["link"])
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'[data-id="{action_id}"]')))
+    assert token["name"] in driver.find_element(By.ID, "who").text
+    assert not driver.find_element(By.ID, "login").is_displayed()
+    assert driver.current_url == server.base + "/"
+    assert driver.execute_script("return location.hash") == ""
+    assert driver.execute_script("return sessionStorage.getItem('pa-token')") == token["token"]
+    # the favicon is asked for once the page has loaded: wait for its answer, then nothing
+    # the page asked for may have failed, and no URL it asked for may hold the token
+    wait.until(lambda _d: got("/static/favicon.svg") == [200])
+    failed = [(m["params"]["response"]["url"], m["params"]["response"]["status"])
+              for m in heard() if m["method"] == "Network.responseReceived"
+              and m["params"]["response"]["status"] >= 400]
+    assert failed == [], failed
+    urls = [m["params"]["request"]["url"] for m in heard()
+            if m["method"] == "Network.requestWillBeSent"]
+    assert server.base + "/" in urls and "/favicon.ico" not in " ".join(urls), urls
+    assert not [u for u in urls if token["token"] in u or "token=" in u], urls
+    # signed in for the tab's life, as with the form: a reload keeps it, the address stays clean
+    driver.refresh()
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'[data-id="{action_id}"]')))
+    assert driver.current_url == server.base + "/"
+    driver.save_screenshot("/tmp/inbox-link.png")
+
+    # a link opened where the page is open already changes only the fragment (no reload)
+    driver.get(server.base + "/#token=pat_not-a-token")
+    wait.until(lambda d: d.find_element(By.ID, "login-error").text == "invalid or revoked token")
+    assert driver.current_url == server.base + "/"
+    assert driver.execute_script("return sessionStorage.getItem('pa-token')") is None
+    assert driver.find_elements(By.CSS_SELECTOR, ".action") == []
+    driver.save_screenshot("/tmp/inbox-link-refused.png")
+    console = driver.get_log("browser")  # type: ignore[attr-defined]
+    # the one error the console may hold: the refused inbox request of the bad token
+    errors = [e["message"] for e in console if e["level"] == "SEVERE"
+              and "/v1/inbox - Failed to load resource: the server responded with a status "
+                  "of 401" not in e["message"]]
+    assert errors == [], errors
 
 
 def test_an_edit_from_the_page(server: Server, pa: PendingActions, tokens: Tokens,

@@ -5,11 +5,24 @@
 
 const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
-let token = sessionStorage.getItem("pa-token") || "";
+let token = tokenFromLink() || sessionStorage.getItem("pa-token") || "";
 let lastBody = "";
 let serverSkew = 0; // server clock minus ours, so ages are the server's
 let pending = null; // {session, id, act, label} while the dialog is open
 let timer = null;
+
+// A sign-in link (`token create` prints INBOX_URL#token=TOKEN): a fragment never goes to a
+// server. The token is kept in this tab's sessionStorage, as the form keeps a typed one, and
+// taken out of the address before anything else runs, so that a bookmark, a copied address or
+// the Back button of this tab never carries it.
+function tokenFromLink() {
+  const found = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (found === null) return "";
+  history.replaceState(null, "", location.pathname + location.search);
+  const given = found.trim();
+  if (given) sessionStorage.setItem("pa-token", given);
+  return given;
+}
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -304,6 +317,11 @@ $("login").addEventListener("submit", (e) => {
   poll();
 });
 $("signout").addEventListener("click", () => showLogin(""));
+// a link opened in a tab that shows the page already only changes the fragment: no reload
+window.addEventListener("hashchange", () => {
+  const given = tokenFromLink();
+  if (given) { token = given; lastBody = ""; poll(); }
+});
 $("decide-form").addEventListener("submit", decide);
 $("cancel").addEventListener("click", () => { pending = null; $("decide").close(); });
 $("edit").addEventListener("input", () => { $("edit-error").textContent = ""; });
