@@ -20,8 +20,17 @@ from typing import Any, Literal
 
 import orjson
 
+from pending_actions.broker.errors import InvalidInput
 from pending_actions.broker.keys import Keys
-from pending_actions.broker.models import DEFAULT_TENANT, NAME_RE, Spec, tool_of
+from pending_actions.broker.models import (
+    DEFAULT_TENANT,
+    NAME_RE,
+    PendingAction,
+    ResolveAction,
+    Spec,
+    person,
+    tool_of,
+)
 from pending_actions.producers import PendingActions
 
 BATCH = 200
@@ -115,10 +124,15 @@ def _batches(items: Iterable[str]) -> Iterator[list[str]]:
         yield chunk
 
 
-def inbox(pa: PendingActions, tenant: str) -> list[dict[str, Any]]:
+def inbox(pa: PendingActions, tenant: str, viewer: str | None = None) -> list[dict[str, Any]]:
     """The tenant's pending actions, newest first. ``target`` marks the one a resolve of its
-    session would take now (its stack's head), which is the only one a person can act on."""
+    session would take now (its stack's head), which is the only one a person can act on;
+    ``approval`` what people's approvals stand at, as ``viewer`` (a person's name) sees it."""
     now = time.time()
+    try:  # as every approval compares it; a name that is no person's has approved nothing
+        me = person("viewer", viewer) if viewer is not None else None
+    except InvalidInput:
+        me = None
     out: list[dict[str, Any]] = []
     for session in tenant_sessions(pa, tenant):
         head_seen = False
@@ -126,9 +140,29 @@ def inbox(pa: PendingActions, tenant: str) -> list[dict[str, Any]]:
             target = a.state == "pending" and not head_seen
             head_seen = head_seen or a.state == "pending"
             out.append({**a.model_dump(), "age_s": round(now - a.created_at, 3),
-                        "target": target})
+                        "target": target, "approval": approval(a, me)})
     out.sort(key=lambda a: a["created_at"], reverse=True)
     return out
+
+
+def approval(a: PendingAction, me: str | None) -> dict[str, Any] | None:
+    """Where people's approvals of an ``ask`` action stand, per verb, for the person ``me``
+    (None for an action no person needs to approve): ``{"needed": N, "apply": {"by": [...],
+    "missing": k, "mine": bool}, "discard": {...} or None}``. Approvals count for one verb at a
+    time, so the verb they are not of has none; a discard runs through approvals only when it
+    runs a reject handler (``None``: a person's discard goes through at once). ``approved_by``
+    comes from ``pending``, which leaves out approvals through revoked tokens: what counts."""
+    policy = a.policy or {}
+    if policy.get("decision") != "ask":
+        return None
+    needed = int(policy.get("approvals") or 1)
+
+    def of(verb: ResolveAction) -> dict[str, Any]:
+        names = a.approved_by if a.approving == verb else []
+        return {"by": names, "missing": max(0, needed - len(names)), "mine": me in names}
+
+    return {"needed": needed, "apply": of("apply"),
+            "discard": of("discard") if a.reject else None}
 
 
 def dead_all(pa: PendingActions, tenant: str | None = None,

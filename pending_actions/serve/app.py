@@ -75,7 +75,8 @@ class Api:
         # one for the routes, the scrapes and the feed: one warning line per outage
         self.outage = Outage("serve")
         self.metrics = metrics.Metrics(pa, self.outage)
-        self.pages = {name: _static(name) for name in ("index.html", "inbox.js", "inbox.css")}
+        self.pages = {name: _static(name)
+                      for name in ("index.html", "inbox.js", "inbox.css", "favicon.svg")}
         self._apa: AsyncPendingActions | None = None
         self._threads: anyio.CapacityLimiter | None = None
         self._resolving = asyncio.Semaphore(MAX_RESOLVES)
@@ -145,7 +146,7 @@ class Api:
     async def page(self, request: Request) -> Response:
         name = request.path_params.get("name", "index.html")
         types = {"html": "text/html; charset=utf-8", "js": "text/javascript",
-                 "css": "text/css"}
+                 "css": "text/css", "svg": "image/svg+xml"}
         body = self.pages.get(name)
         if body is None:
             raise HTTPError(404, "not found")
@@ -156,7 +157,8 @@ class Api:
         def run() -> dict[str, Any]:
             who = self.principal(request)
             return {"tenant": who.tenant, "token": who.name, "role": who.role,
-                    "now": time.time(), "actions": inbox(self.pa, who.tenant)}
+                    "now": time.time(),
+                    "actions": inbox(self.pa, who.tenant, who.name)}
         return json_response(await run_in_threadpool(run))
 
     async def get_pending(self, request: Request) -> Response:

@@ -143,6 +143,10 @@ def test_token_cli_revocation_and_no_plaintext_in_redis(
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     assert re.fullmatch(r"pat_[A-Za-z0-9_-]{40,}", token)
+    # with an approver's token, a link that opens the inbox signed in: on stderr, after the
+    # token itself on stdout, which stays the one line a script reads
+    assert f"sign-in link (as secret as the token): http://127.0.0.1:8080/#token={token}\n" \
+        in made.stderr, made.stderr
     assert cli(redis_server.url, "token", "create", "--tenant", t, "--role", "approver",
                "--name", name).returncode == 2  # the name is taken
     assert cli(redis_server.url, "token", "create", "--tenant", t, "--role", "root") \
@@ -155,6 +159,32 @@ def test_token_cli_revocation_and_no_plaintext_in_redis(
     r = server.http.get("/v1/inbox", headers=server.as_(token))
     assert r.status_code == 401 and r.json()["error"] == "invalid or revoked token"
     assert cli(redis_server.url, "token", "revoke", name).returncode == 1
+
+
+def test_token_cli_links_for_people_only(redis_server: Any, tokens: Tokens) -> None:
+    """``--inbox-url`` (or its variable) sets where the link goes; a producer's token, a
+    program's, gets none; an address the fragment cannot follow is refused, no token made."""
+    t = tenant()
+
+    def made(*args: str, **env: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-m", "pending_actions", "--json", "token", "create", "--tenant", t,
+             *args], env={**worker_env(redis_server.url), **env}, cwd=ROOT,
+            capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return dict(orjson.loads(done.stdout))
+
+    admin = made("--role", "admin", "--inbox-url", "https://inbox.example/pa/")
+    assert admin["link"] == f"https://inbox.example/pa/#token={admin['token']}"
+    approver = made("--role", "approver", PENDING_ACTIONS_INBOX_URL="http://10.0.0.5:9000/")
+    assert approver["link"] == f"http://10.0.0.5:9000/#token={approver['token']}"
+    assert "link" not in made("--role", "producer")
+    before = {p.name for p in tokens.all()}
+    for bad in ("ftp://inbox.example/", "inbox.example", "http://inbox.example/#x"):
+        refused = cli(redis_server.url, "token", "create", "--tenant", t, "--role", "approver",
+                      "--inbox-url", bad)
+        assert refused.returncode == 2 and "--inbox-url" in refused.stderr, refused.stderr
+    assert {p.name for p in tokens.all()} == before
 
 
 def assert_nowhere_in_redis(rc: redis.Redis, token: str) -> None:
@@ -236,6 +266,41 @@ def test_inbox_newest_first_with_the_target_marked(server: Server, pa: PendingAc
     assert got == [(c, s1, True), (b, s2, True), (a, s1, False)]
     assert all(x["age_s"] >= 0 for x in body["actions"])
     assert body["actions"][1]["payload"]["diff"].startswith("--- a")
+
+
+def test_inbox_says_where_approvals_stand_for_whom(server: Server, pa: PendingActions,
+                                                   tokens: Tokens) -> None:
+    """``approval``: who approved (per verb), how many are missing, and whether the token's own
+    person is among them; a discard that runs no reject handler needs no approval (None)."""
+    t = tenant()
+    pa.set_policy({"rules": [{"name": "two", "match": {"tool": "deploy"}, "decision": "ask",
+                              "approvals": 2}]}, tenant=t)
+    alice, who = tokens.create(t, "approver", name=f"Alice-{uuid.uuid4().hex[:4]}")
+    bob, _ = tokens.create(t, "approver")
+    s1, s2 = new_session(), new_session()
+    plain = stage(pa, s1, t)  # no rule matches it: allowed, nobody's approval needed
+    asked = pa.stage(session=s1, tool="deploy", label="Deploy", apply="t.ok", tenant=t)
+    undo = pa.stage(session=s2, tool="deploy", label="Deploy", apply="t.ok",
+                    reject="t.reject_text", tenant=t)
+    r = server.http.post(f"/v1/sessions/{s1}/resolve", headers=server.as_(alice),
+                         json={"action": "apply", "reason": "ok", "expect_id": asked})
+    assert r.json()["content"][0]["text"].startswith("Approved 1 of 2"), r.text
+    r = server.http.post(f"/v1/sessions/{s2}/resolve", headers=server.as_(alice),
+                         json={"action": "discard", "reason": "no", "expect_id": undo})
+    assert r.json()["content"][0]["text"].startswith("Approved 1 of 2"), r.text
+
+    def seen(token: str) -> dict[str, Any]:
+        body = server.http.get("/v1/inbox", headers=server.as_(token)).json()
+        return {a["id"]: a["approval"] for a in body["actions"]}
+
+    mine = {"by": [who.name], "missing": 1, "mine": True}
+    none = {"by": [], "missing": 2, "mine": False}
+    assert seen(alice) == {
+        plain: None,
+        asked: {"needed": 2, "apply": mine, "discard": None},
+        undo: {"needed": 2, "apply": none, "discard": mine}}
+    assert seen(bob)[asked] == {"needed": 2, "apply": {**mine, "mine": False},
+                                "discard": None}
 
 
 def test_metrics_show_a_tenant_its_own_series_only(server: Server, pa: PendingActions,

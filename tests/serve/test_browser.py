@@ -6,6 +6,8 @@ its Content-Security-Policy with nothing refused."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
+from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
 from tests.serve.conftest import Server
+from tests.support.procs import worker_env
 from tests.support.runs import runs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -48,8 +52,9 @@ def browser() -> Iterator[object]:
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1280,1000"):
         options.add_argument(arg)
-    # the console, to see every Content-Security-Policy refusal
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # the console, to see every Content-Security-Policy refusal; the network (DevTools'
+    # events), to see every request the page made and what it got
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)),
                               options=options)
     try:
@@ -145,18 +150,21 @@ def test_approve_and_discard_from_the_page(server: Server, pa: PendingActions, t
                 if e["event"] in ("applied", "discarded")]
     assert outcomes == [("applied", edit, who.name), ("discarded", mail, who.name)]
     # the page works under its Content-Security-Policy (no inline script or style): the
-    # browser refused nothing it asked for, and logged no error but its own favicon request
+    # browser refused nothing it asked for, and logged no error (a missing favicon is one)
     console = driver.get_log("browser")  # type: ignore[attr-defined]
     refused = [e["message"] for e in console if "Content Security Policy" in e["message"]
-               or (e["level"] == "SEVERE" and "/favicon.ico " not in e["message"])]
+               or e["level"] == "SEVERE"]
     assert refused == [], refused
 
 
 def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens: Tokens,
-                                     browser: object) -> None:
-    """An action its policy asks two people for shows its rule and "0 of 2 approvals"; the
-    first person's button says it only adds an approval, and after the click the card reads
-    "1 of 2 approvals: <name>"; the second person's click applies it, once, by that person."""
+                                     browser: object, tmp_path: Path) -> None:
+    """An action its policy asks two people for shows its rule and that it waits for two
+    approvers; the first person's button says it only adds an approval. After the click the
+    card reads "Approved by <name> (1 of 2); waiting for 1 more approver", and that person's
+    page, reloaded too, offers no approve button (a second click would count nothing) but says
+    what it waits for; a discard stays offered, saying it sets the approval aside. The second
+    person's click applies it, once, by that person."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.support import expected_conditions as ec
@@ -165,11 +173,12 @@ def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens:
     tenant = f"web-{uuid.uuid4().hex[:6]}"
     pa.set_policy({"rules": [{"name": "two-people", "match": {"tool": "deploy"},
                               "decision": "ask", "approvals": 2}]}, tenant=tenant)
-    alice, _a = tokens.create(tenant, "approver", name=f"alice-{uuid.uuid4().hex[:4]}")
+    alice, first = tokens.create(tenant, "approver", name=f"alice-{uuid.uuid4().hex[:4]}")
     bob, who = tokens.create(tenant, "approver", name=f"bob-{uuid.uuid4().hex[:4]}")
     session = f"agent-{uuid.uuid4().hex[:4]}"
+    # with a reject handler, a discard runs it: it needs the two approvals as well
     action_id = pa.stage(session=session, tool="deploy", label="Deploy api", apply="t.ok",
-                         tenant=tenant)
+                         reject="t.reject_text", payload={"image": "api:2"}, tenant=tenant)
     wait = rerendered(driver)
     card = f'.action[data-id="{action_id}"]'
 
@@ -181,29 +190,129 @@ def test_two_approvals_from_the_page(server: Server, pa: PendingActions, tokens:
         driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, card)))
 
-    def click(reason: str) -> None:
-        driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").click()
+    def text(css: str) -> str:
+        return driver.find_element(By.CSS_SELECTOR, f"{card} {css}").text
+
+    def click(button: str, reason: str) -> None:
+        driver.find_element(By.CSS_SELECTOR, f"{card} button.{button}").click()
         wait.until(ec.visibility_of_element_located((By.ID, "reason"))).send_keys(reason)
-        driver.find_element(By.ID, "confirm").click()
 
     as_(alice)
-    line = driver.find_element(By.CSS_SELECTOR, f"{card} .policy").text
-    assert "rule two-people" in line and "0 of 2 approvals" in line, line
-    assert driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").text == \
-        "Add approval (1 of 2)"
-    click("looks fine")
+    line = text(".policy")
+    assert "rule two-people" in line and "Waiting for 2 approvers (0 of 2)" in line, line
+    assert text("button.approve") == "Add approval (1 of 2)"
+    assert text("button.discard") == "Add discard approval (1 of 2)"
+    click("approve", "looks fine")
+    driver.find_element(By.ID, "confirm").click()
     wait.until(lambda d: "Approved 1 of 2" in d.find_element(By.ID, "notice").text)
-    wait.until(lambda d: "1 of 2 approvals: alice" in d.find_element(
-        By.CSS_SELECTOR, f"{card} .policy").text)
+    approved = f"Approved by {first.name} (1 of 2); waiting for 1 more approver"
+    wait.until(lambda d: approved in d.find_element(By.CSS_SELECTOR, f"{card} .policy").text)
+    for _ in ("as the click left it", "as the server says it after a reload"):
+        assert driver.find_elements(By.CSS_SELECTOR, f"{card} button.approve") == []
+        assert text(".mine.approve") == \
+            "You approved this; it applies once 1 more approver approves"
+        assert text("button.discard") == "Add discard approval (1 of 2)"
+        driver.save_screenshot(str(tmp_path / "approved-1-of-2.png"))
+        driver.refresh()
+        wait.until(lambda d: approved in d.find_element(By.CSS_SELECTOR, f"{card} .policy").text)
+    shutil.copy(tmp_path / "approved-1-of-2.png", "/tmp/inbox-approved-by-me.png")
+    # a discard is still hers to start, and the dialog says what it does to her approval
+    click("discard", "changed my mind")
+    note = driver.find_element(By.ID, "decide-note").text
+    assert note.startswith(f"This sets aside the approvals to apply ({first.name})"), note
+    driver.save_screenshot("/tmp/inbox-discard-sets-aside.png")
+    driver.find_element(By.ID, "cancel").click()
     assert runs(pa.client, session) == []
 
     as_(bob)
-    assert driver.find_element(By.CSS_SELECTOR, f"{card} button.approve").text == \
-        "Approve and apply"
-    click("ship it")
+    assert approved in text(".policy")
+    assert text("button.approve") == "Approve and apply"
+    assert driver.find_elements(By.CSS_SELECTOR, f"{card} .mine") == []
+    driver.save_screenshot("/tmp/inbox-approved-by-other.png")
+    click("approve", "ship it")
+    # an edit would start the approvals again: the dialog names whose it would set aside
+    assert first.name in (driver.find_element(By.ID, "edit-note").get_attribute("textContent")
+                          or "")
+    driver.find_element(By.ID, "confirm").click()
     wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, card)))
     assert [r["id"] for r in runs(pa.client, session)] == [action_id]
     assert [e.get("by") for e in pa.history(session) if e["event"] == "applied"] == [who.name]
+
+
+def test_a_sign_in_link(server: Server, redis_server: Any, pa: PendingActions,
+                        browser: object) -> None:
+    """The link ``token create`` prints opens the page signed in, and the token leaves the
+    address at once; the server never gets it in a URL (a fragment is never sent). A link with a
+    revoked or unknown token shows the form with why. Loading the page requests nothing that
+    is not there: its favicon is served."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support import expected_conditions as ec
+
+    driver: WebDriver = browser  # type: ignore[assignment]
+    tenant = f"web-{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(
+        [sys.executable, "-m", "pending_actions", "--json", "token", "create", "--tenant",
+         tenant, "--role", "approver", "--inbox-url", server.base + "/"],
+        env=worker_env(redis_server.url), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    token = orjson.loads(made.stdout)
+    session = f"agent-{uuid.uuid4().hex[:4]}"
+    action_id = pa.stage(session=session, tool="email", label="Send it", apply="t.ok",
+                         tenant=tenant)
+    wait = rerendered(driver)
+    network: list[dict[str, Any]] = []
+
+    def heard() -> list[dict[str, Any]]:
+        """DevTools' network events so far (the log hands each one over once)."""
+        for entry in driver.get_log("performance"):  # type: ignore[attr-defined]
+            message = orjson.loads(entry["message"])["message"]
+            if message["method"].startswith("Network."):
+                network.append(message)
+        return network
+
+    def got(path: str) -> list[int]:
+        return [m["params"]["response"]["status"] for m in heard()
+                if m["method"] == "Network.responseReceived"
+                and m["params"]["response"]["url"] == server.base + path]
+
+    driver.get(token["link"])
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'[data-id="{action_id}"]')))
+    assert token["name"] in driver.find_element(By.ID, "who").text
+    assert not driver.find_element(By.ID, "login").is_displayed()
+    assert driver.current_url == server.base + "/"
+    assert driver.execute_script("return location.hash") == ""
+    assert driver.execute_script("return sessionStorage.getItem('pa-token')") == token["token"]
+    # the favicon is asked for once the page has loaded: wait for its answer, then nothing
+    # the page asked for may have failed, and no URL it asked for may hold the token
+    wait.until(lambda _d: got("/static/favicon.svg") == [200])
+    failed = [(m["params"]["response"]["url"], m["params"]["response"]["status"])
+              for m in heard() if m["method"] == "Network.responseReceived"
+              and m["params"]["response"]["status"] >= 400]
+    assert failed == [], failed
+    urls = [m["params"]["request"]["url"] for m in heard()
+            if m["method"] == "Network.requestWillBeSent"]
+    assert server.base + "/" in urls and "/favicon.ico" not in " ".join(urls), urls
+    assert not [u for u in urls if token["token"] in u or "token=" in u], urls
+    # signed in for the tab's life, as with the form: a reload keeps it, the address stays clean
+    driver.refresh()
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'[data-id="{action_id}"]')))
+    assert driver.current_url == server.base + "/"
+    driver.save_screenshot("/tmp/inbox-link.png")
+
+    # a link opened where the page is open already changes only the fragment (no reload)
+    driver.get(server.base + "/#token=pat_not-a-token")
+    wait.until(lambda d: d.find_element(By.ID, "login-error").text == "invalid or revoked token")
+    assert driver.current_url == server.base + "/"
+    assert driver.execute_script("return sessionStorage.getItem('pa-token')") is None
+    assert driver.find_elements(By.CSS_SELECTOR, ".action") == []
+    driver.save_screenshot("/tmp/inbox-link-refused.png")
+    console = driver.get_log("browser")  # type: ignore[attr-defined]
+    # the one error the console may hold: the refused inbox request of the bad token
+    errors = [e["message"] for e in console if e["level"] == "SEVERE"
+              and "/v1/inbox - Failed to load resource: the server responded with a status "
+                  "of 401" not in e["message"]]
+    assert errors == [], errors
 
 
 def test_an_edit_from_the_page(server: Server, pa: PendingActions, tokens: Tokens,

@@ -5,11 +5,24 @@
 
 const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
-let token = sessionStorage.getItem("pa-token") || "";
+let token = tokenFromLink() || sessionStorage.getItem("pa-token") || "";
 let lastBody = "";
 let serverSkew = 0; // server clock minus ours, so ages are the server's
 let pending = null; // {session, id, act, label} while the dialog is open
 let timer = null;
+
+// A sign-in link (`token create` prints INBOX_URL#token=TOKEN): a fragment never goes to a
+// server. The token is kept in this tab's sessionStorage, as the form keeps a typed one, and
+// taken out of the address before anything else runs, so that a bookmark, a copied address or
+// the Back button of this tab never carries it.
+function tokenFromLink() {
+  const found = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (found === null) return "";
+  history.replaceState(null, "", location.pathname + location.search);
+  const given = found.trim();
+  if (given) sessionStorage.setItem("pa-token", given);
+  return given;
+}
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -82,8 +95,15 @@ function actionCard(a) {
   if (a.last_error) card.append(el("div", { class: "error" }, `last error: ${a.last_error}`));
   card.append(...preview(a.payload));
   const buttons = el("div", { class: "buttons" });
-  for (const [act, text, cls] of [["apply", approveText(a), "approve"], ["discard", "Discard", "discard"]]) {
-    const b = el("button", { class: cls, type: "button", "data-act": act }, text);
+  for (const [act, cls] of [["apply", "approve"], ["discard", "discard"]]) {
+    const mine = a.approval && a.approval[act] && a.approval[act].mine;
+    if (mine) {
+      // a second click of the same person counts nothing (the server says so): no button
+      // that offers it, but what the approval is waiting for
+      buttons.append(el("span", { class: `meta mine ${cls}` }, mineText(a, act)));
+      continue;
+    }
+    const b = el("button", { class: cls, type: "button", "data-act": act }, verbText(a, act));
     b.disabled = !a.target;
     b.addEventListener("click", () => ask(a, act));
     buttons.append(b);
@@ -95,28 +115,60 @@ function actionCard(a) {
   return card;
 }
 
-// what its policy decided: the rule, and for an action that waits for people how many
-// approvals it has and needs, and whose
+const approvers = (n) => (n === 1 ? "approver" : "approvers");
+
+// what its policy decided: the rule, and for an action that waits for people who approved,
+// how far that is, and how many more it needs
 function policyLine(a) {
   const p = a.policy;
   const rule = p.rule ? `rule ${p.rule}` : "the policy's default";
   const line = el("div", { class: "meta policy" }, `${p.decision}${p.auto ? " (auto)" : ""} by ${rule}`);
-  if (p.decision === "ask") {
-    const names = a.approved_by || [];
-    line.append(el("span", { class: "badge approvals" },
-      `${names.length} of ${p.approvals} approvals${names.length ? ": " + names.join(", ") : ""}`));
-  }
+  if (a.approval) line.append(el("span", { class: "badge approvals" }, approvalText(a)));
   if (a.revision) line.append(el("span", { class: "meta" }, ` · edited (revision ${a.revision})`));
   return line;
 }
 
-// an approve that would only add an approval says so
-function approveText(a) {
-  const p = a.policy;
-  if (!p || p.decision !== "ask") return "Approve";
-  const have = (a.approved_by || []).length;
-  if (have + 1 < p.approvals) return `Add approval (${have + 1} of ${p.approvals})`;
-  return "Approve and apply";
+// "Approved by alice (1 of 2); waiting for 1 more approver", of the verb the approvals are of
+function approvalText(a) {
+  const { needed } = a.approval;
+  const [verb, v] = approvalsGiven(a);
+  if (!v.by.length) return `Waiting for ${needed} ${approvers(needed)} (0 of ${needed})`;
+  const what = verb === "discard" ? "Discard approved" : "Approved";
+  return `${what} by ${v.by.join(", ")} (${v.by.length} of ${needed}); ` +
+    `waiting for ${v.missing} more ${approvers(v.missing)}`;
+}
+
+// the verb people's approvals are of (one at a time), and where they stand
+function approvalsGiven(a) {
+  const d = a.approval.discard;
+  return d && d.by.length ? ["discard", d] : ["apply", a.approval.apply];
+}
+
+// what a click does: a person's approval that is not the last only adds one, and says so
+function verbText(a, act) {
+  const v = a.approval && a.approval[act];
+  if (!v) return act === "apply" ? "Approve" : "Discard";
+  const k = a.approval.needed - v.missing + 1;
+  if (v.missing > 1) return act === "apply" ? `Add approval (${k} of ${a.approval.needed})`
+    : `Add discard approval (${k} of ${a.approval.needed})`;
+  return act === "apply" ? "Approve and apply" : "Approve and discard";
+}
+
+// in place of the button of a verb this person approved already
+function mineText(a, act) {
+  const v = a.approval[act];
+  const then = act === "apply" ? "applies" : "is discarded";
+  return `You approved this${act === "discard" ? " discard" : ""}; it ${then} once ` +
+    `${v.missing} more ${approvers(v.missing)} ${v.missing === 1 ? "approves" : "approve"}`;
+}
+
+// the approvals a click of act would set aside: people approve one verb at a time
+function setAside(a, act) {
+  if (!a.approval) return "";
+  const [verb, v] = approvalsGiven(a);
+  if (verb === act || !v.by.length || !a.approval[act]) return "";
+  return `This sets aside the approvals to ${verb} (${v.by.join(", ")}): approvals count ` +
+    "for one of apply and discard at a time.";
 }
 
 function render(data) {
@@ -177,7 +229,7 @@ async function poll() {
     $("login").hidden = true;
     $("signout").hidden = false;
     const shape = JSON.stringify(data.actions.map((a) => [a.id, a.state, a.target, a.attempts, a.last_error,
-      a.approved_by, a.revision]));
+      a.approval, a.revision]));
     if (shape !== lastBody) { lastBody = shape; render(data); }
   } catch (e) {
     $("live").classList.remove("on");
@@ -190,12 +242,17 @@ function ask(a, act) {
     payload: a.payload || {} };
   $("decide-title").textContent = act === "apply" ? "Approve" : "Discard";
   $("decide-label").textContent = `${a.label} (${a.id})`;
+  $("decide-note").textContent = setAside(a, act);
   $("reason").value = "";
   // an approval may edit the payload: the person sees it as JSON and changes it
   $("edit-box").hidden = act !== "apply";
   $("edit-box").open = false;
   $("edit").value = JSON.stringify(pending.payload, null, 2);
   $("edit-error").textContent = "";
+  // an edit starts the approvals again (people approve what they saw): say whose it drops
+  const given = a.approval && act === "apply" ? a.approval.apply.by : [];
+  $("edit-note").textContent = given.length ? `An edit sets aside the approvals given so far ` +
+    `(${given.join(", ")}): yours is the first approval of the edited payload.` : "";
   $("decide").showModal();
   $("reason").focus();
 }
@@ -260,6 +317,11 @@ $("login").addEventListener("submit", (e) => {
   poll();
 });
 $("signout").addEventListener("click", () => showLogin(""));
+// a link opened in a tab that shows the page already only changes the fragment: no reload
+window.addEventListener("hashchange", () => {
+  const given = tokenFromLink();
+  if (given) { token = given; lastBody = ""; poll(); }
+});
 $("decide-form").addEventListener("submit", decide);
 $("cancel").addEventListener("click", () => { pending = null; $("decide").close(); });
 $("edit").addEventListener("input", () => { $("edit-error").textContent = ""; });
