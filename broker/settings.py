@@ -117,6 +117,10 @@ class Settings(BaseSettings):
                                         description="first retry delay; doubles each retry")
     webhook_timeout_s: float = Field(default=5.0, gt=0, description="one delivery's timeout")
 
+    inbox_url: str = Field(
+        default="http://127.0.0.1:8080/",
+        description="where serve's inbox page is: `token create` prints a sign-in link to it "
+                    "for an approver's or an admin's token")
     mcp_upstreams: dict[str, str] = Field(
         default={},
         description="the MCP servers an operator allows behind `mcp-proxy` and in workers: a "
@@ -155,6 +159,11 @@ class Settings(BaseSettings):
                              "KEY_PREFIX-policy)")
         return value
 
+    @field_validator("inbox_url")
+    @classmethod
+    def _a_page_address(cls, value: str) -> str:
+        return page_address(value)
+
     def require_url(self) -> str:
         from pending_actions.broker.errors import ConfigError
 
@@ -163,3 +172,15 @@ class Settings(BaseSettings):
                 "no Redis URL: pass --redis-url or set PENDING_ACTIONS_REDIS_URL"
             )
         return self.redis_url
+
+
+def page_address(value: str) -> str:
+    """An http(s) address of the inbox page, to put a token after as a fragment: one with a
+    fragment of its own would hide the token's (ValueError)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or "#" in value:
+        raise ValueError(f"must be the http(s) address of the inbox page, without a #fragment "
+                         f"(got {value!r})")
+    return value

@@ -30,8 +30,10 @@ class Obj:
     def settings(self) -> Settings:
         try:
             base = Settings()
-        except ValidationError as exc:
-            raise click.UsageError(f"bad PENDING_ACTIONS_* setting: {exc}") from None
+        except ValidationError as exc:  # pydantic's own text runs over lines, with a link
+            raise click.UsageError("bad setting " + "; ".join(
+                f"PENDING_ACTIONS_{'_'.join(str(part) for part in e['loc']).upper()}: "
+                f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())) from None
         if self.redis_url:
             return base.model_copy(update={"redis_url": self.redis_url})
         return base

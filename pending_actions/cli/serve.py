@@ -7,12 +7,12 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
-from urllib.parse import urlsplit
 
 import click
 
 from pending_actions.broker import tracing
 from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
+from pending_actions.broker.settings import page_address
 from pending_actions.cli.base import Obj, fail
 from pending_actions.serve.auth import ROLES, Tokens
 
@@ -77,14 +77,11 @@ def token_store() -> Iterator[None]:
                        "(`pending-actions acl --role auth`)"))
 
 
-def _inbox_url(_ctx: click.Context, _p: click.Parameter, value: str) -> str:
-    """The inbox page's address, to put a token after as a fragment: an http(s) URL that has
-    no fragment of its own (the token's would follow it and never be read)."""
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc or "#" in value:
-        raise click.BadParameter(f"must be the http(s) address of the inbox page, without a "
-                                 f"#fragment (got {value!r})")
-    return value
+def _inbox_url(_ctx: click.Context, _p: click.Parameter, value: str | None) -> str | None:
+    try:
+        return None if value is None else page_address(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @token.command()
@@ -92,26 +89,27 @@ def _inbox_url(_ctx: click.Context, _p: click.Parameter, value: str) -> str:
 @click.option("--role", required=True, type=click.Choice(ROLES),
               help="producer: stage; approver: read and resolve; admin: both, and /metrics.")
 @click.option("--name", help="A name to revoke it by and to record as `by` [default: generated].")
-@click.option("--inbox-url", envvar="PENDING_ACTIONS_INBOX_URL", callback=_inbox_url,
-              default="http://127.0.0.1:8080/", show_default=True,
+@click.option("--inbox-url", callback=_inbox_url,
               help="Where serve's inbox page is, for the sign-in link printed with an approver "
-                   "or admin token [env PENDING_ACTIONS_INBOX_URL].")
+                   "or admin token [env PENDING_ACTIONS_INBOX_URL; default "
+                   "http://127.0.0.1:8080/].")
 @click.pass_obj
-def create(obj: Obj, tenant: str, role: str, name: str | None, inbox_url: str) -> None:
+def create(obj: Obj, tenant: str, role: str, name: str | None, inbox_url: str | None) -> None:
     """Create a token and print it. It is shown this once: Redis keeps only its hash.
 
     An approver or admin token also gets a sign-in link, INBOX_URL#token=TOKEN (on stderr;
     `link` with --json): it opens the inbox signed in. The token rides in the fragment, which a
     browser never sends to a server; the page takes it out of the address at once. The link is
     the token itself: hand it over as you would the token."""
-    pa = obj.client()
+    pa = obj.client()  # (a bad PENDING_ACTIONS_INBOX_URL is refused here, before a token)
+    page = inbox_url or pa.settings.inbox_url
     try:
         with token_store():
             secret, who = Tokens(pa.client, pa.ctx.keys).create(tenant, role, name)
     except PendingActionsError as exc:
         fail(exc)
     # a producer's token is a program's: it has no page to open
-    link = f"{inbox_url}#token={secret}" if who.may("approver") else None
+    link = f"{page}#token={secret}" if who.may("approver") else None
     obj.out({"token": secret, **asdict(who), **({"link": link} if link else {})}, secret)
     if not obj.as_json:
         click.echo(f"name={who.name} tenant={who.tenant} role={who.role} "

@@ -184,6 +184,13 @@ def test_token_cli_links_for_people_only(redis_server: Any, tokens: Tokens) -> N
         refused = cli(redis_server.url, "token", "create", "--tenant", t, "--role", "approver",
                       "--inbox-url", bad)
         assert refused.returncode == 2 and "--inbox-url" in refused.stderr, refused.stderr
+    refused = subprocess.run(  # the variable, read by the one settings class, alike
+        [sys.executable, "-m", "pending_actions", "token", "create", "--tenant", t, "--role",
+         "approver"], env={**worker_env(redis_server.url),
+                           "PENDING_ACTIONS_INBOX_URL": "inbox.example"},
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert "bad setting PENDING_ACTIONS_INBOX_URL: must be" in refused.stderr, refused.stderr
     assert {p.name for p in tokens.all()} == before
 
 
