@@ -300,6 +300,27 @@ def test_a_sign_in_link(server: Server, redis_server: Any, pa: PendingActions,
     assert driver.current_url == server.base + "/"
     driver.save_screenshot("/tmp/inbox-link.png")
 
+    # a producer's token (a program's) sees the inbox but is offered no decision: the server
+    # would refuse it (403)
+    producer = subprocess.run(
+        [sys.executable, "-m", "pending_actions", "--json", "token", "create", "--tenant",
+         tenant, "--role", "producer"],
+        env=worker_env(redis_server.url), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert producer.returncode == 0, producer.stderr
+    driver.execute_script("sessionStorage.setItem('pa-token', arguments[0])",
+                          orjson.loads(producer.stdout)["token"])
+    driver.refresh()
+    card = wait.until(ec.presence_of_element_located(
+        (By.CSS_SELECTOR, f'[data-id="{action_id}"]')))
+    assert "producer" in driver.find_element(By.ID, "who").text
+    assert card.find_elements(By.TAG_NAME, "button") == []
+    assert "may look, not decide" in card.text, card.text
+    driver.save_screenshot("/tmp/inbox-producer.png")
+    driver.execute_script("sessionStorage.setItem('pa-token', arguments[0])", token["token"])
+    driver.refresh()
+    wait.until(ec.presence_of_element_located(
+        (By.CSS_SELECTOR, f'[data-id="{action_id}"] button')))
+
     # a link opened where the page is open already changes only the fragment (no reload)
     driver.get(server.base + "/#token=pat_not-a-token")
     wait.until(lambda d: d.find_element(By.ID, "login-error").text == "invalid or revoked token")

@@ -95,6 +95,13 @@ function actionCard(a) {
   if (a.last_error) card.append(el("div", { class: "error" }, `last error: ${a.last_error}`));
   card.append(...preview(a.payload));
   const buttons = el("div", { class: "buttons" });
+  if (!mayDecide) {
+    // the server refuses a producer's resolve (403): offer no button it would refuse
+    buttons.append(el("span", { class: "meta" }, "a producer's token may look, not decide: " +
+      "sign in with an approver's token to approve or discard"));
+    card.append(buttons);
+    return card;
+  }
   for (const [act, cls] of [["apply", "approve"], ["discard", "discard"]]) {
     const mine = a.approval && a.approval[act] && a.approval[act].mine;
     if (mine) {
@@ -171,7 +178,11 @@ function setAside(a, act) {
     "for one of apply and discard at a time.";
 }
 
+// producer tokens read the inbox too; only approvers and admins resolve
+let mayDecide = true;
+
 function render(data) {
+  mayDecide = data.role !== "producer";
   const groups = new Map(); // insertion order: sessions by their newest action
   for (const a of data.actions) {
     if (!groups.has(a.session)) groups.set(a.session, []);
