@@ -63,6 +63,33 @@ def test_payload_from_a_file_and_from_stdin(redis_server: EmbeddedRedis, worker:
     assert missing.returncode == 2 and "cannot read" in missing.stderr
 
 
+def test_every_error_says_error_in_one_style() -> None:
+    """Issue 41, item 8: bad usage that click finds, bad usage a command finds, bad input and a
+    runtime failure all end in one `error: ...` line; bad usage keeps click's usage line and
+    its pointer to --help, and exit 2."""
+    usage = ["Usage: pending-actions stage [OPTIONS]",
+             "Try 'pending-actions stage --help' for help.", ""]
+    missing = run(None, "stage", "--session", "s")
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines() == [*usage, "error: Missing option '--tool'."]
+    unknown = run(None, "stage", "--session", "s", "--colour", "red")
+    assert unknown.returncode == 2
+    assert unknown.stderr.splitlines() == [*usage, "error: No such option '--colour'."]
+    no_redis = run(None, "stage", "--session", "s", "--tool", "t", "--label", "l", "--apply",
+                   "a")
+    assert no_redis.returncode == 2
+    assert no_redis.stderr.splitlines() == [
+        *usage, "error: no Redis: pass --redis-url or set PENDING_ACTIONS_REDIS_URL"]
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    bad = run(down, "stage", "--session", "s", "--tool", "t", "--label", "l", "--apply", "a",
+              "--payload", "[1]")
+    assert (bad.returncode, bad.stderr) == (2, "error: invalid --payload: must be a JSON object\n")
+    gone = run(down, "ls", "--session", "s", timeout=30)
+    assert gone.returncode == 1
+    assert gone.stderr.startswith("error: Redis is unavailable") and \
+        len(gone.stderr.splitlines()) == 1, gone.stderr
+
+
 def test_version() -> None:
     out = run(None, "--version")
     assert out.returncode == 0 and re.match(r"pending-actions, version \d+\.\d+", out.stdout)
@@ -144,7 +171,7 @@ def test_deep_json_is_one_line_and_exit_2(redis_server: EmbeddedRedis, worker: W
     rc.close()
     assert out.returncode == 2, out.stderr
     field = option.removeprefix("--")
-    assert out.stderr.strip() == f"Error: invalid {field}: nested deeper than 64 levels", \
+    assert out.stderr.strip() == f"error: invalid {field}: nested deeper than 64 levels", \
         out.stderr
 
 

@@ -107,7 +107,7 @@ def test_a_bad_handler_module_stops_up_before_it_starts_anything(tmp_path: Path)
          "--port", str(port), "--data-dir", str(tmp_path / "data")],
         env=up_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == "Error: cannot import handler module 'no.such.module': " \
+    assert proc.stderr.strip() == "error: cannot import handler module 'no.such.module': " \
         "ModuleNotFoundError: No module named 'no'"
     assert proc.stdout == ""
     assert not (tmp_path / "data").exists()

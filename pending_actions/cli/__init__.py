@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from importlib.metadata import entry_points
+from typing import Any, NoReturn
 
 import click
 
@@ -25,7 +26,22 @@ HARNESS = {"bench": "Run the benchmark", "soak": "Run the fault soak"}
 
 class _Commands(click.Group):
     """The built-in commands, then those of ``COMMANDS_GROUP``, read only when a command is not
-    built in (a CLI run reads no other distribution's metadata)."""
+    built in (a CLI run reads no other distribution's metadata). Bad usage, found by click
+    while it parses or by a command, is shown as ``error: ...`` here, the one style of every
+    error of the program (``main``)."""
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            _refused(exc)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            _refused(exc)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return super().get_command(ctx, cmd_name) or _added(cmd_name)
@@ -33,6 +49,19 @@ class _Commands(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         added = {ep.name for ep in entry_points(group=COMMANDS_GROUP)}
         return sorted({*super().list_commands(ctx), *added, *HARNESS})
+
+
+def _refused(exc: click.ClickException) -> NoReturn:
+    """A click error in the program's style: click's usage line and its pointer to --help for
+    bad usage, as click shows them, then ``error: ...`` (click's own says ``Error:``), with
+    click's exit code (2 for bad usage)."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        raise exc  # a group given no command: its help, as click shows it
+    ctx = exc.ctx if isinstance(exc, click.UsageError) else None
+    if ctx is not None:
+        click.echo(f"{ctx.get_usage()}\nTry '{ctx.command_path} --help' for help.\n", err=True)
+    click.echo(f"error: {exc.format_message()}", err=True)
+    sys.exit(exc.exit_code)
 
 
 def _added(name: str) -> click.Command | None:
