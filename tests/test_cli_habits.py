@@ -189,6 +189,13 @@ def test_stage_into_a_tenant(redis_server: EmbeddedRedis, worker: Worker, sessio
                 "--apply", "t.ok", "--tenant", "someone-else")
     assert other.returncode == 1, other.stderr
     assert other.stderr.strip() == f"error: session {session!r} belongs to another tenant"
+    # without --tenant (issue 41, item 9): the line says that this is what is missing
+    plain = run(url, "stage", "--session", session, "--tool", "edit", "--label", "L",
+                "--apply", "t.ok")
+    assert plain.returncode == 1, plain.stderr
+    assert plain.stderr.strip() == (
+        f"error: session {session!r} belongs to another tenant; without --tenant a stage is "
+        "for tenant 'default': pass --tenant with the session's tenant")
     bad = run(url, "stage", "--session", session, "--tool", "edit", "--label", "L",
               "--apply", "t.ok", "--tenant", "no spaces")
     assert bad.returncode == 2 and "invalid tenant" in bad.stderr
