@@ -1,8 +1,9 @@
 """``pending-actions``: run the service and talk to it from a shell.
 
 Exit codes: 0 success, 1 an error result (or Redis unavailable), 2 bad usage or bad input.
-Every error is one line on stderr, never a traceback. ``--json`` and ``--redis-url`` go
-before or after the subcommand, as people type them.
+Every error is one ``error: ...`` line on stderr (after click's usage line for bad usage),
+never a traceback. ``--json`` and ``--redis-url`` go before or after the subcommand, as people
+type them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 import click
+from click.core import ParameterSource
 
 from pending_actions.broker.errors import ConfigError, InvalidInput, PendingActionsError
 from pending_actions.cli.base import Obj
@@ -100,7 +102,8 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pika").setLevel(logging.DEBUG if verbose else logging.WARNING)
-    ctx.obj = Obj(redis_url, as_json)
+    given = ctx.get_parameter_source("redis_url") is ParameterSource.COMMANDLINE
+    ctx.obj = Obj(redis_url, as_json, url_given=given)
 
 
 def _register() -> None:
@@ -139,6 +142,7 @@ def _late_options(command: click.Command) -> None:
         obj = ctx.find_object(Obj)
         if value and obj is not None:
             obj.redis_url = value
+            obj.url_given = True
 
     if "--json" not in taken:
         command.params.append(click.Option(["--json", "late_json"], is_flag=True,
