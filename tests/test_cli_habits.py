@@ -111,6 +111,30 @@ def test_history_has_readable_times(redis_server: EmbeddedRedis, worker: Worker,
     assert re.match(stamp, as_json[0]["time"]) and "-" in as_json[0]["at"]
 
 
+def test_history_names_the_default_when_no_rule_decided(redis_server: EmbeddedRedis,
+                                                         worker: Worker, session: str) -> None:
+    """Issue 41, item 10: an action the policy's default decided reads `rule=(default)` in the
+    history, not an empty `rule=`; one a rule decided names it; --json keeps the entry as
+    stored (the empty string)."""
+    from pending_actions.producers import PendingActions
+
+    url = redis_server.url
+    tenant = f"h-{session[-8:]}"
+    pa = PendingActions.from_url(url)
+    pa.set_policy({"default": "ask", "rules": [{"name": "reads", "match": {"tool": "read_*"},
+                                                "decision": "allow"}]}, tenant=tenant)
+    pa.close()
+    for tool in ("edit", "read_file"):
+        staged = run(url, "stage", "--session", session, "--tool", tool, "--label", "L",
+                     "--apply", "t.ok", "--tenant", tenant)
+        assert staged.returncode == 0, staged.stderr
+    lines = run(url, "history", "--session", session).stdout.splitlines()
+    assert [re.search(r" decision=(\S+)  rule=(\S*)", line).groups()  # type: ignore[union-attr]
+            for line in lines] == [("ask", "(default)"), ("allow", "reads")], lines
+    as_json = orjson.loads(run(url, "history", "--session", session, "--json").stdout)
+    assert [e["rule"] for e in as_json] == ["", "reads"]
+
+
 @pytest.mark.parametrize(("args", "code", "needle"), [
     (["--redis-url", "nonsense://x", "ls", "--session", "s"], 2, "bad Redis URL"),
     (["ls", "--session", "s", "--redis-url", "http://localhost:1"], 2, "bad Redis URL"),

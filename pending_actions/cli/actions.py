@@ -175,6 +175,8 @@ def _when(ms: str) -> str:
 def _event_line(event: dict[str, str]) -> str:
     rest = {k: _when(v) if k == "expires_at" else v for k, v in event.items()
             if k not in ("at", "event")}
+    if rest.get("rule") == "":  # the entry's word for "no rule matched": the policy's default
+        rest["rule"] = "(default)"
     return f"{_when(event['at'])}  {event['event']:<13} " + "  ".join(
         f"{k}={v}" for k, v in rest.items())
 
