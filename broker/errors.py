@@ -60,6 +60,11 @@ class Forbidden(PendingActionsError):
     """Refused by authorization: e.g. staging into a session that belongs to another tenant."""
 
 
+class ForeignSession(Forbidden):
+    """The session belongs to another tenant (its first stage claimed it): nothing was
+    changed. Which tenant is not said: the name is theirs."""
+
+
 class Unowned(Forbidden):
     """A session with keys of its own but no owner record (its field in its partition's
     sessions hash was deleted): no tenant may stage into it, lest another tenant take over

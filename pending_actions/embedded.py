@@ -94,11 +94,23 @@ class EmbeddedRedis:
         return self.child.pid
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
-        self.directory.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port()
         check_port_free(self.port)
         self.binary = self.binary or find_redis_server()
+        # made only past the checks, and removed again when the server it was made for does
+        # not start: a refused `up` leaves no data folder behind
+        made = not self.directory.exists()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._spawn(timeout)
+        except BaseException:
+            self.stop()
+            if made:
+                shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+
+    def _spawn(self, timeout: float) -> EmbeddedRedis:
         logfile = self.directory / "redis.log"
         self.child = Child("redis-server", [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",

@@ -21,7 +21,7 @@ from pending_actions.broker.atomic.scripts import Call, Scripts, Slot
 from pending_actions.broker.errors import (
     Damaged,
     Denied,
-    Forbidden,
+    ForeignSession,
     InvalidInput,
     PendingActionsError,
     Poison,
@@ -49,8 +49,8 @@ from pending_actions.producers.policy_versions import PolicyPlans, raise_denied
 MAX_FINGERPRINT_CHARS = 1_000
 
 
-def _foreign(session: str) -> Forbidden:
-    return Forbidden(f"session {session!r} belongs to another tenant")
+def _foreign(session: str) -> ForeignSession:
+    return ForeignSession(f"session {session!r} belongs to another tenant")
 
 
 def _unowned(session: str, record: str) -> Unowned:

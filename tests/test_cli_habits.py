@@ -63,6 +63,33 @@ def test_payload_from_a_file_and_from_stdin(redis_server: EmbeddedRedis, worker:
     assert missing.returncode == 2 and "cannot read" in missing.stderr
 
 
+def test_every_error_says_error_in_one_style() -> None:
+    """Issue 41, item 8: bad usage that click finds, bad usage a command finds, bad input and a
+    runtime failure all end in one `error: ...` line; bad usage keeps click's usage line and
+    its pointer to --help, and exit 2."""
+    usage = ["Usage: pending-actions stage [OPTIONS]",
+             "Try 'pending-actions stage --help' for help.", ""]
+    missing = run(None, "stage", "--session", "s")
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines() == [*usage, "error: Missing option '--tool'."]
+    unknown = run(None, "stage", "--session", "s", "--colour", "red")
+    assert unknown.returncode == 2
+    assert unknown.stderr.splitlines() == [*usage, "error: No such option '--colour'."]
+    no_redis = run(None, "stage", "--session", "s", "--tool", "t", "--label", "l", "--apply",
+                   "a")
+    assert no_redis.returncode == 2
+    assert no_redis.stderr.splitlines() == [
+        *usage, "error: no Redis: pass --redis-url or set PENDING_ACTIONS_REDIS_URL"]
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    bad = run(down, "stage", "--session", "s", "--tool", "t", "--label", "l", "--apply", "a",
+              "--payload", "[1]")
+    assert (bad.returncode, bad.stderr) == (2, "error: invalid --payload: must be a JSON object\n")
+    gone = run(down, "ls", "--session", "s", timeout=30)
+    assert gone.returncode == 1
+    assert gone.stderr.startswith("error: Redis is unavailable") and \
+        len(gone.stderr.splitlines()) == 1, gone.stderr
+
+
 def test_version() -> None:
     out = run(None, "--version")
     assert out.returncode == 0 and re.match(r"pending-actions, version \d+\.\d+", out.stdout)
@@ -82,6 +109,30 @@ def test_history_has_readable_times(redis_server: EmbeddedRedis, worker: Worker,
     assert re.search(f"expires_at={stamp}", lines[0]), lines[0]
     as_json = orjson.loads(run(url, "history", "--session", session, "--json").stdout)
     assert re.match(stamp, as_json[0]["time"]) and "-" in as_json[0]["at"]
+
+
+def test_history_names_the_default_when_no_rule_decided(redis_server: EmbeddedRedis,
+                                                         worker: Worker, session: str) -> None:
+    """Issue 41, item 10: an action the policy's default decided reads `rule=(default)` in the
+    history, not an empty `rule=`; one a rule decided names it; --json keeps the entry as
+    stored (the empty string)."""
+    from pending_actions.producers import PendingActions
+
+    url = redis_server.url
+    tenant = f"h-{session[-8:]}"
+    pa = PendingActions.from_url(url)
+    pa.set_policy({"default": "ask", "rules": [{"name": "reads", "match": {"tool": "read_*"},
+                                                "decision": "allow"}]}, tenant=tenant)
+    pa.close()
+    for tool in ("edit", "read_file"):
+        staged = run(url, "stage", "--session", session, "--tool", tool, "--label", "L",
+                     "--apply", "t.ok", "--tenant", tenant)
+        assert staged.returncode == 0, staged.stderr
+    lines = run(url, "history", "--session", session).stdout.splitlines()
+    assert [re.search(r" decision=(\S+)  rule=(\S*)", line).groups()  # type: ignore[union-attr]
+            for line in lines] == [("ask", "(default)"), ("allow", "reads")], lines
+    as_json = orjson.loads(run(url, "history", "--session", session, "--json").stdout)
+    assert [e["rule"] for e in as_json] == ["", "reads"]
 
 
 @pytest.mark.parametrize(("args", "code", "needle"), [
@@ -144,7 +195,7 @@ def test_deep_json_is_one_line_and_exit_2(redis_server: EmbeddedRedis, worker: W
     rc.close()
     assert out.returncode == 2, out.stderr
     field = option.removeprefix("--")
-    assert out.stderr.strip() == f"Error: invalid {field}: nested deeper than 64 levels", \
+    assert out.stderr.strip() == f"error: invalid {field}: nested deeper than 64 levels", \
         out.stderr
 
 
@@ -162,6 +213,13 @@ def test_stage_into_a_tenant(redis_server: EmbeddedRedis, worker: Worker, sessio
                 "--apply", "t.ok", "--tenant", "someone-else")
     assert other.returncode == 1, other.stderr
     assert other.stderr.strip() == f"error: session {session!r} belongs to another tenant"
+    # without --tenant (issue 41, item 9): the line says that this is what is missing
+    plain = run(url, "stage", "--session", session, "--tool", "edit", "--label", "L",
+                "--apply", "t.ok")
+    assert plain.returncode == 1, plain.stderr
+    assert plain.stderr.strip() == (
+        f"error: session {session!r} belongs to another tenant; without --tenant a stage is "
+        "for tenant 'default': pass --tenant with the session's tenant")
     bad = run(url, "stage", "--session", session, "--tool", "edit", "--label", "L",
               "--apply", "t.ok", "--tenant", "no spaces")
     assert bad.returncode == 2 and "invalid tenant" in bad.stderr

@@ -1,16 +1,19 @@
 """The Python examples of the README ("From Python") and of docs/python.md (up to its Handlers
-section: a handler runs inside a worker, not on its own; its policies too) and the example
-agent loop run as written, against a Redis of their own and a real worker with the example
-handlers."""
+section: a handler runs inside a worker, not on its own; its policies too), the example agent
+loop and the failed apply of docs/semantics.md (a shell transcript) run as written, against a
+Redis of their own and a real worker with the example handlers."""
 
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from pending_actions.embedded import EmbeddedRedis
@@ -94,3 +97,45 @@ def test_agent_loop_example(examples_redis: EmbeddedRedis, examples_worker: Work
     assert "model: resolve (accepting: the typo is fixed)" in out.stdout
     assert "Accept: Edit notes.txt" in out.stdout
     assert notes.read_text() == "hello world\n"
+
+
+def transcript(page: Path, heading: str) -> list[tuple[list[str], list[str]]]:
+    """The first ``console`` block after ``heading``: each ``$ `` command as its arguments, with
+    the lines it prints."""
+    text = page.read_text()
+    found = re.search(r"```console\n(.*?)```", text[text.index(heading):], re.S)
+    assert found, f"no console block under {heading!r}"
+    steps: list[tuple[list[str], list[str]]] = []
+    for line in found.group(1).splitlines():
+        if line.startswith("$ "):
+            steps.append((shlex.split(line[2:]), []))
+        else:
+            steps[-1][1].append(line)
+    return steps
+
+
+def test_the_failed_apply_of_the_semantics_page_runs_as_written(
+        examples_redis: EmbeddedRedis, examples_worker: Worker) -> None:
+    """Issue 41, item 11: `examples.fail_once` refuses the first attempt and applies the
+    second; every command prints what the page shows (the id's number aside) and exits as the
+    page says, and the history holds the two attempts."""
+    steps = transcript(ROOT / "docs" / "semantics.md", "### A failed apply, step by step")
+    session = f"deploy-{uuid.uuid4().hex[:8]}"  # the page's deploy-1, once per run
+    shown_id, real_id, codes = steps[0][1][0], "", []
+    for argv, expected in steps:
+        assert argv[0] == "pending-actions", argv
+        args = [session if a == "deploy-1" else a for a in argv[1:]]
+        out = subprocess.run([sys.executable, "-m", "pending_actions", *args],
+                             env=worker_env(examples_redis.url), cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        real_id = real_id or out.stdout.strip()
+        assert re.fullmatch(r"pending-action:deploy:\d+", real_id), out
+        codes.append(out.returncode)
+        assert out.stdout.splitlines() == [line.replace(shown_id, real_id) for line in expected], \
+            (argv, out.stderr)
+    assert codes == [0, 1, 0, 0, 0]
+    history = subprocess.run([sys.executable, "-m", "pending_actions", "history", "--session",
+                              session, "--json"], env=worker_env(examples_redis.url), cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert [(e["event"], e.get("attempt")) for e in orjson.loads(history.stdout)] == [
+        ("staged", None), ("taken", "1"), ("failed", "1"), ("taken", "2"), ("applied", "2")]

@@ -34,6 +34,7 @@ from tests.support.mcp import (
     upstream_option,
     writes,
 )
+from tests.support.mcp_upstream import CHATTER
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +175,29 @@ def test_proxy_forwards_a_read_and_stages_a_write_that_resolve_applies_once(
             assert first["pid"] == second["pid"]
 
     anyio.run(body)
+
+
+def test_an_upstreams_stderr_reaches_ours_marked_with_its_name(url: str, folder: Path,
+                                                               session: str,
+                                                               tmp_path: Path) -> None:
+    """Issue 41, item 12: what the upstream writes on its stderr (lines in one write, a line cut
+    across two writes, a last line with no newline, written as it exits) reaches the proxy's
+    stderr line by line, each led by `[mcp:files] `, and none of it unmarked."""
+    log = tmp_path / "proxy-stderr.txt"
+    args = ["mcp-proxy", "--session", session, "--upstream", "files", "--mcp-upstream",
+            upstream_option(folder, "--chatter")]
+
+    async def body() -> None:
+        with log.open("w") as errlog:
+            async with connect(url, *args, errlog=errlog) as proxy:
+                assert "read_file" in {t.name for t in (await proxy.list_tools()).tools}
+
+    anyio.run(body)
+    lines = log.read_text().splitlines()
+    assert [line for line in lines if line.startswith("[mcp:files] ")] == \
+        [f"[mcp:files] {said}" for said in CHATTER], lines
+    assert not [line for line in lines for said in ("starting", "half", "bye")
+                if said in line and not line.startswith("[mcp:files] ")], lines
 
 
 def test_proxy_discards_a_staged_write(url: str, pa: PendingActions, folder: Path,

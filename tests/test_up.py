@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import redis
 
+from pending_actions.broker.keys import Keys
 from pending_actions.embedded import EmbeddedRedis, check_port_free, free_port
-from pending_actions.procs import ROOT, ExitWatch
+from pending_actions.procs import ROOT, ExitWatch, StreamWatch
 from tests.support.procs import Worker
 from tests.support.unchanged import redis_unchanged
 from tests.support.up import await_up, spawn_up, up_children, up_env
@@ -40,7 +41,48 @@ def test_port_in_use_is_an_error_naming_it(redis_server: EmbeddedRedis,
     errors = [line for line in err.splitlines() if "rror" in line]
     assert len(errors) == 1 and f"port {redis_server.port} is already in use" in errors[0], err
     assert "Traceback" not in err and "embedded redis-server" not in err
+    assert not (tmp_path / "data").exists()  # refused: no data folder left (issue 41, item 9)
     other.close()
+
+
+def test_up_with_the_url_only_exported_refuses(redis_server: EmbeddedRedis,
+                                               tmp_path: Path) -> None:
+    """Issue 41, item 9: `up` in a shell where an earlier `up`'s export line was run would join
+    that Redis as one more worker, quietly. PENDING_ACTIONS_REDIS_URL alone is refused (one
+    line naming both ways on, exit 2, nothing started or written, no data folder); the same
+    URL given as --redis-url is the deliberate choice, and runs against that Redis."""
+    port = free_port()
+    command = [sys.executable, "-m", "pending_actions", "up", "--handlers",
+               "tests.support.handlers", "--port", str(port), "--data-dir", str(tmp_path / "data")]
+    client: Any = redis.Redis.from_url(redis_server.url)
+    with redis_unchanged(client):
+        proc = subprocess.run(command, env={**up_env(), "PENDING_ACTIONS_REDIS_URL":
+                                            redis_server.url},
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: PENDING_ACTIONS_REDIS_URL is set ({redis_server.url}), and `up` starts a Redis "
+        "of its own: unset it for that, or pass --redis-url to run against that Redis instead")
+    assert proc.stdout == "" and not (tmp_path / "data").exists()
+    check_port_free(port)
+    # on purpose: --redis-url, the variable set too; its resolver and dramatiq say they run
+    watch = StreamWatch(redis_server.url, Keys().workers)
+    joined = subprocess.Popen([*command, "--redis-url", redis_server.url],
+                              env={**up_env(), "PENDING_ACTIONS_REDIS_URL": redis_server.url},
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    with _killed_at_end(joined):
+        ready: set[bytes] = set()
+        while ready != {b"resolver", b"dramatiq"}:
+            got = watch.read(60)
+            assert got, "up --redis-url never became ready"
+            ready.update(f[b"role"] for f in got)
+        watch.close()
+        joined.terminate()
+        out, _err = joined.communicate(timeout=60)
+    assert joined.returncode == 0
+    assert out == "" and not (tmp_path / "data").exists()  # no Redis of its own
+    client.close()
 
 
 def _run_up(tmp_path: Path) -> tuple[subprocess.Popen[str], str, dict[str, list[int]]]:
@@ -107,7 +149,7 @@ def test_a_bad_handler_module_stops_up_before_it_starts_anything(tmp_path: Path)
          "--port", str(port), "--data-dir", str(tmp_path / "data")],
         env=up_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == "Error: cannot import handler module 'no.such.module': " \
+    assert proc.stderr.strip() == "error: cannot import handler module 'no.such.module': " \
         "ModuleNotFoundError: No module named 'no'"
     assert proc.stdout == ""
     assert not (tmp_path / "data").exists()

@@ -28,7 +28,7 @@ from pending_actions.broker import texts
 from pending_actions.broker.atomic.replies import RunClaim, RunClaimed
 from pending_actions.broker.errors import (
     Denied,
-    Forbidden,
+    ForeignSession,
     InvalidInput,
     NotPaused,
     PendingActionsError,
@@ -364,7 +364,7 @@ async def run(fw: Framework, agent: Any, input: Any, *, session: str, tenant: st
         token = uuid.uuid4().hex
         claim = await client.claim_run(session, tenant, token, fresh=True)
         if claim.status is RunClaim.FOREIGN:
-            raise Forbidden(f"session {session!r} belongs to another tenant")
+            raise ForeignSession(f"session {session!r} belongs to another tenant")
         if claim.status is RunClaim.PAUSED:
             raise InvalidInput("session", f"{session!r} has a paused run: resume() it (or "
                                "resolve its pending actions) before starting another")

@@ -1,8 +1,9 @@
 """``pending-actions``: run the service and talk to it from a shell.
 
 Exit codes: 0 success, 1 an error result (or Redis unavailable), 2 bad usage or bad input.
-Every error is one line on stderr, never a traceback. ``--json`` and ``--redis-url`` go
-before or after the subcommand, as people type them.
+Every error is one ``error: ...`` line on stderr (after click's usage line for bad usage),
+never a traceback. ``--json`` and ``--redis-url`` go before or after the subcommand, as people
+type them.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import logging
 import sys
 from importlib.metadata import entry_points
+from typing import Any, NoReturn
 
 import click
+from click.core import ParameterSource
 
 from pending_actions.broker.errors import ConfigError, InvalidInput, PendingActionsError
 from pending_actions.cli.base import Obj
@@ -25,7 +28,22 @@ HARNESS = {"bench": "Run the benchmark", "soak": "Run the fault soak"}
 
 class _Commands(click.Group):
     """The built-in commands, then those of ``COMMANDS_GROUP``, read only when a command is not
-    built in (a CLI run reads no other distribution's metadata)."""
+    built in (a CLI run reads no other distribution's metadata). Bad usage, found by click
+    while it parses or by a command, is shown as ``error: ...`` here, the one style of every
+    error of the program (``main``)."""
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            _refused(exc)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            _refused(exc)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return super().get_command(ctx, cmd_name) or _added(cmd_name)
@@ -33,6 +51,19 @@ class _Commands(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         added = {ep.name for ep in entry_points(group=COMMANDS_GROUP)}
         return sorted({*super().list_commands(ctx), *added, *HARNESS})
+
+
+def _refused(exc: click.ClickException) -> NoReturn:
+    """A click error in the program's style: click's usage line and its pointer to --help for
+    bad usage, as click shows them, then ``error: ...`` (click's own says ``Error:``), with
+    click's exit code (2 for bad usage)."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        raise exc  # a group given no command: its help, as click shows it
+    ctx = exc.ctx if isinstance(exc, click.UsageError) else None
+    if ctx is not None:
+        click.echo(f"{ctx.get_usage()}\nTry '{ctx.command_path} --help' for help.\n", err=True)
+    click.echo(f"error: {exc.format_message()}", err=True)
+    sys.exit(exc.exit_code)
 
 
 def _added(name: str) -> click.Command | None:
@@ -71,7 +102,8 @@ def cli(ctx: click.Context, redis_url: str | None, as_json: bool, verbose: bool)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pika").setLevel(logging.DEBUG if verbose else logging.WARNING)
-    ctx.obj = Obj(redis_url, as_json)
+    given = ctx.get_parameter_source("redis_url") is ParameterSource.COMMANDLINE
+    ctx.obj = Obj(redis_url, as_json, url_given=given)
 
 
 def _register() -> None:
@@ -110,6 +142,7 @@ def _late_options(command: click.Command) -> None:
         obj = ctx.find_object(Obj)
         if value and obj is not None:
             obj.redis_url = value
+            obj.url_given = True
 
     if "--json" not in taken:
         command.params.append(click.Option(["--json", "late_json"], is_flag=True,

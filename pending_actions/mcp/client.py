@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -39,9 +40,13 @@ from pending_actions.mcp.wire import Line, Lines, Oversized, dumped, head
 log = logging.getLogger("pending_actions.mcp")
 
 # the whole of a stop: close its stdin, wait 2 s, SIGTERM its process group, wait 2 s,
-# SIGKILL, wait for it to be reaped
+# SIGKILL, wait for it to be reaped, then up to DRAIN_S for the rest of its stderr
 STOP_S = 7.0
 GRACE_S = 2.0
+DRAIN_S = 0.5
+# an upstream's stderr line longer than this is passed on in pieces (each with the prefix), so
+# that one without a newline is never held whole
+STDERR_LINE_MAX = 8192
 # the error our transport answers a request with when the upstream's answer is over the cap:
 # never sent on a wire (in JSON-RPC's range for implementations' own errors)
 TOO_LARGE = -32_090
@@ -89,7 +94,8 @@ class Connection:
         self.start_timeout_s = start_timeout_s
         self.call_timeout_s = call_timeout_s
         self.max_result_bytes = max_result_bytes
-        # its stderr is ours (a log, or the MCP client's log of the proxy); never stdout
+        # its stderr goes to ours (a worker's log, or the MCP client's log of the proxy), each
+        # line led by "[mcp:NAME] ": never stdout
         self.errlog = errlog or sys.__stderr__ or sys.stderr
         self._link: _Link | None = None
         self._lock = anyio.Lock()
@@ -135,7 +141,8 @@ class Connection:
         raises: what went wrong is the link's ``why``."""
         try:
             async with stdio(self.upstream.argv, upstream_env(), self.errlog,
-                             self.max_result_bytes) as (read, write):
+                             self.max_result_bytes, f"[mcp:{self.upstream.name}] ") as (read,
+                                                                                     write):
                 relayed, inbox = anyio.create_memory_object_stream[SessionMessage | Exception](0)
                 async with anyio.create_task_group() as group:
                     group.start_soon(self._relay, link, read, relayed)
@@ -277,7 +284,8 @@ async def probe(upstream: Upstream, start_timeout_s: float, call_timeout_s: floa
 
 # --- the transport ---------------------------------------------------------------------------
 @contextlib.asynccontextmanager
-async def stdio(argv: Sequence[str], env: dict[str, str], errlog: TextIO, cap: int
+async def stdio(argv: Sequence[str], env: dict[str, str], errlog: TextIO, cap: int,
+                prefix: str = ""
                 ) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception],
                                          MemoryObjectSendStream[SessionMessage]]]:
     """The upstream's process and its messages, as the SDK's ``stdio_client`` gives them, but
@@ -286,8 +294,9 @@ async def stdio(argv: Sequence[str], env: dict[str, str], errlog: TextIO, cap: i
     that line is dropped as it comes, so the next answer is read as soon as the upstream
     writes it. (The SDK's reader holds a line whole and joins it again at every chunk: a
     50 MB answer took longer than the call's timeout, and the calls after it timed out behind
-    it.) Its process is in a session of its own, stopped as a whole (``_stop``)."""
-    process = await anyio.open_process(list(argv), env=env, stderr=errlog,
+    it.) Its process is in a session of its own, stopped as a whole (``_stop``). Its stderr
+    goes to ``errlog``, each line led by ``prefix`` (``_prefixed``)."""
+    process = await anyio.open_process(list(argv), env=env, stderr=subprocess.PIPE,
                                        start_new_session=True)
     inbox_in, inbox = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     outbox, outbox_out = anyio.create_memory_object_stream[SessionMessage](0)
@@ -321,9 +330,19 @@ async def stdio(argv: Sequence[str], env: dict[str, str], errlog: TextIO, cap: i
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 await inbox_in.aclose()  # it stopped reading: the session is told at once
 
+    drained = anyio.Event()
+
+    async def relay_stderr() -> None:
+        assert process.stderr is not None
+        try:
+            await _prefixed(process.stderr, errlog, prefix)
+        finally:
+            drained.set()
+
     async with anyio.create_task_group() as group:
         group.start_soon(read)
         group.start_soon(write)
+        group.start_soon(relay_stderr)
         try:
             yield inbox, outbox
         finally:
@@ -331,7 +350,39 @@ async def stdio(argv: Sequence[str], env: dict[str, str], errlog: TextIO, cap: i
                 inbox.close()
                 outbox.close()
                 await _stop(process)
+                # what it wrote last (why it exited, say) is read to its end, bounded: a
+                # child of the upstream may hold the pipe open after the upstream exited
+                with anyio.move_on_after(DRAIN_S):
+                    await drained.wait()
             group.cancel_scope.cancel()
+
+
+async def _prefixed(source: anyio.abc.ByteReceiveStream, errlog: TextIO, prefix: str) -> None:
+    """An upstream's stderr into ``errlog``, each line led by ``prefix`` (``[mcp:NAME] ``):
+    the worker's log and the proxy's stderr hold our lines too, and an upstream's would
+    otherwise read as ours. A line is passed on once it is whole (or at STDERR_LINE_MAX, or
+    when the stream ends); the write is done off the event loop, so a log that is slow to take
+    it holds this task only, never a call."""
+    held = b""
+    with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError,
+                             anyio.BrokenResourceError, OSError):
+        async for chunk in source:
+            *lines, held = (held + chunk).split(b"\n")
+            while len(held) >= STDERR_LINE_MAX:
+                lines.append(held[:STDERR_LINE_MAX])
+                held = held[STDERR_LINE_MAX:]
+            if lines:
+                await anyio.to_thread.run_sync(_write_lines, errlog, prefix, lines)
+    if held:
+        await anyio.to_thread.run_sync(_write_lines, errlog, prefix, [held])
+
+
+def _write_lines(errlog: TextIO, prefix: str, lines: list[bytes]) -> None:
+    text = "".join(prefix + line.rstrip(b"\r").decode("utf-8", "replace") + "\n"
+                   for line in lines)
+    with contextlib.suppress(OSError, ValueError):  # a log that is closed or gone: dropped
+        errlog.write(text)
+        errlog.flush()
 
 
 def _received(event: Line | Oversized, cap: int) -> SessionMessage | Exception | None:

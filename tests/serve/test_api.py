@@ -394,7 +394,7 @@ def test_a_port_in_use_is_one_line(redis_server: Any, which: str) -> None:
             else {"--port": str(free_port()), "--metrics-port": busy}
         out = cli(redis_server.url, "serve", *[x for kv in ports.items() for x in kv])
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip() == f"Error: cannot listen on 127.0.0.1:{busy}: Address already " \
+    assert out.stderr.strip() == f"error: cannot listen on 127.0.0.1:{busy}: Address already " \
         "in use", out.stderr
 
 

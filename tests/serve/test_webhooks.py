@@ -202,7 +202,7 @@ def test_webhook_urls_are_checked_before_running(redis_server: EmbeddedRedis,
                            "tests.support.handlers"], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == f"Error: PENDING_ACTIONS_WEBHOOK_URLS: {bad!r} is not an " \
+    assert proc.stderr.strip() == f"error: PENDING_ACTIONS_WEBHOOK_URLS: {bad!r} is not an " \
         "http:// or https:// URL with a host"
 
 

@@ -11,7 +11,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx2
 import mcp_types as types
@@ -51,12 +51,15 @@ def writes(folder: Path) -> list[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def connect(url: str, *args: str, **env: str) -> AsyncIterator[ClientSession]:
-    """``pending-actions ARGS...`` as an MCP client starts it, initialized."""
+async def connect(url: str, *args: str, errlog: TextIO | None = None,
+                  **env: str) -> AsyncIterator[ClientSession]:
+    """``pending-actions ARGS...`` as an MCP client starts it, initialized; its stderr to
+    ``errlog`` (default: ours)."""
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "pending_actions", *args], cwd=ROOT,
         env={**worker_env(url), **{f"PENDING_ACTIONS_{k.upper()}": v for k, v in env.items()}})
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+    async with stdio_client(params, errlog or sys.stderr) as (read, write), \
+            ClientSession(read, write) as session:
         await session.initialize()
         yield session
 

@@ -9,7 +9,9 @@ tools that read and write files in one folder, and one that misbehaves on purpos
 write it does make is one line of ``FOLDER/.writes.jsonl`` (path, key, attempt, time), which is
 what the tests count. ``--start`` makes it fail before it answers ``initialize``; each
 ``--tool NAME`` adds a tool of that name (a clash with ours, a name that cannot be a tool's);
-``--pause-after-write SECONDS`` answers a write that long after making it."""
+``--pause-after-write SECONDS`` answers a write that long after making it; ``--chatter`` writes
+lines on its stderr as it starts and stops, two in one write and one cut in two writes, and
+ends on a line with no newline (``CHATTER``: the lines they make)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
 KEY = "pending-actions/idempotency-key"
+# what --chatter writes on stderr, in these writes: as it starts, and after it stopped serving
+CHATTER_WRITES = (b"starting\nready, half", b" a line\nbye")
+CHATTER = ["starting", "ready, half a line", "bye"]
 ATTEMPT = "pending-actions/attempt"
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 
@@ -118,7 +123,10 @@ def main() -> None:
     parser.add_argument("--start", choices=["exit", "garbage", "hang"])
     parser.add_argument("--tool", action="append", default=[])
     parser.add_argument("--pause-after-write", type=float, default=0.0, metavar="SECONDS")
+    parser.add_argument("--chatter", action="store_true")
     args = parser.parse_args()
+    if args.chatter:
+        os.write(2, CHATTER_WRITES[0])
     if args.start == "exit":
         sys.exit(3)
     if args.start == "garbage":
@@ -129,6 +137,8 @@ def main() -> None:
     folder = args.folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     build(folder, args.tool, args.pause_after_write).run("stdio")
+    if args.chatter:
+        os.write(2, CHATTER_WRITES[1])
 
 
 if __name__ == "__main__":

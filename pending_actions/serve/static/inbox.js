@@ -315,10 +315,23 @@ async function decide(event) {
   const r = await api(`/v1/sessions/${encodeURIComponent(session)}/resolve`,
     { method: "POST", body: JSON.stringify(body) });
   const got = await r.json().catch(() => ({}));
-  const text = got.content ? got.content.map((c) => c.text).join(" ") : got.error;
-  $("notice").className = got.is_error || !r.ok ? "error" : "";
-  $("notice").textContent = `${label}: ${text}`;
+  const failed = got.is_error || !r.ok;
+  $("notice").className = failed ? "error" : "";
+  $("notice").textContent = noticeText(label, got, failed ? undefined : body.edit);
   poll();
+}
+
+// what a decision came to: the result's text, led by the action's label unless the text names
+// it already (the service's own texts and many handlers' do: "Applied: <label>. Reason: ..."),
+// then whether the person's edit went in (an apply's result carries it as details.edit; an
+// approval that is not the last one keeps the edited payload for the approvals to come)
+function noticeText(label, got, edit) {
+  const text = got.content ? got.content.map((c) => c.text).join(" ") : got.error;
+  const named = text && text.includes(label) ? text : `${label}: ${text}`;
+  if (!edit) return named;
+  const details = got.details || {};
+  return details.edit ? `${named} (applied with your edit of the payload)`
+    : `${named} (your edit of the payload is kept for the approvals to come)`;
 }
 
 $("login").addEventListener("submit", (e) => {
