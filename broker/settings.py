@@ -11,7 +11,8 @@ class Settings(BaseSettings):
 
     redis_url: str | None = Field(
         default=None,
-        description="Redis holding all state. `up` starts an embedded redis-server when unset.",
+        description="Redis holding all state. `up` starts an embedded redis-server (and uses "
+                    "another only when given --redis-url).",
     )
     dramatiq_url: str | None = Field(
         default=None,
