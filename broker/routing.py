@@ -58,6 +58,13 @@ def leave(client: redis.Redis, keys: Keys, pool: str, instance: str) -> None:
     client.zrem(keys.pool_live, Keys.pool_member(pool, instance))
 
 
+def registered(client: redis.Redis, keys: Keys, now_ms: int) -> set[str]:
+    """The worker processes (by instance name) whose pool is live at ``now_ms`` (Redis time):
+    those whose handlers a stage can be routed to now."""
+    members: Any = client.zrangebyscore(keys.pool_live, f"({now_ms}", "+inf")
+    return {_text(m).partition("/")[2] for m in members}
+
+
 @dataclass(frozen=True)
 class Live:
     """The live pools at one moment: ``pools`` sorted; ``routes`` handler name -> 1-based
