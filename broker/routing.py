@@ -61,8 +61,9 @@ def leave(client: redis.Redis, keys: Keys, pool: str, instance: str) -> None:
 def registered(client: redis.Redis, keys: Keys, now_ms: int) -> set[str]:
     """The worker processes (by instance name) whose pool is live at ``now_ms`` (Redis time):
     those whose handlers a stage can be routed to now."""
-    members: Any = client.zrangebyscore(keys.pool_live, f"({now_ms}", "+inf")
-    return {_text(m).partition("/")[2] for m in members}
+    # ZRANGE, not ZRANGEBYSCORE: the producer's Redis user (the operators' views) has it
+    members: Any = client.zrange(keys.pool_live, 0, -1, withscores=True)
+    return {_text(m).partition("/")[2] for m, expiry in members if expiry > now_ms}
 
 
 @dataclass(frozen=True)
