@@ -99,13 +99,18 @@ def check_handler_modules(settings: Settings, modules: list[str]) -> None:
 
 def check_id_file(settings: Settings) -> None:
     """The folder of ``WORKER_ID_FILE`` is there to write in, or ConfigError: a worker whose
-    name cannot be written would never pass its healthcheck, without saying why."""
+    name cannot be written would never pass its healthcheck, without saying why. A file left
+    there names a worker that did not stop cleanly (a container restarted after a kill keeps
+    its files), which looks alive for a few seconds more: removed, so that the check fails
+    until this worker runs."""
     if not settings.worker_id_file:
         return
     folder = Path(settings.worker_id_file).absolute().parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot write the worker id file {settings.worker_id_file}: "
                           f"{folder} is not a folder this process may write in")
+    with contextlib.suppress(FileNotFoundError):
+        Path(settings.worker_id_file).unlink()
 
 
 def write_id_file(path: str, name: str) -> None:
