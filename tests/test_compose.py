@@ -284,9 +284,9 @@ def test_compose_stack_scales_and_survives_stops(stack: Compose) -> None:
         load.wait(40)
 
         # another worker's main process SIGKILLed from the host (a crash, the OOM killer): its
-        # restart policy starts it again, and its own check (the container's healthcheck)
-        # passes for the new worker. Not Docker's status: that stays "healthy" until checks
-        # have failed `retries` times in a row, which a quick restart never gives them
+        # restart policy starts it again; its own check (the container's healthcheck) passes
+        # for the new worker, not the killed one its id file named, and Docker, which set it
+        # back to "starting" at the restart, says healthy
         got = stack.exec(worker_c, *OWN_CHECK)
         assert got.returncode == 0, got.stdout + got.stderr
         before = orjson.loads(got.stdout)["worker"]
@@ -302,6 +302,7 @@ def test_compose_stack_scales_and_survives_stops(stack: Compose) -> None:
 
         wait_until(new_worker_serving, 60, lambda: f"the restarted worker healthy: {seen}",
                    interval_s=0.5)
+        stack.wait_healthy([worker_c])
         print(f"a killed worker restarted and healthy in {time.monotonic() - started:.1f}s")
         load.wait(40)
 
