@@ -328,6 +328,12 @@ class Keys:
         """HASH token name -> sha256(token), for revocation by name."""
         return f"{self.auth_prefix}:{{tokens}}:by-name"
 
+    @property
+    def first_token(self) -> str:
+        """HASH ``made`` -> the name of the admin token ``serve --first-token`` created, once
+        per deployment: never deleted, so a restart after that token's revocation makes none."""
+        return f"{self.auth_prefix}:{{tokens}}:first"
+
     # --- policies: a prefix of their own, ``<prefix>-policy``, which the producer and worker
     # Redis users may only read (docs/threat-model.md); one slot, ``{policies}``
     @property

@@ -24,6 +24,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,13 @@ def is_outage(exc: BaseException) -> bool:
     if isinstance(exc, (*TRANSIENT, RedisFull, RedisClusterException)):
         return True
     return isinstance(exc, redis.RedisError) and isinstance(translate(exc), RedisFull)
+
+
+def process_name() -> str:
+    """A new name for this process in the beats and the pool registry: ``host:pid:random``.
+    The random part keeps it unique where the host name and the pid are not: containers on
+    the host's network share its name, and each has its own pids (every worker is pid 1)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 class Beats:

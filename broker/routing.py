@@ -58,6 +58,14 @@ def leave(client: redis.Redis, keys: Keys, pool: str, instance: str) -> None:
     client.zrem(keys.pool_live, Keys.pool_member(pool, instance))
 
 
+def registered(client: redis.Redis, keys: Keys, now_ms: int) -> set[str]:
+    """The worker processes (by instance name) whose pool is live at ``now_ms`` (Redis time):
+    those whose handlers a stage can be routed to now."""
+    # ZRANGE, not ZRANGEBYSCORE: the producer's Redis user (the operators' views) has it
+    members: Any = client.zrange(keys.pool_live, 0, -1, withscores=True)
+    return {_text(m).partition("/")[2] for m, expiry in members if expiry > now_ms}
+
+
 @dataclass(frozen=True)
 class Live:
     """The live pools at one moment: ``pools`` sorted; ``routes`` handler name -> 1-based

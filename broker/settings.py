@@ -91,6 +91,10 @@ class Settings(BaseSettings):
         default=None,
         description="set by `worker` and `up` for the dramatiq processes they start: their "
                     "name, whose restart of one that died `health` counts as its successor")
+    worker_id_file: str | None = Field(
+        default=None,
+        description="`worker` writes its name to this file once it runs, and removes it when "
+                    "it stops cleanly: `health --worker @FILE` checks that worker alone")
     worker_processes: int = Field(default=1, ge=1)
     worker_threads: int = Field(default=8, ge=1)
     block_ms: int = Field(default=5_000, ge=10, le=10_000,

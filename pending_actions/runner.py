@@ -6,6 +6,7 @@ SIGTERM (see ``procs``), and dramatiq passes it on to its worker processes."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -96,6 +97,37 @@ def check_handler_modules(settings: Settings, modules: list[str]) -> None:
     raise ConfigError(f"cannot import handler module {name!r}: {first}")
 
 
+def check_id_file(settings: Settings) -> None:
+    """The folder of ``WORKER_ID_FILE`` is there to write in, or ConfigError: a worker whose
+    name cannot be written would never pass its healthcheck, without saying why. A file left
+    there names a worker that did not stop cleanly (a container restarted after a kill keeps
+    its files), which looks alive for a few seconds more: removed, so that the check fails
+    until this worker runs."""
+    if not settings.worker_id_file:
+        return
+    folder = Path(settings.worker_id_file).absolute().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write the worker id file {settings.worker_id_file}: "
+                          f"{folder} is not a folder this process may write in")
+    with contextlib.suppress(FileNotFoundError):
+        Path(settings.worker_id_file).unlink()
+
+
+def write_id_file(path: str, name: str) -> None:
+    """``name`` into ``path`` whole or not at all (a healthcheck reads it at any moment)."""
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    partial.write_text(name + "\n")
+    os.replace(partial, target)
+
+
+def remove_id_file(path: str, name: str) -> None:
+    """At a clean stop, unless another worker has written its own name there since."""
+    with contextlib.suppress(OSError):
+        if Path(path).read_text().strip() == name:
+            Path(path).unlink()
+
+
 def check_mcp_upstreams(settings: Settings) -> None:
     """Each MCP upstream starts and lists its tools, or ConfigError naming it and why: before
     anything starts, so that a command that does not run is one line, not a failed apply."""
@@ -125,6 +157,7 @@ def run(settings: Settings, modules: list[str], *, embedded: EmbeddedRedis | Non
         shutdown_s: float = 30.0) -> int:
     # what can be refused before anything starts (and before "running" is said)
     parse_urls(settings.webhook_urls)
+    check_id_file(settings)
     check_handler_modules(settings, modules)
     check_mcp_upstreams(settings)
     tracing.setup("pending-actions-worker")  # the resolve worker's spans; from OTEL_* alone
@@ -194,6 +227,11 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
         raise
     log.info("resolve worker %s and dramatiq (pid %d) running; Ctrl-C stops", resolver.name,
              proc.pid)
+    if settings.worker_id_file:
+        try:
+            write_id_file(settings.worker_id_file, name)
+        except OSError as exc:  # checked before the start: this is the disk failing
+            log.error("cannot write the worker id file %s: %s", settings.worker_id_file, exc)
     code, restarts, started = 0, 0, time.monotonic()
     while not stop.wait(0.2):
         if proc.running():
@@ -215,6 +253,8 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
     resolver.shutdown()
     proc.stop(shutdown_s + 5)
     resolver.beats.stopped()  # gone, not a process that stopped beating
+    if settings.worker_id_file:
+        remove_id_file(settings.worker_id_file, name)
     return died[0] if died else code
 
 

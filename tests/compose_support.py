@@ -150,15 +150,20 @@ def free_port() -> int:
 
 
 class Compose:
-    """docker-compose on the repo's own docker-compose.yml, unchanged, as one project."""
+    """docker-compose on the repo's own files, unchanged, as one project: docker-compose.yml,
+    and after it the overrides ``files`` names (docker-compose.bridge.yml). Its ports are free
+    ones of this machine."""
 
-    def __init__(self, daemon: Dockerd, project: str, redis_port: int) -> None:
+    def __init__(self, daemon: Dockerd, project: str, redis_port: int,
+                 files: tuple[str, ...] = ()) -> None:
         command = compose_command()
         assert command is not None
         self.daemon = daemon
-        self.command = [*command, "-p", project, "-f", str(ROOT / "docker-compose.yml")]
+        self.command = [*command, "-p", project,
+                        *(a for f in ("docker-compose.yml", *files) for a in ("-f", str(ROOT / f)))]
         self.project = project
-        self.env = {**daemon.env(), "PA_REDIS_PORT": str(redis_port)}
+        self.env = {**daemon.env(), "PA_REDIS_PORT": str(redis_port),
+                    "PA_SERVE_PORT": str(free_port()), "PA_METRICS_PORT": str(free_port())}
 
     def run(self, *args: str, timeout: float = 600) -> str:
         done = subprocess.run([*self.command, *args], env=self.env, cwd=ROOT,
@@ -174,6 +179,12 @@ class Compose:
         if done.returncode:
             raise RuntimeError(f"docker {' '.join(args)} exited {done.returncode}: {done.stderr}")
         return done.stdout
+
+    def exec(self, container: str, *args: str, timeout: float = 60) -> \
+            subprocess.CompletedProcess[str]:
+        """``args`` run in the container (docker exec), whatever their exit status."""
+        return subprocess.run(["docker", "exec", container, *args], env=self.env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
 
     def containers(self, service: str) -> list[str]:
         """Ids of the service's containers, running or not."""
@@ -208,13 +219,29 @@ class Compose:
                 raise AssertionError(f"not healthy in {timeout}s: "
                                      f"{ {c[:12]: self.health(c) for c in waiting} }")
 
+    def kill_and_await_restart(self, container: str, timeout: float = 60) -> None:
+        """SIGKILL the container's main process from the host, as a crash or the OOM killer
+        would (``docker kill`` is a stop, which Docker does not undo), and wait for Docker's
+        start event of the container: its restart policy at work. Needs the daemon on this
+        machine, and root."""
+        pid = int(self.state(container, "Pid"))
+        assert pid > 0, f"{container[:12]} is not running"
+        since = f"{time.time():.3f}"  # events from here on, read after the kill: none missed
+        os.kill(pid, signal.SIGKILL)
+        with self._events("start", timeout, since) as lines:
+            for line in lines:
+                if container.startswith(line.partition(" ")[0][:12]):
+                    return
+        raise AssertionError(f"{container[:12]} not restarted within {timeout}s")
+
     @contextmanager
-    def _events(self, event: str, timeout: float) -> Iterator[Iterator[str]]:
+    def _events(self, event: str, timeout: float,
+                since: str | None = None) -> Iterator[Iterator[str]]:
         until = f"{int(time.time() + timeout)}"
         proc = subprocess.Popen(
             ["docker", "events", "--filter", f"event={event}", "--filter",
              f"label=com.docker.compose.project={self.project}", "--until", until,
-             "--format", "{{.ID}} {{.Status}}"],
+             *(["--since", since] if since else []), "--format", "{{.ID}} {{.Status}}"],
             env=self.env, stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         try:

@@ -142,6 +142,13 @@ def test_history_names_the_default_when_no_rule_decided(redis_server: EmbeddedRe
      "Redis is unavailable"),
     (["--redis-url", "redis://127.0.0.1:{port}/0", "resolve", "--session", "s", "--action",
       "apply", "--reason", "r", "--edit", "[1]"], 2, "--edit"),
+    # a worker whose id file could never be written, and ids that are no worker's id file
+    (["--redis-url", "redis://127.0.0.1:{port}/0", "worker", "--id-file", "/nowhere/id"], 2,
+     "cannot write the worker id file /nowhere/id"),
+    (["--redis-url", "redis://127.0.0.1:{port}/0", "health", "--worker", "@"], 2,
+     "--worker @PATH needs a path"),
+    (["--redis-url", "redis://127.0.0.1:{port}/0", "health", "--worker", "@/"], 2,
+     "cannot read the worker id file /"),
 ])
 def test_errors_are_one_line(args: list[str], code: int, needle: str) -> None:
     port = str(free_port())

@@ -8,10 +8,7 @@ Run with ``python -m dramatiq workers.actors your.handlers`` (``pending-actions 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
-import uuid
 from typing import Any
 
 import dramatiq
@@ -22,7 +19,7 @@ from pending_actions.broker import routing, tracing
 from pending_actions.broker.connection import is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.events import WorkerEvent, announce
-from pending_actions.broker.loops import PULSE_S, Beats, Loop
+from pending_actions.broker.loops import PULSE_S, Beats, Loop, process_name
 from pending_actions.broker.settings import Settings
 from pending_actions.workers import attempt, registry
 from pending_actions.workers.early import EarlyClaims, HandBack
@@ -52,7 +49,9 @@ class Registration(dramatiq.Middleware):
 
     def __init__(self) -> None:
         self.stop = threading.Event()
-        self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        # the process's one name: its member of its pool in the registry is <pool>/<name>,
+        # which `health --worker` looks for beside the process's beats
+        self.instance = beats.proc
         self.names: list[str] = []
         self.tenants: dict[str, list[str]] = {}
         self.pool = ""
@@ -136,8 +135,7 @@ def serve_pool(broker: StreamsBroker, pool: str) -> None:
 
 
 tracing.setup("pending-actions-worker")  # this process's spans; from OTEL_* alone
-beats = Beats(ctx, f"{socket.gethostname()}:{os.getpid()}:dramatiq", "dramatiq",
-              ctx.settings.supervisor or "")
+beats = Beats(ctx, process_name(), "dramatiq", ctx.settings.supervisor or "")
 early_claims = EarlyClaims(ctx)
 broker = task_broker(ctx)
 broker.add_middleware(Registration())

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -27,7 +25,7 @@ from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.events import WorkerEvent, announce
 from pending_actions.broker.failures import poison_of, translate
 from pending_actions.broker.keys import RESOLVER_GROUP
-from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop
+from pending_actions.broker.loops import PULSE_S, Beats, Fatal, Loop, process_name
 from pending_actions.broker.models import ResolveRequest
 from pending_actions.broker.results import (
     expired,
@@ -77,7 +75,7 @@ class ResolveWorker:
     @staticmethod
     def new_name() -> str:
         """A resolve worker's name (its consumer names and its beats start with it)."""
-        return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        return process_name()
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> ResolveWorker:

@@ -7,11 +7,18 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
+from typing import Any
 
 import click
 
 from pending_actions.broker import tracing
-from pending_actions.broker.errors import ConfigError, Forbidden, PendingActionsError
+from pending_actions.broker.errors import (
+    ConfigError,
+    Forbidden,
+    InvalidInput,
+    PendingActionsError,
+)
+from pending_actions.broker.models import check_tenant
 from pending_actions.broker.settings import page_address
 from pending_actions.cli.base import Obj, fail
 from pending_actions.serve.auth import ROLES, Tokens
@@ -27,9 +34,12 @@ from pending_actions.serve.auth import ROLES, Tokens
                    "(for the operators' monitoring; off by default).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True,
               help="Address of the --metrics-port listener.")
+@click.option("--first-token", "first_tenant", metavar="TENANT",
+              help="On the deployment's first start only, create an admin token of TENANT and "
+                   "print it once on stdout; later starts say it was made.")
 @click.pass_obj
 def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None,
-          metrics_port: int | None, metrics_host: str) -> None:
+          metrics_port: int | None, metrics_host: str, first_tenant: str | None) -> None:
     """Run the HTTP API and the approval inbox page (needs `pip install 'pending-actions[serve]'`).
 
     Every /v1 route and /metrics need `Authorization: Bearer <token>` (see `token create`);
@@ -44,18 +54,37 @@ def serve(obj: Obj, host: str, port: int, resolve_timeout: float | None,
     if metrics_port is not None and metrics_port == port and metrics_host == host:
         raise click.UsageError("--metrics-port must differ from --port")
     try:
+        if first_tenant is not None:
+            check_tenant(first_tenant)  # before the ports are taken
         sock = listen.bind(host, port)
         side = None if metrics_port is None else listen.bind(metrics_host, metrics_port)
-    except ConfigError as exc:
+    except (ConfigError, InvalidInput) as exc:
         fail(exc)
     tracing.setup("pending-actions-serve")  # from the OTEL_* variables alone
-    app = create_app(obj.client(), resolve_timeout)
+    pa = obj.client()
+    if first_tenant is not None:
+        first_token(pa, first_tenant)
+    app = create_app(pa, resolve_timeout)
     click.echo(f"serving on http://{host}:{port}/", err=True)
     if side is not None:
         click.echo(f"operator metrics on http://{metrics_host}:{metrics_port}/metrics",
                    err=True)
     listen.run(app, sock, None if side is None else (operator_app(app.state.api), side),
                listen.Limits.of(app.state.api.settings))
+
+
+def first_token(pa: Any, tenant: str) -> None:
+    """``--first-token``: a compose deployment's way in without a shell in a container."""
+    try:
+        with token_store():
+            secret, name = Tokens(pa.client, pa.ctx.keys).first(tenant)
+    except PendingActionsError as exc:
+        fail(exc)
+    if secret is not None:
+        click.echo(f"first admin token for tenant {tenant} (shown once): {secret}")
+    else:
+        click.echo(f"the first admin token was made before ({name}); more with "
+                   "`pending-actions token create`", err=True)
 
 
 @click.group()

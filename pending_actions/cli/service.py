@@ -59,12 +59,15 @@ def up(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...], data
 @click.argument("more_handlers", nargs=-1, metavar="[MODULE]...")
 @click.option("--processes", type=int, help="dramatiq worker processes [env ..._WORKER_PROCESSES].")
 @click.option("--threads", type=int, help="threads per dramatiq process [env ..._WORKER_THREADS].")
+@click.option("--id-file", metavar="PATH",
+              help="Write this worker's name here once it runs, for `health --worker @PATH` "
+                   "[env ..._WORKER_ID_FILE].")
 @MCP_UPSTREAM
 @MCP_UPSTREAM_TENANTS
 @click.pass_obj
 def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
-           processes: int | None, threads: int | None, mcp_upstreams: tuple[str, ...],
-           mcp_upstream_tenants: tuple[str, ...]) -> None:
+           processes: int | None, threads: int | None, id_file: str | None,
+           mcp_upstreams: tuple[str, ...], mcp_upstream_tenants: tuple[str, ...]) -> None:
     """Run a resolve worker plus dramatiq worker processes against a shared Redis.
 
     Start as many as you like, on as many machines: requests are shared through a consumer
@@ -77,8 +80,8 @@ def worker(obj: Obj, handlers: tuple[str, ...], more_handlers: tuple[str, ...],
     settings = obj.settings()
     if not settings.redis_url:
         raise click.UsageError("worker needs --redis-url or PENDING_ACTIONS_REDIS_URL")
-    update = {k: v for k, v in (("worker_processes", processes), ("worker_threads", threads))
-              if v is not None}
+    update = {k: v for k, v in (("worker_processes", processes), ("worker_threads", threads),
+                                ("worker_id_file", id_file)) if v is not None}
     try:
         settings = with_options(settings.model_copy(update=update), mcp_upstreams,
                                 mcp_upstream_tenants)

@@ -80,6 +80,18 @@ class Tokens:
         self.client.hset(self.keys.tokens, hashed, orjson.dumps(record))
         return token, principal
 
+    def first(self, tenant: str) -> tuple[str | None, str]:
+        """A deployment's first way in: an admin token of ``tenant``, made by the first call
+        only (the first start of ``serve --first-token``). Returns the token (None on every
+        later call) and its name. The mark is claimed before the token is made: a crash in
+        between leaves no first token, never two (``token create`` makes more)."""
+        check_tenant(tenant)
+        name = person("name", f"{tenant}-admin-{secrets.token_hex(3)}")
+        if not self.client.hsetnx(self.keys.first_token, "made", name):
+            made: Any = self.client.hget(self.keys.first_token, "made")
+            return None, made.decode() if isinstance(made, bytes) else str(made)
+        return self.create(tenant, "admin", name)[0], name
+
     def lookup(self, token: str) -> Principal | None:
         if not token.startswith(TOKEN_PREFIX):
             return None

@@ -30,10 +30,11 @@ def free_port() -> int:
 class Server:
     """``serve`` with its operator listener (``--metrics-port``) on a second free port; with
     ``log``, its stderr goes to that file (else to ours); ``overrides``: settings of its own
-    (``{"serve_body_timeout_s": "1"}``)."""
+    (``{"serve_body_timeout_s": "1"}``); ``args``: more options, whose output on stdout is then
+    the caller's to read (``proc.stdout``)."""
 
     def __init__(self, url: str, log: Path | None = None,
-                 overrides: dict[str, str] | None = None) -> None:
+                 overrides: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
         self.port, self.metrics_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -41,9 +42,9 @@ class Server:
             stderr = files.enter_context(log.open("wb")) if log else None
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pending_actions", "serve", "--port", str(self.port),
-                 "--resolve-timeout", "30", "--metrics-port", str(self.metrics_port)],
+                 "--resolve-timeout", "30", "--metrics-port", str(self.metrics_port), *args],
                 env=worker_env(url, **(overrides or {})), cwd=ROOT, stdin=subprocess.DEVNULL,
-                stderr=stderr)
+                stdout=subprocess.PIPE if args else None, stderr=stderr, text=True)
         self.http = httpx.Client(base_url=self.base, timeout=60, trust_env=False)
         self.operator = httpx.Client(base_url=f"http://127.0.0.1:{self.metrics_port}",
                                      timeout=60, trust_env=False)
@@ -63,6 +64,8 @@ class Server:
     def stop(self) -> None:
         self.http.close()
         self.operator.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self.proc.terminate()
         try:
             self.proc.wait(10)

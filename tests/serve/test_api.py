@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -16,10 +17,11 @@ import pytest
 import redis
 
 from pending_actions.broker.errors import Forbidden
+from pending_actions.broker.keys import Keys
 from pending_actions.procs import ROOT
 from pending_actions.producers import PendingActions
 from pending_actions.serve.auth import Tokens
-from tests.serve.conftest import Server
+from tests.serve.conftest import Server, free_port
 from tests.support.procs import worker_env
 from tests.support.runs import runs
 from tests.support.waits import wait_until
@@ -192,6 +194,48 @@ def test_token_cli_links_for_people_only(redis_server: Any, tokens: Tokens) -> N
     assert refused.returncode == 2, refused.stderr
     assert "bad setting PENDING_ACTIONS_INBOX_URL: must be" in refused.stderr, refused.stderr
     assert {p.name for p in tokens.all()} == before
+
+
+def test_first_token_made_on_the_first_start_only(redis_server: Any, tmp_path: Path) -> None:
+    """``serve --first-token T`` (a compose deployment's way in): the first start prints an
+    admin token of T once, which works; a restart makes none and says so; nor does one after
+    that token's revocation, which would print a fresh admin token into the logs."""
+    t, prefix = tenant(), f"first{uuid.uuid4().hex[:6]}"  # a deployment of its own
+    rc: Any = redis.Redis.from_url(redis_server.url)
+    names = Keys(prefix=prefix).token_names
+
+    def start(n: int) -> tuple[str, str]:
+        """A serve with --first-token, until it answers: what it said on stdout and stderr."""
+        log = tmp_path / f"serve-{n}.log"
+        server = Server(redis_server.url, log, {"key_prefix": prefix}, ("--first-token", t))
+        server.wait_ready()
+        assert server.proc.stdout is not None
+        out = ""
+        if n == 0:  # printed before the port opened
+            out = server.proc.stdout.readline()
+            token = out.rpartition(" ")[2].strip()
+            assert server.http.get("/v1/inbox", headers=server.as_(token)).status_code == 200
+            assert server.http.get("/metrics", headers=server.as_(token)).status_code == 200
+        server.stop()
+        return out, log.read_text()
+
+    out, _err = start(0)
+    said = re.fullmatch(rf"first admin token for tenant {t} \(shown once\): (pat_\S+)\n", out)
+    assert said, out
+    [name] = [n.decode() for n in rc.hkeys(names)]
+    assert name.startswith(f"{t}-admin-")
+    for n in (1, 2):
+        out, err = start(n)
+        assert out == "" and f"the first admin token was made before ({name})" in err, err
+        assert [k.decode() for k in rc.hkeys(names)] == ([name] if n == 1 else [])
+        if n == 1:
+            made = subprocess.run(
+                [sys.executable, "-m", "pending_actions", "token", "revoke", name],
+                env=worker_env(redis_server.url, key_prefix=prefix), cwd=ROOT,
+                capture_output=True, text=True, timeout=60)
+            assert made.returncode == 0, made.stderr
+    bad = cli(redis_server.url, "serve", "--port", str(free_port()), "--first-token", "no tenant!")
+    assert bad.returncode == 2 and "tenant" in bad.stderr, bad.stderr
 
 
 def assert_nowhere_in_redis(rc: redis.Redis, token: str) -> None:
