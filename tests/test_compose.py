@@ -179,13 +179,17 @@ def tally(rc: Any, sessions: list[str], acknowledged: set[str]) -> dict[str, int
 OWN_CHECK = ("sh", "-c",
              'pending-actions --json health --worker "@$PENDING_ACTIONS_WORKER_ID_FILE"')
 FIRST_TOKEN = re.compile(r"first admin token for tenant default \(shown once\): (pat_\S+)")
+SIGN_IN = re.compile(r"sign-in link \(as secret as the token\): (http://\S+)#token=(pat_\S+)")
 
 
 def first_token(stack: Compose) -> str:
-    """The admin token serve's first start printed, from its log (every start's)."""
+    """The admin token serve's first start printed, from its log (every start's), and its
+    sign-in link to the page of the stack's own serve."""
     said = stack.run("logs", "--no-color", "serve", timeout=60)
     tokens = FIRST_TOKEN.findall(said)
     assert len(tokens) == 1, said[-2000:]
+    links = SIGN_IN.findall(said)
+    assert links == [(f"http://127.0.0.1:{stack.env['PA_SERVE_PORT']}/", tokens[0])], links
     return str(tokens[0])
 
 

@@ -82,6 +82,9 @@ def first_token(pa: Any, tenant: str) -> None:
         fail(exc)
     if secret is not None:
         click.echo(f"first admin token for tenant {tenant} (shown once): {secret}")
+        # as `token create` prints one: the inbox opened signed in (INBOX_URL)
+        click.echo(f"sign-in link (as secret as the token): {pa.settings.inbox_url}"
+                   f"#token={secret}")
     else:
         click.echo(f"the first admin token was made before ({name}); more with "
                    "`pending-actions token create`", err=True)

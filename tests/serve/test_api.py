@@ -214,6 +214,9 @@ def test_first_token_made_on_the_first_start_only(redis_server: Any, tmp_path: P
         if n == 0:  # printed before the port opened
             out = server.proc.stdout.readline()
             token = out.rpartition(" ")[2].strip()
+            link = server.proc.stdout.readline()
+            assert link == ("sign-in link (as secret as the token): http://127.0.0.1:8080/"
+                            f"#token={token}\n"), link
             assert server.http.get("/v1/inbox", headers=server.as_(token)).status_code == 200
             assert server.http.get("/metrics", headers=server.as_(token)).status_code == 200
         server.stop()
