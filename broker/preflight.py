@@ -31,23 +31,39 @@ def check_policy(info: dict[str, Any]) -> None:
             "(CONFIG SET maxmemory-policy noeviction, and in redis.conf)")
 
 
+def check_topology(client: Any, url: str) -> None:
+    """ConfigError for a single-node client (a plain URL) of a Redis Cluster node: its first
+    key of another node's slot would answer MOVED, deep in a loop that restarts for ever."""
+    from pending_actions.broker.connection import is_cluster, server_info
+    from pending_actions.broker.failures import cluster_node
+
+    if not is_cluster(client) and \
+            str(server_info(client, "cluster").get("cluster_enabled", 0)) == "1":
+        raise cluster_node(url)
+
+
 def preflight(ctx: Any) -> None:
     """At a worker's start: log in, read INFO (a cluster node under a plain URL, the eviction
-    policy), load the scripts, read the clock. Raises the package's errors (Forbidden for
-    credentials or a missing permission, ConfigError for a policy or a cluster node,
-    RedisUnavailable for no Redis) so that the worker exits at once with one clear line instead
-    of retrying for ever."""
-    from pending_actions.broker.connection import is_cluster, server_info
-    from pending_actions.broker.failures import cluster_node, redis_errors
+    policy), load the scripts, read the clock; reach the Redis of ``DRAMATIQ_URL`` too, when
+    it is another. Raises the package's errors (Forbidden for credentials or a missing
+    permission, ConfigError for a policy or a cluster node, RedisUnavailable for no Redis) so
+    that the worker exits at once with one clear line instead of retrying for ever."""
+    from pending_actions.broker.connection import producer_client, server_info
+    from pending_actions.broker.failures import redis_errors
 
     url = ctx.settings.redis_url or ""
     with redis_errors(url):
         ctx.client.ping()
-        # a plain URL to a cluster node: its first key of another node's slot answers MOVED,
-        # deep in a loop that would restart for ever; refused here, in one line
-        if not is_cluster(ctx.client) and \
-                str(server_info(ctx.client, "cluster").get("cluster_enabled", 0)) == "1":
-            raise cluster_node(url)
+        check_topology(ctx.client, url)
         check_policy(server_info(ctx.client, "memory"))
         ctx.scripts.load_all()
         ctx.clock.sync()
+    tasks = ctx.settings.dramatiq_url
+    if tasks and tasks != url:
+        other: Any = producer_client(tasks)
+        try:
+            with redis_errors(tasks):
+                other.ping()
+                check_topology(other, tasks)
+        finally:
+            other.close()

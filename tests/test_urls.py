@@ -204,7 +204,8 @@ def _owned_elsewhere(node: Any, keys: Keys) -> str:
     raise AssertionError("every session hashed to one node")
 
 
-def test_a_cluster_node_under_a_plain_url_is_named_in_one_line(redis_cluster: Cluster) -> None:
+def test_a_cluster_node_under_a_plain_url_is_named_in_one_line(redis_cluster: Cluster,
+                                                               redis_server: EmbeddedRedis) -> None:
     """A plain redis:// URL to a node of a cluster: a worker refuses to start (it would have
     served nothing, its consumer restarting on MOVED for ever), and a client's call that meets
     another node's key says what URL to use; both in one line, exit 2, nothing written."""
@@ -223,6 +224,15 @@ def test_a_cluster_node_under_a_plain_url_is_named_in_one_line(redis_cluster: Cl
     assert started.stderr.count("\n") == 1 and "redis+cluster://127.0.0.1:" in started.stderr, \
         started.stderr
     assert "node of a Redis Cluster" in started.stderr, started.stderr
+    # the same for the Redis of the handler tasks, when it is another
+    started = subprocess.run(
+        [sys.executable, "-m", "pending_actions", "worker", "--redis-url", redis_server.url],
+        env={**worker_env(redis_server.url), "PENDING_ACTIONS_DRAMATIQ_URL": plain}, cwd=ROOT,
+        capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2, started
+    assert started.stderr.count("\n") == 1, started.stderr
+    assert f"the Redis at {plain} is a node of a Redis Cluster" in started.stderr, \
+        started.stderr
 
     session = _owned_elsewhere(node, K)
     listed = subprocess.run([sys.executable, "-m", "pending_actions", "ls", "--redis-url",
