@@ -200,6 +200,21 @@ def test_an_upstreams_stderr_reaches_ours_marked_with_its_name(url: str, folder:
                 if said in line and not line.startswith("[mcp:files] ")], lines
 
 
+def test_an_upstreams_stderr_in_a_workers_log_is_marked_with_its_name(
+        url: str, folder: Path, tmp_path: Path) -> None:
+    """The same in a worker's log: its start tries each upstream (``--mcp-upstream``), whose
+    stderr reaches the log line by line, each led by `[mcp:files] `, none of it unmarked."""
+    log = tmp_path / "worker.log"
+    worker = McpWorker(url, folder, flags=("--chatter",), log_path=log).start()
+    assert worker.stop(30) == 0
+    lines = log.read_text().splitlines()
+    marked = [line for line in lines if line.startswith("[mcp:files] ")]
+    assert marked and {line.removeprefix("[mcp:files] ") for line in marked} == set(CHATTER), \
+        lines
+    assert not [line for line in lines for said in ("starting", "half", "bye")
+                if said in line and not line.startswith("[mcp:files] ")], lines
+
+
 def test_proxy_discards_a_staged_write(url: str, pa: PendingActions, folder: Path,
                                        session: str) -> None:
     path = f"{session}.txt"

@@ -39,8 +39,8 @@ class McpWorker(Worker):
     """A worker with the test handlers and ``--mcp-upstream files=...`` on its command line."""
 
     def __init__(self, url: str, folder: Path, overrides: dict[str, str] | None = None,
-                 flags: tuple[str, ...] = ()) -> None:
-        super().__init__(url, overrides=overrides)
+                 flags: tuple[str, ...] = (), log_path: Path | None = None) -> None:
+        super().__init__(url, overrides=overrides, log_path=log_path)
         self.child.argv += ["--mcp-upstream", upstream_option(folder, *flags)]
 
 
