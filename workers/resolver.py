@@ -202,9 +202,6 @@ class ResolveWorker:
                 retaken = self._take_all([live[i] for i in refused], fresh, now_ms)
                 for i, t in zip(refused, retaken, strict=True):
                     taken[i], views[i] = t, fresh
-            refuse_no_worker(self.ctx, [(live[i][1], t) for i in refused
-                          if isinstance(t := taken[i], Taken)
-                          and t.status is TakeStatus.NO_WORKER])
         for (entry, request), got, seen in zip(live, taken, views, strict=True):
             if isinstance(got, Exception):
                 if self._failed_take(entry, request, got):
@@ -224,8 +221,6 @@ class ResolveWorker:
                     got.status is TakeStatus.APPROVED and not got.recorded):
                 acks.append(entry)
             outcomes.append(_outcome(got))
-        answer_people(self.ctx, [(r, t) for (_e, r), t in zip(live, taken, strict=True)
-                             if isinstance(t, Taken) and t.status in PEOPLE])
         if acks:
             # after the takes, not beside them: a take Redis refused for memory leaves its
             # request pending, to be claimed again once memory is back; on another broker,
@@ -233,6 +228,11 @@ class ResolveWorker:
             pipe = ctx.client.pipeline(transaction=False)
             self._queue_ack(pipe, acks)
             pipe.execute()
+        # the answers take.lua left to us, after the acks: a caller told that nothing changed
+        # finds its request gone too (a crash in between leaves it to time out, unchanged)
+        answered = [(r, t) for (_e, r), t in zip(live, taken, strict=True) if isinstance(t, Taken)]
+        refuse_no_worker(ctx, [(r, t) for r, t in answered if t.status is TakeStatus.NO_WORKER])
+        answer_people(ctx, [(r, t) for r, t in answered if t.status in PEOPLE])
         return outcomes
 
     def _take_all(self, requests: list[tuple[tuple[str, bytes], ResolveRequest]], view: Live,
