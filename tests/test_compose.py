@@ -39,10 +39,11 @@ pytestmark = pytest.mark.slow
 K = Keys()
 TRANSIENT = (PendingActionsError, redis.ConnectionError, redis.TimeoutError,
              redis.BusyLoadingError)
-# the compose workers keep 1000 history entries a session, and an action writes up to 6
+# the compose workers keep 1000 history entries a session, and an action writes up to 6: a load
+# session moves on to a new one (its name with a number) after this many actions
 MAX_ACTIONS = 120
-# each session stages at most 4 actions a second, so the load lasts through every stop (at full
-# speed the sessions would stage their MAX_ACTIONS before the first stop ended)
+# each session stages at most 4 actions a second (at full speed the stops would be a small part
+# of the load's time)
 PACE_S = 0.25
 
 
@@ -85,7 +86,8 @@ def stack(daemon: Dockerd) -> Iterator[Compose]:
 
 class Load:
     """Agent sessions staging and resolving from the host until stopped, riding out a Redis
-    that goes away: every stage() that returned an id is remembered."""
+    that goes away: every stage() that returned an id is remembered, and every session used
+    (``used``: a slow stop or restart must not leave the load without actions to stage)."""
 
     def __init__(self, pa: PendingActions, sessions: list[str]) -> None:
         self.pa, self.sessions = pa, sessions
@@ -95,6 +97,7 @@ class Load:
         self.acknowledged: set[str] = set()
         self.errors: list[BaseException] = []
         self.failures = Counter[str]()  # what the resolves that did not end an action said
+        self.used: list[str] = []
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._guarded, args=(s,)) for s in sessions]
 
@@ -114,9 +117,13 @@ class Load:
         except BaseException as exc:
             self.errors.append(exc)
 
-    def _run(self, session: str) -> None:
-        rng, staged = random.Random(session), 0
-        while not self.stop.is_set() and staged < MAX_ACTIONS:
+    def _run(self, base: str) -> None:
+        rng, staged, session = random.Random(base), 0, base
+        while not self.stop.is_set():
+            if staged % MAX_ACTIONS == 0:
+                session = f"{base}-{staged // MAX_ACTIONS}"
+                with self.lock:
+                    self.used.append(session)
             try:
                 action_id = self.pa.stage(
                     session=session, tool="edit", label=f"edit {staged}", payload={"n": staged},
@@ -143,9 +150,11 @@ class Load:
         """Wait for n more resolves from now, with every session still producing."""
         with self.changed:
             goal = self.done + n
-            assert self.changed.wait_for(lambda: self.done >= goal, timeout), self.failures
+            assert self.changed.wait_for(lambda: self.done >= goal, timeout), (
+                f"{self.done} of {goal} resolves; {len(self.acknowledged)} staged; "
+                f"failures {dict(self.failures)}; errors {self.errors}")
         assert not self.errors, self.errors
-        assert all(t.is_alive() for t in self.threads), "a session ran out of actions"
+        assert all(t.is_alive() for t in self.threads), "a load session ended"
 
 
 def drain(pa: PendingActions, rc: Any, session: str, timeout: float = 120) -> None:
@@ -341,9 +350,10 @@ def test_compose_stack_scales_and_survives_stops(stack: Compose) -> None:
     example = [k.decode().split("{")[1].split("}")[0]
                for k in rc.scan_iter(K.history("example-*"))]
     assert example, "the example producer staged nothing"
-    for s in [*sessions, *example]:
+    assert len(load.used) >= len(sessions)
+    for s in [*load.used, *example]:
         drain(pa, rc, s)
-    counts = tally(rc, [*sessions, *example], load.acknowledged)
+    counts = tally(rc, [*load.used, *example], load.acknowledged)
     print(counts, "\nresolves that ended nothing:", dict(load.failures))
     assert counts["acknowledged"] >= 60
     assert counts["lost"] == 0 and counts["ended_twice"] == 0, counts
