@@ -9,8 +9,10 @@ caller has, and writes nothing when there is none. docs/design.md (Tracing) has 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -56,20 +58,39 @@ def carried(span: Any = None) -> str | None:
     if not AVAILABLE:
         return None
     span = span if span is not None else _trace.get_current_span()
-    if not span.get_span_context().is_valid:
+    context = span.get_span_context()
+    if not context.is_valid:
         return None
-    carrier: dict[str, str] = {}
-    _propagator.inject(carrier, context=_trace.set_span_in_context(span))
-    parent, state = carrier.get("traceparent"), carrier.get("tracestate")
+    # the W3C form the standard propagator writes (version 00), without its carrier and context
+    parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    state = context.trace_state.to_header() if context.trace_state else ""
     # a tracestate past the W3C's 512 characters is dropped, as a propagator may
-    return f"{parent} {state}" if parent and state and len(state) <= 512 else parent
+    return f"{parent} {state}" if state and len(state) <= 512 else parent
 
 
 def context_of(text: str | None) -> Any:
     """The context a carried string stands for; None for none (or without the API)."""
     if not AVAILABLE or not text:
         return None
+    return _extracted(text)
+
+
+# a version-00 traceparent, all that carried() writes: read without the propagator's general
+# parse (any other form, and one with a tracestate, goes through it)
+_PARENT_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+@functools.lru_cache(maxsize=256)
+def _extracted(text: str) -> Any:
+    # contexts are immutable: a handler run's start and its span read the lease's one string
     parent, _, state = text.partition(" ")
+    plain = None if state else _PARENT_00.fullmatch(parent)
+    if plain is not None:
+        trace_id, span_id = int(plain[1], 16), int(plain[2], 16)
+        if trace_id and span_id:  # all zeros is invalid: the propagator's empty context
+            return _trace.set_span_in_context(_trace.NonRecordingSpan(_trace.SpanContext(
+                trace_id, span_id, is_remote=True,
+                trace_flags=_trace.TraceFlags(int(plain[3], 16)))), _context.Context())
     return _propagator.extract({"traceparent": parent, **({"tracestate": state} if state
                                                           else {})})
 
@@ -142,9 +163,33 @@ def start(name: str, parent: str | None, attributes: Attributes,
     to each carried context of ``links``; None when this process keeps no spans."""
     if not recording():
         return None
+    context = context_of(parent)
+    if context is not None and _drops_unsampled():
+        found_parent = _trace.get_current_span(context).get_span_context()
+        if found_parent.is_valid and not found_parent.trace_flags.sampled:
+            return None  # dropped by the sampler: no links parsed, no span built
     found = [c for c in map(_span_context, links) if c is not None]
-    return _tracer.start_span(name, context=context_of(parent), attributes=attributes,
+    return _tracer.start_span(name, context=context, attributes=attributes,
                               links=[_trace.Link(c) for c in found], start_time=start_ns)
+
+
+_dropping: tuple[Any, bool] = (None, False)  # (provider, whether its sampler drops, as below)
+
+
+def _drops_unsampled() -> bool:
+    """Whether this process's sampler drops every span whose (carried, so remote) parent is not
+    sampled, whatever the span's name, attributes and links: the SDK's parent-based sampler with
+    its default for such a parent (the SDK's default sampler, and every ``parentbased_*`` of
+    ``OTEL_TRACES_SAMPLER``). Read off its description, once per provider; any other sampler
+    is asked for every span, as the SDK asks it."""
+    global _dropping
+    provider = _trace.get_tracer_provider()
+    if _dropping[0] is not provider:
+        sampler = getattr(provider, "sampler", None)
+        described = sampler.get_description() if sampler is not None else ""
+        _dropping = (provider, described.startswith("ParentBased{")
+                     and ",remoteParentNotSampled:AlwaysOffSampler," in described)
+    return _dropping[1]
 
 
 def end(span: Any, attributes: Attributes) -> None:

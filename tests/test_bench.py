@@ -37,7 +37,8 @@ QUICK_ROWS = [
     "peer.bytes",
     "cluster.commands.per_resolve", "cluster.spread", "cluster.idle.p50",
     "cluster.loaded.throughput", "cluster.loaded.p50",
-    "policy.stage.p50", "policy.glob.worst", "tracing.idle.p50", "mcp.read.p50",
+    "policy.stage.p50", "policy.glob.worst", "tracing.idle.p50", "tracing.handler.unsampled",
+    "tracing.handler.sampled", "tracing.loaded.sampled", "mcp.read.p50",
     "mcp.resolve.p50",
 ]
 # rows of an optional part a run may skip (saying why in the row's note): the key's start

@@ -288,6 +288,27 @@ def test_a_carried_context_round_trips_with_its_tracestate() -> None:
     assert tracing.context_of(None) is None and tracing.context_of("") is None
 
 
+def test_a_carried_context_reads_as_the_standard_propagator_reads_it() -> None:
+    """context_of reads a plain version-00 traceparent itself: what it finds is what the SDK's
+    propagator finds, for that form and for every other (each then read by the propagator)."""
+    from opentelemetry.trace import get_current_span
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    ids = "0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331"
+    for text in [f"00-{ids}-01", f"00-{ids}-00", f"00-{ids}-03", f"00-{ids}-01 k=v",
+                 f"00-{'0' * 32}-b7ad6b7169203331-01", f"00-{ids[:33]}{'0' * 16}-01",
+                 f"00-{ids.upper()}-01", f"ff-{ids}-01", f"01-{ids}-01-later", f"00-{ids}-1",
+                 f"00-{ids}-01-x", "garbage"]:
+        parent, _, state = text.partition(" ")
+        want = get_current_span(TraceContextTextMapPropagator().extract(
+            {"traceparent": parent, **({"tracestate": state} if state else {})})
+        ).get_span_context()
+        got = get_current_span(tracing.context_of(text)).get_span_context()
+        assert (got.is_valid, got.trace_id, got.span_id, got.trace_flags, got.is_remote,
+                got.trace_state) == (want.is_valid, want.trace_id, want.span_id,
+                                     want.trace_flags, want.is_remote, want.trace_state), text
+
+
 def test_which_exporters_the_standard_variables_ask_for() -> None:
     names = tracing.exporter_names
     assert names({}) == []
@@ -398,3 +419,45 @@ def test_a_worker_that_keeps_no_spans_passes_the_context_on(tmp_path: Path) -> N
             pa.close()
         assert not result.is_error, result.text
         assert (lease["state"], lease["trace"]) == ("running", want)
+
+
+@pytest.mark.parametrize("sampler", ["parentbased_always_on", "always_on"])
+def test_a_turn_not_sampled_is_dropped_as_its_sampler_says(tmp_path: Path, sampler: str) -> None:
+    """An agent's turn whose trace is not sampled: workers under the default parent-based
+    sampler build no take and no handler span for it (and pass its context on in the lease);
+    under a sampler that samples whatever the parent says, both are exported, children of the
+    turn. A sampled turn after it is exported either way: the sync that the first's spans,
+    ended before its own in each process, would have come by then."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    from pending_actions.producers import PendingActions
+
+    unsampled, sampled = (TracerProvider(sampler=s).get_tracer("agent")
+                          for s in (ALWAYS_OFF, None))
+    with receiver() as otlp, cluster(tmp_path, workers=0) as (server, workers, _pa):
+        workers.append(Worker(server.url, overrides=FAST, log_path=tmp_path / "worker.log",
+                              env={**otlp.env("workers"), "OTEL_TRACES_SAMPLER": sampler}
+                              ).start())
+        pa = PendingActions.from_url(server.url)
+        turns: dict[str, tuple[str, Any]] = {}
+        try:
+            for name, tracer in (("unsampled", unsampled), ("sampled", sampled)):
+                action_id = pa.stage(session=name, tool="edit", label="L", apply="t.ok")
+                with tracer.start_as_current_span("turn") as turn:
+                    assert not pa.resolve(session=name, action="apply", reason="r").is_error
+                turns[name] = (action_id, turn.get_span_context())
+        finally:
+            pa.close()
+        for name, (action_id, turn) in turns.items():
+            assert turn.trace_flags.sampled is (name == "sampled")
+            if name == "unsampled" and sampler.startswith("parentbased"):
+                continue
+            take = otlp.one(TAKE, action_id=action_id)
+            apply = otlp.one(APPLY, action_id=action_id)
+            assert (take.trace_id, take.parent_id) == (f"{turn.trace_id:032x}",
+                                                       f"{turn.span_id:016x}")
+            assert child_of(apply, take)
+        dropped = turns["unsampled"][0]
+        seen = [s.name for s in otlp.spans
+                if s.attributes.get("pending_actions.action_id") == dropped]
+        assert sorted(seen) == ([] if sampler.startswith("parentbased") else [APPLY, TAKE]), seen

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,7 +41,7 @@ POLICY_DB, MCP_DB, TRACING_DB = 5, 6, 7  # of the run's private redis-server, fl
 POLICY_ROUNDS = 3  # no policy and 50 rules alternate in blocks, this many of each
 GLOB_SIZE = 65_536  # characters of the payload string each glob decides
 GLOB_SMALL = 1_024  # the baseline: the same glob on a string this long
-PHASES = 6  # progress phases of ``run``: policy, globs, tracing (3), MCP
+PHASES = 8  # progress phases of ``run``: policy, globs, tracing (5), MCP
 
 # (glob, the string of n characters it is decided against): each made to cost the most for its
 # kind of glob. None matches: a match found early ends the search early. Where a run of the glob
@@ -65,7 +66,7 @@ def run(r: Any, base: str, logs: Path, progress: Progress) -> None:
     run is in ``r.skipped`` with the reason."""
     policy(r, f"{base}/{POLICY_DB}", progress)
     globs(r, progress)
-    optional(r, "tracing", tracing_unavailable(), 3, progress,
+    optional(r, "tracing", tracing_unavailable(), 5, progress,
              lambda: tracing(r, f"{base}/{TRACING_DB}", logs, progress))
     optional(r, "mcp", mcp_unavailable(), 1, progress,
              lambda: mcp(r, f"{base}/{MCP_DB}", logs, progress))
@@ -231,8 +232,17 @@ class Sink:
 def tracing(r: Any, url: str, logs: Path, progress: Progress) -> None:
     """Idle resolves (``appendfsync always``) on a worker whose processes export every span
     from the standard ``OTEL_*`` variables to a local endpoint, as the run's idle resolves are
-    measured; the callers keep no spans (an agent elsewhere in production)."""
+    measured; the callers keep no spans (an agent elsewhere in production). Then what tracing
+    adds to one handler run, sampled and not, in a process of its own (``bench.spans``)."""
     s, o = r.sizes, r.options
+    with progress.phase("tracing: a handler run's spans, sampled and not", 1) as tick:
+        # the SDK's defaults: no OTEL_* of this process's (a sampler, say) in the child
+        env = {k: v for k, v in child_env().items() if not k.startswith("OTEL_")}
+        done = subprocess.run([sys.executable, "-m", "pending_actions_harness.bench.spans",
+                               str(s.handler_spans)], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600, check=True)
+        r.facts["handler_spans_us"] = json.loads(done.stdout)
+        tick(1)
     sink = Sink()
     try:
         with progress.phase("tracing: start workers exporting spans", o.processes + 1) as tick:
@@ -271,9 +281,52 @@ def tracing(r: Any, url: str, logs: Path, progress: Progress) -> None:
         finally:
             ours.kill()
         r.facts["tracing"] = {"exports": sink.requests, "bytes": sink.bytes}
+        sampled_loaded(r, url, logs, progress, sink)
     finally:
         sink.close()
         flush(url)
+
+
+def sampled_loaded(r: Any, url: str, logs: Path, progress: Progress, sink: Sink) -> None:
+    """Loaded throughput with the workers exporting a tenth of the traces
+    (``parentbased_traceidratio`` 0.1: the callers carry no context, so each take is a root
+    the ratio decides, and its handler span follows it) against workers with no ``OTEL_*``
+    set: each block on workers of its own, the two kinds alternating, ``sampled_blocks``
+    of each. ``facts["tracing_loaded"]``: each kind's throughput, block by block."""
+    s, o = r.sizes, r.options
+    envs: dict[str, dict[str, str]] = {
+        "off": {}, "sampled": {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+                               "OTEL_SERVICE_NAME": "bench", "OTEL_BSP_SCHEDULE_DELAY": "500",
+                               "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                               "OTEL_TRACES_SAMPLER_ARG": "0.1"}}
+    blocks = s.sampled_blocks
+    got: dict[str, list[float]] = {kind: [] for kind in envs}
+    names = [f"bench-sampled-{i}" for i in range(s.callers)]
+    with progress.phase("tracing: loaded, a tenth sampled and none",
+                        2 * blocks * s.callers * (s.per_caller + 2)) as tick:
+        for i in range(blocks):
+            for kind in ("off", "sampled") if i % 2 == 0 else ("sampled", "off"):
+                flush(url)
+                ours = start_ours(url, o.processes, o.threads, logs / f"tracing-{kind}-{i}",
+                                  env=envs[kind])
+                try:
+                    pa = PendingActions.from_url(url)
+                    try:
+                        fill.stage_bulk(pa, fill.cycle(names, s.per_caller + 2),
+                                        s.callers * (s.per_caller + 2),
+                                        fill.payload_of(s.payload_bytes), 1000, lambda _n: None)
+                        calls = [measure.resolver(pa, n) for n in names]
+                        measure.loaded("warm-up", calls, 2, tick)
+                        dist = measure.loaded(f"loaded, {kind}", calls, s.per_caller, tick)
+                    finally:
+                        pa.close()
+                    ours.check_alive()
+                finally:
+                    ours.kill()
+                if dist.errors:
+                    raise RuntimeError(f"{dist.errors} loaded resolves failed ({kind})")
+                got[kind].append(dist.throughput)
+    r.facts["tracing_loaded"] = got
 
 
 # --- MCP -------------------------------------------------------------------------------------

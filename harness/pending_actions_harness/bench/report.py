@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import statistics
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,26 @@ def _feature_rows(r: Run, idle50: float | None) -> list[Row]:
     out.append(Row("tracing.idle.p50", "resolve idle p50, the workers exporting traces (OTLP)",
                    _p(r, "tracing.idle", "p50"), "ms", "resolve idle p50, no OTEL_* set",
                    idle50, note=r.skipped.get("tracing", "")))
+    spans = r.facts.get("handler_spans_us", {})
+    row = Row("tracing.handler.unsampled", "tracing's cost to one handler run, workers "
+              "exporting, its resolve not sampled", spans.get("unsampled"), "us",
+              "same, no OTEL_* set (the context passed on)", spans.get("none"),
+              target="<= 20 us", note=r.skipped.get("tracing", ""))
+    row.met = None if row.value is None else row.value <= 20
+    out.append(row)
+    out.append(Row("tracing.handler.sampled", "tracing's cost to one handler run, workers "
+                   "exporting, its resolve sampled", spans.get("sampled"), "us",
+                   "same, no OTEL_* set (the context passed on)", spans.get("none"),
+                   note=r.skipped.get("tracing", "")))
+    loaded = r.facts.get("tracing_loaded", {})
+    on, off = loaded.get("sampled", []), loaded.get("off", [])
+    row = Row("tracing.loaded.sampled", f"loaded throughput, workers exporting a tenth of the "
+              f"traces ({len(on)} blocks alternating with none)",
+              statistics.median(on) if on else None, "/s", "same, no OTEL_* set",
+              statistics.median(off) if off else None, target=">= 0.95x",
+              note=r.skipped.get("tracing", ""))
+    row.met = None if row.ratio is None else row.ratio >= 0.95
+    out.append(row)
     skip = r.skipped.get("mcp", "")
     out.append(Row("mcp.read.p50", "MCP read through mcp-proxy p50",
                    _p(r, "mcp.read.proxied", "p50"), "ms", "same read straight to the upstream",

@@ -72,6 +72,8 @@ class Sizes:
     glob_repeat: int  # decisions per adversarial glob and size
     mcp_reads: int  # reads straight and through mcp-proxy
     mcp_applies: int  # resolves through mcp-proxy
+    handler_spans: int  # handler runs a round, tracing's cost to each (bench.spans)
+    sampled_blocks: int  # loaded blocks with a tenth of traces sampled, and as many without
 
 
 FULL = Sizes(raw=2000, raw_idle=50, idle=100, stock_idle=40, idle_gap_s=(0.2, 1.0), settle_s=3.0,
@@ -80,13 +82,15 @@ FULL = Sizes(raw=2000, raw_idle=50, idle=100, stock_idle=40, idle_gap_s=(0.2, 1.
              payload_bytes=256, depths=(1, 10, 100, 1000, 10_000, 100_000),
              sessions=(1, 10, 100, 1000, 10_000, 100_000), scaling_samples=200,
              scaling_gap_s=0.005, sweep_window_s=61.0, layout_per_caller=200, traced=30,
-             policy_stages=2000, glob_repeat=15, mcp_reads=300, mcp_applies=30)
+             policy_stages=2000, glob_repeat=15, mcp_reads=300, mcp_applies=30,
+             handler_spans=20_000, sampled_blocks=3)
 QUICK = Sizes(raw=200, raw_idle=5, idle=10, stock_idle=6, idle_gap_s=(0.05, 0.2), settle_s=1.0,
               idle_window_s=2.0, callers=4, per_caller=25, stage_pipelined=5000,
               stage_single=200, memory_actions=2000, stock_memory_messages=500,
               payload_bytes=256, depths=(1, 1000), sessions=(1, 1000), scaling_samples=20,
               scaling_gap_s=0.005, sweep_window_s=0.0, layout_per_caller=10, traced=5,
-              policy_stages=100, glob_repeat=3, mcp_reads=20, mcp_applies=5)
+              policy_stages=100, glob_repeat=3, mcp_reads=20, mcp_applies=5,
+              handler_spans=2000, sampled_blocks=1)
 
 
 # the memory figures: one action per session, ten, all in one session, one per session with
