@@ -17,7 +17,7 @@ from pending_actions_harness.bench import throughput
 QUICK_ROWS = [
     "redis.ping.p50", "redis.evalsha.p50", "redis.ping.idle.p50", "redis.evalsha.idle.p50",
     "resolve.idle.p50", "resolve.idle.everysec.p50", "resolve.idle.p50.rabbitmq",
-    "resolve.idle.p50.floor",
+    "resolve.idle.p50.floor", "floor.idle.p50", "floor.idle.everysec.p50", "floor.idle.noaof.p50",
     "resolve.idle.p99", "resolve.idle.p99.rabbitmq",
     "resolve.loaded.throughput", "resolve.loaded.throughput.rabbitmq",
     "resolve.loaded.p50", "resolve.loaded.p99",
@@ -70,7 +70,8 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
     for name in ("ours.idle", "ours.loaded", "stock.redis.idle", "stock.redis.loaded",
                  "scaling.stock.p1", "scaling.stock.p2", "scaling.stock.p4", "scaling.ours.p1",
                  "scaling.ours.p2", "scaling.ours.p4", "scaling.ours.p4r2",
-                 "scaling.ours.p1local", "ours.local.idle", "ours.local.idle.everysec"):
+                 "scaling.ours.p1local", "ours.local.idle", "ours.local.idle.everysec",
+                 "floor.idle", "floor.idle.everysec", "floor.idle.noaof"):
         assert doc["distributions"][name]["n"] > 0, name
         assert doc["distributions"][name]["errors"] == 0, name
 

@@ -38,39 +38,42 @@ def idle(name: str, call: Call, n: int, gap_s: tuple[float, float], tick: Tick,
     return dist
 
 
-def idle_resolves(pa: PendingActions, who: str, stage: Callable[[], object], call: Call, n: int,
-                  gap_s: tuple[float, float], progress: Progress) -> tuple[Dist, Dist]:
+def idle_resolves(client: redis.Redis, who: str, stage: Callable[[], object] | None,
+                  call: Call, n: int, gap_s: tuple[float, float],
+                  progress: Progress) -> tuple[Dist, Dist]:
     """``n`` idle resolves (``stage`` before each) under Redis's own appendfsync, then ``n``
-    with it set to everysec; a few untimed first (scripts load and connections open on first
-    use)."""
+    with it set to everysec (``client``'s Redis); a few untimed first (scripts load and
+    connections open on first use)."""
     for _ in range(3):
-        stage()
+        if stage is not None:
+            stage()
         call()
-    policy = str(pa.client.config_get("appendfsync")["appendfsync"])
+    policy = str(client.config_get("appendfsync")["appendfsync"])
     with progress.phase(f"{who}: idle resolve, request to reply", n) as tick:
         first = idle(f"{who} idle", call, n, gap_s, tick, before=stage)
     with progress.phase(f"{who}: idle resolve, Redis set to appendfsync everysec", n) as tick:
-        pa.client.config_set("appendfsync", "everysec")
+        client.config_set("appendfsync", "everysec")
         try:
             every = idle(f"{who} idle (everysec)", call, n, gap_s, tick, before=stage)
         finally:
-            pa.client.config_set("appendfsync", policy)
+            client.config_set("appendfsync", policy)
     return first, every
 
 
-def idle_without_aof(pa: PendingActions, who: str, stage: Callable[[], object], call: Call,
-                     n: int, gap_s: tuple[float, float], progress: Progress) -> Dist:
+def idle_without_aof(client: redis.Redis, who: str, stage: Callable[[], object] | None,
+                     call: Call, n: int, gap_s: tuple[float, float],
+                     progress: Progress) -> Dist:
     """``n`` idle resolves with Redis's AOF off (``appendonly no``: a push broker's memory-only
     comparison), then the AOF on again and its rewrite waited out, so that nothing after runs
     beside it."""
     with progress.phase(f"{who}: idle resolve, Redis without AOF", n) as tick:
-        pa.client.config_set("appendonly", "no")
+        client.config_set("appendonly", "no")
         try:
             return idle(f"{who} idle (no AOF)", call, n, gap_s, tick, before=stage)
         finally:
-            pa.client.config_set("appendonly", "yes")
-            while int(pa.client.info("persistence")["aof_rewrite_in_progress"]) or \
-                    int(pa.client.info("persistence")["aof_rewrite_scheduled"]):
+            client.config_set("appendonly", "yes")
+            while int(client.info("persistence")["aof_rewrite_in_progress"]) or \
+                    int(client.info("persistence")["aof_rewrite_scheduled"]):
                 time.sleep(0.05)  # INFO is the only word Redis gives of a rewrite's end
 
 

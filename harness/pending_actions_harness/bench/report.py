@@ -75,6 +75,17 @@ def rows(r: Run) -> list[Row]:
                   target=f"<= {most:.1f}x" if most else "", note=rabbit_skip)
         row.met = None if row.ratio is None or most is None else row.ratio <= most
         out.append(row)
+    # against the same chain with no work in it (bench/floor.py), same run: what ours adds
+    for key, label, ours, floor, most in (
+            ("floor.idle.p50", "resolve idle p50", idle50, "floor.idle", 1.5),
+            ("floor.idle.everysec.p50", "resolve idle p50, appendfsync everysec", every50,
+             "floor.idle.everysec", None),
+            ("floor.idle.noaof.p50", "resolve idle p50, Redis without AOF",
+             _p(r, "ours.idle.noaof", "p50"), "floor.idle.noaof", 2.0)):
+        row = Row(key, label, ours, "ms", f"its floor: the same chain, no work ({floor} p50)",
+                  _p(r, floor, "p50"), target=f"<= {most:.1f}x" if most else "")
+        row.met = None if row.ratio is None or most is None else row.ratio <= most
+        out.append(row)
     out += _peer_rows(r)
     out.append(Row("resolve.idle.p50.floor", "resolve idle p50", idle50, "ms",
                    "Redis EVALSHA after the same pauses p50 (floor)", evalsha_idle))

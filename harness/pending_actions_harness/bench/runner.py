@@ -24,6 +24,7 @@ from pending_actions_harness.bench import (
     cluster,
     features,
     fill,
+    floor,
     langgraph,
     measure,
     scaling,
@@ -128,7 +129,7 @@ def _phases(s: Sizes, rabbit: bool, peer: bool) -> int:
     layouts = (len(throughput.LAYOUTS) + len({x.processes for x in throughput.LAYOUTS})
                + 2 * sum(x.local for x in throughput.LAYOUTS)  # and their idle resolves
                + 2 * (throughput.PAIRS - 1))  # the one-process pair's repeats
-    return 3 + stock + ours + layouts + features.PHASES + 3
+    return 3 + stock + ours + floor.PHASES + layouts + features.PHASES + 3
 
 
 def run(options: Options) -> Run:
@@ -170,6 +171,7 @@ def run(options: Options) -> Run:
                 finally:
                     delete_rabbitmq_queues(queue, options.rabbitmq_url)
             _ours(r, f"{base}/0", f"{base}/2", logs, progress)
+            floor.run(r, base, logs, progress)  # the chain ours runs, with no work in it
             if not peer_not:
                 try:
                     dists, facts = langgraph.run(options.postgres_url, sizes, progress)
@@ -343,10 +345,10 @@ def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
     # then the same with Redis fsyncing once a second: four writes on the path of a resolve
     # each wait for an fsync under "always"; that row says how much of the idle figure it is
     r.dists["ours.idle"], r.dists["ours.idle.everysec"] = measure.idle_resolves(
-        pa, "ours", lambda: stage("bench-idle"), measure.resolver(pa, "bench-idle"), s.idle,
+        pa.client, "ours", lambda: stage("bench-idle"), measure.resolver(pa, "bench-idle"), s.idle,
         s.idle_gap_s, progress)
     r.dists["ours.idle.noaof"] = measure.idle_without_aof(
-        pa, "ours", lambda: stage("bench-idle"), measure.resolver(pa, "bench-idle"), s.idle,
+        pa.client, "ours", lambda: stage("bench-idle"), measure.resolver(pa, "bench-idle"), s.idle,
         s.idle_gap_s, progress)
     names = [f"bench-load-{i}" for i in range(s.callers)]
     with progress.phase(f"ours: {s.callers} sessions, {s.callers} concurrent callers",

@@ -191,7 +191,7 @@ def _idle(r: Any, pa: PendingActions, progress: Progress) -> None:
     """Idle resolves as the main run measures them (``appendfsync always``, then everysec)."""
     s = r.sizes
     r.dists[LOCAL_IDLE], r.dists[f"{LOCAL_IDLE}.everysec"] = measure.idle_resolves(
-        pa, "ours, LOCAL_DISPATCH",
+        pa.client, "ours, LOCAL_DISPATCH",
         lambda: pa.stage(session="bench-local-idle", tool="bench", label="bench action",
                          apply=NOOP, payload=fill.payload_of(s.payload_bytes)),
         measure.resolver(pa, "bench-local-idle"), s.idle, s.idle_gap_s, progress)
