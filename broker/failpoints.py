@@ -15,10 +15,13 @@ from pending_actions.broker.events import announce
 from pending_actions.broker.keys import Keys
 
 ENV = "PENDING_ACTIONS_FAILPOINT"
+# read once: a process is told at its start, and hit() is on every resolve's path (the
+# environment's lookup was 3% of an idle resolve worker's CPU in its flame graph)
+ARMED = os.environ.get(ENV)
 
 
 def hit(name: str, client: redis.Redis, keys: Keys) -> None:
-    if os.environ.get(ENV) != name:
+    if name != ARMED:
         return
     announce(client, keys, "failpoint", name)
     threading.Event().wait()

@@ -19,6 +19,7 @@ from redis.retry import Retry
 from pending_actions.broker.connection import (
     Batch,
     own_connection,
+    packed,
     pipeline,
     slot_master,
     worker_client,
@@ -51,6 +52,33 @@ def test_replies_in_order_with_errors_in_place(redis_server: EmbeddedRedis) -> N
     with pytest.raises(redis.ResponseError):
         batch.execute()
     assert client.get(key) == b"w"  # the command after the error ran all the same
+
+
+def test_commands_are_packed_as_redis_py_packs_them(redis_server: EmbeddedRedis) -> None:
+    """``packed`` sends the bytes redis-py's packer would, for every kind of argument: at once
+    for bytes, str and int, through redis-py's for the rest (which encodes a float as it does,
+    and refuses a bool or None as it does); and what it sends, Redis runs."""
+    client = worker_client(redis_server.url)
+    conn = client.connection_pool.get_connection()
+    key = _key()
+    try:
+        commands: list[tuple[Any, ...]] = [
+            ("SET", key, "vé"), ("EVAL", "return ARGV", 0, b"\x00\xff", -5, 2**70, "", b""),
+            ("SET", key, 1.5), ("SET", key, memoryview(b"m")), ("CLIENT LIST",),
+            ("ECHO", bytearray(b"b"))]
+        for i in range(len(commands)):
+            for batch in ([commands[i]], commands[:i + 1]):
+                assert b"".join(packed(conn, batch)) == b"".join(conn.pack_commands(batch))
+        for bad in (True, None, object()):
+            with pytest.raises(redis.DataError):
+                packed(conn, [("SET", key, bad)])
+        conn.send_packed_command(packed(conn, commands[:2]))
+        assert conn.read_response() == b"OK"
+        assert conn.read_response() == [b"\x00\xff", b"-5", str(2**70).encode(), b"", b""]
+        assert client.get(key) == "vé".encode()
+    finally:
+        client.connection_pool.release(conn)
+        client.close()
 
 
 def test_a_killed_connection_is_retried(redis_server: EmbeddedRedis) -> None:

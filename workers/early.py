@@ -32,7 +32,7 @@ from dramatiq.broker import MessageProxy
 from pending_actions.broker import failpoints
 from pending_actions.broker.atomic.replies import BeginStatus, Begun
 from pending_actions.broker.atomic.scripts import Call
-from pending_actions.broker.connection import pipeline, read_replies
+from pending_actions.broker.connection import packed, pipeline, read_replies
 from pending_actions.broker.context import Context
 from pending_actions.workers.tasks import ACTOR_NAME
 
@@ -185,7 +185,7 @@ class EarlyClaims:
         except IndexError:  # kept, never given back to the pool (its checkout costs more)
             conn = batch.pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_commands(batch.commands))
+            conn.send_packed_command(packed(conn, batch.commands))
         except BaseException:
             _back([conn], idle, drop=True)
             raise

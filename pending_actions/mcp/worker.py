@@ -25,7 +25,6 @@ import atexit
 import concurrent.futures
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -127,7 +126,7 @@ def apply_handler(upstreams: Upstreams, up: Upstream) -> Callable[..., dict[str,
               idempotency_key: str) -> dict[str, Any]:
         meta = {KEY: idempotency_key, ATTEMPT: action.attempts, ACTION: action.id}
         result = upstreams.call(up.name, action.tool, action.payload, meta)
-        if os.environ.get(failpoints.ENV) == FAILPOINT:
+        if failpoints.ARMED == FAILPOINT:
             from pending_actions.workers.actors import ctx  # the process's, already imported
 
             failpoints.hit(FAILPOINT, ctx.client, ctx.keys)
