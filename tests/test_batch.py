@@ -59,7 +59,7 @@ def test_commands_are_packed_as_redis_py_packs_them(redis_server: EmbeddedRedis)
     for bytes, str and int, through redis-py's for the rest (which encodes a float as it does,
     and refuses a bool or None as it does); and what it sends, Redis runs."""
     client = worker_client(redis_server.url)
-    conn = client.connection_pool.get_connection()
+    conn: Any = client.connection_pool.get_connection()  # redis-py's Connection is untyped
     key = _key()
     try:
         commands: list[tuple[Any, ...]] = [
