@@ -19,10 +19,11 @@ from typing import Any
 
 import redis
 
-from pending_actions.broker.connection import Batch, is_cluster, slot_master
+from pending_actions.broker.connection import is_cluster
 from pending_actions.broker.events import Event
 from pending_actions.broker.keys import Keys
 from pending_actions.broker.models import Spec
+from pending_actions.broker.roundtrips import Batch, slot_master
 
 MAXLEN = 100_000  # the whole feed's cap, split evenly over the partitions
 # an entry as read: its partition, its id in that partition's stream, its fields

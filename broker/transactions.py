@@ -14,7 +14,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from pending_actions.broker.connection import read_replies
+from pending_actions.broker.roundtrips import read_replies
 
 Queue = Callable[[Any], object]
 

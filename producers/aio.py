@@ -292,7 +292,7 @@ async def _on_slot_master(cluster: Any, key: str, first: Callable[[Any], object]
 
 
 async def _relearn(cluster: Any) -> None:
-    """The slot table read again (as ``connection.relearn`` does for the blocking client); one
+    """The slot table read again (as ``roundtrips.relearn`` does for the blocking client); one
     that cannot be read now is left for the next try."""
     with contextlib.suppress(*REDIS_ERRORS):
         await cluster.nodes_manager.initialize()

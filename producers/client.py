@@ -10,13 +10,14 @@ from typing import Any, TypeVar
 
 import redis
 
-from pending_actions.broker import connection, tracing
+from pending_actions.broker import roundtrips, tracing
 from pending_actions.broker.backoff import FAILOVER_WAIT_S, Backoff, retry
-from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, acked, is_cluster
+from pending_actions.broker.connection import BLOCK_CHUNK_S, TRANSIENT, is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.failures import REDIS_ERRORS, redis_errors, translate
 from pending_actions.broker.models import DEFAULT_TENANT, PendingAction, ResolveInput, Result
 from pending_actions.broker.policy.rules import Verdict
+from pending_actions.broker.roundtrips import acked
 from pending_actions.broker.routing import LiveView
 from pending_actions.broker.settings import Settings
 from pending_actions.broker.transactions import transactions
@@ -107,11 +108,11 @@ class PendingActions:
         """The commands ``first`` queues (the request, in ``key``'s slot) and, in the same
         round trip, a BLPOP of ``key`` for up to FIRST_WAIT_S. Raises the first error of the
         request's commands."""
-        # a connection.Batch (on a cluster, on the slot's master): redis-py's pipeline costs an
+        # a roundtrips.Batch (on a cluster, on the slot's master): redis-py's pipeline costs an
         # idle caller more CPU than the round trip (BLPOP's reply is the same either way: key
         # and value, or None), and its cluster pipeline can neither block nor send an EVALSHA
         # without first asking a server for its keys
-        pipe = connection.pipeline(self.client, key=key)
+        pipe = roundtrips.pipeline(self.client, key=key)
         first(pipe)
         pipe.execute_command("BLPOP", key, min(seconds, FIRST_WAIT_S))
         replies = pipe.execute(raise_on_error=False)

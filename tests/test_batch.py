@@ -1,4 +1,4 @@
-"""``connection.Batch``, the pipeline of the hot paths, against a real redis-server: replies in
+"""``roundtrips.Batch``, the pipeline of the hot paths, against a real redis-server: replies in
 order with each error in its place, a dropped connection retried by the client's Retry, and a
 connection with replies left unread never handed to the next caller; on a real cluster, sent to
 the master of its slot, a MOVED raised as a dropped connection."""
@@ -16,15 +16,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pending_actions.broker.connection import (
-    Batch,
-    own_connection,
-    packed,
-    pipeline,
-    slot_master,
-    worker_client,
-)
+from pending_actions.broker.connection import worker_client
 from pending_actions.broker.connection_pool import PoolExhausted
+from pending_actions.broker.roundtrips import Batch, own_connection, packed, pipeline, slot_master
 from pending_actions.embedded import EmbeddedRedis
 from tests.conftest import Deployment
 from tests.support.waits import wait_until

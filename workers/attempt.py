@@ -22,7 +22,7 @@ from pending_actions.broker import failpoints, texts, tracing
 from pending_actions.broker.atomic.replies import BeginStatus, Begun, Concluded
 from pending_actions.broker.atomic.scripts import Call, Queued
 from pending_actions.broker.backoff import FAILOVER_WAIT_S, retry
-from pending_actions.broker.connection import NotReplicated, acked
+from pending_actions.broker.connection import NotReplicated
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import Stale, ToolError
 from pending_actions.broker.events import Event
@@ -40,6 +40,7 @@ from pending_actions.broker.models import (
 )
 from pending_actions.broker.payloads import check_payload
 from pending_actions.broker.results import base_details, from_handler, text_result
+from pending_actions.broker.roundtrips import acked
 from pending_actions.workers import aio, registry
 from pending_actions.workers.early import Claimed
 from pending_actions.workers.poison import park_poison, park_spec

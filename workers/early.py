@@ -32,8 +32,8 @@ from dramatiq.broker import MessageProxy
 from pending_actions.broker import failpoints
 from pending_actions.broker.atomic.replies import BeginStatus, Begun
 from pending_actions.broker.atomic.scripts import Call
-from pending_actions.broker.connection import packed, pipeline, read_replies
 from pending_actions.broker.context import Context
+from pending_actions.broker.roundtrips import packed, pipeline, read_replies
 from pending_actions.workers.tasks import ACTOR_NAME
 
 log = logging.getLogger("pending_actions.early")

@@ -19,7 +19,7 @@ from redis.exceptions import NoScriptError
 
 from pending_actions.broker import failpoints, tracing
 from pending_actions.broker.atomic.replies import Taken, TakeStatus
-from pending_actions.broker.connection import is_cluster, pipeline, read_group
+from pending_actions.broker.connection import is_cluster
 from pending_actions.broker.context import Context
 from pending_actions.broker.errors import RedisFull
 from pending_actions.broker.events import WorkerEvent, announce
@@ -32,6 +32,7 @@ from pending_actions.broker.results import (
     not_the_target,
     nothing_to_target_json,
 )
+from pending_actions.broker.roundtrips import pipeline, read_group
 from pending_actions.broker.routing import Live, LiveView
 from pending_actions.workers.answers import answer_people, is_auto, refuse_no_worker
 from pending_actions.workers.local import Claims, LocalDispatch

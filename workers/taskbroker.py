@@ -41,8 +41,9 @@ from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
 from dramatiq.middleware import Retries, TimeLimit
 
-from pending_actions.broker.connection import TRANSIENT, read_group
+from pending_actions.broker.connection import TRANSIENT
 from pending_actions.broker.keys import TASK_GROUP, Keys
+from pending_actions.broker.roundtrips import read_group
 
 log = logging.getLogger("pending_actions.taskbroker")
 
@@ -183,7 +184,7 @@ class StreamsBroker(dramatiq.Broker):
         entry, stream = message.options.get(ENTRY), message.options.get(STREAM)
         if not entry or not stream:
             return
-        # as plain commands: the outcome's pipeline may be a connection.Batch
+        # as plain commands: the outcome's pipeline may be a roundtrips.Batch
         pipe.execute_command("XACK", stream, TASK_GROUP, entry)
         pipe.execute_command("XDEL", stream, entry)
         message.options[ACKED] = True

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import tests.support.handlers  # noqa: F401  (registers the handlers)
-from pending_actions.broker.connection import own_connection
 from pending_actions.broker.models import PendingAction
+from pending_actions.broker.roundtrips import own_connection
 from pending_actions.workers import actors, handler
 
 HELD: list[Any] = []  # never given back
