@@ -303,7 +303,7 @@ def sampled_loaded(r: Any, url: str, logs: Path, progress: Progress, sink: Sink)
     got: dict[str, list[float]] = {kind: [] for kind in envs}
     names = [f"bench-sampled-{i}" for i in range(s.callers)]
     with progress.phase("tracing: loaded, a tenth sampled and none",
-                        2 * blocks * s.callers * (s.per_caller + 2)) as tick:
+                        2 * 2 * blocks * s.callers * (s.per_caller + 2)) as tick:
         for i in range(blocks):
             for kind in ("off", "sampled") if i % 2 == 0 else ("sampled", "off"):
                 flush(url)
@@ -312,11 +312,8 @@ def sampled_loaded(r: Any, url: str, logs: Path, progress: Progress, sink: Sink)
                 try:
                     pa = PendingActions.from_url(url)
                     try:
-                        fill.stage_bulk(pa, fill.cycle(names, s.per_caller + 2),
-                                        s.callers * (s.per_caller + 2),
-                                        fill.payload_of(s.payload_bytes), 1000, lambda _n: None)
-                        calls = [measure.resolver(pa, n) for n in names]
-                        measure.loaded("warm-up", calls, 2, tick)
+                        calls = fill.loaded_callers(pa, names, s.per_caller,
+                                                    s.payload_bytes, tick)
                         dist = measure.loaded(f"loaded, {kind}", calls, s.per_caller, tick)
                     finally:
                         pa.close()

@@ -12,6 +12,7 @@ import orjson
 
 from pending_actions.broker.context import Context
 from pending_actions.producers import PendingActions
+from pending_actions_harness.bench import measure
 from pending_actions_harness.bench.handlers import NOOP
 from pending_actions_harness.bench.progress import Tick
 
@@ -115,3 +116,15 @@ def stock_memory_per_message(stock_broker: Any, client: Any, queue: str, actor: 
     return {"messages": total, "payload_bytes": payload_bytes,
             "used_memory_delta": after - before, "per_message": per_message,
             "beyond_payload": per_message - payload_bytes}
+
+
+def loaded_callers(pa: PendingActions, names: Sequence[str], each: int, payload_bytes: int,
+                   tick: Tick) -> list[measure.Call]:
+    """The callers of a loaded run, one per session of ``names``: ``each`` actions and two
+    more staged on each, then two resolves of each untimed (scripts load, connections open),
+    every stage and resolve counted on ``tick``. Each caller has ``each`` left to resolve."""
+    stage_bulk(pa, cycle(names, each + 2), len(names) * (each + 2), payload_of(payload_bytes),
+               1000, tick)
+    calls = [measure.resolver(pa, name) for name in names]
+    measure.loaded("warm-up", calls, 2, tick)
+    return calls

@@ -353,11 +353,7 @@ def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
     names = [f"bench-load-{i}" for i in range(s.callers)]
     with progress.phase(f"ours: {s.callers} sessions, {s.callers} concurrent callers",
                         s.callers * (s.per_caller + 2) * 2) as tick:
-        fill.stage_bulk(pa, fill.cycle(names, s.per_caller + 2),
-                        s.callers * (s.per_caller + 2), fill.payload_of(s.payload_bytes), 1000,
-                        tick)
-        calls = [measure.resolver(pa, n) for n in names]
-        measure.loaded("warm-up", calls, 2, tick)
+        calls = fill.loaded_callers(pa, names, s.per_caller, s.payload_bytes, tick)
         before = measure.Counters.read(pa.client)
         r.dists["ours.loaded"] = measure.loaded("ours loaded", calls, s.per_caller, tick)
         # every command Redis ran (scripts' own commands included) over the loaded run
@@ -369,10 +365,7 @@ def _ours_latency(r: Run, pa: PendingActions, progress: Progress) -> None:
         names = [f"bench-peer-{i}" for i in range(n)]
         with progress.phase(f"ours: {n} concurrent callers (the LangGraph comparison)",
                             n * (each + 2) * 2) as tick:
-            fill.stage_bulk(pa, fill.cycle(names, each + 2), n * (each + 2),
-                            fill.payload_of(s.payload_bytes), 1000, tick)
-            calls = [measure.resolver(pa, name) for name in names]
-            measure.loaded("warm-up", calls, 2, tick)
+            calls = fill.loaded_callers(pa, names, each, s.payload_bytes, tick)
             r.dists["ours.loaded.peer"] = measure.loaded(f"ours loaded ({n} callers)", calls,
                                                          each, tick)
         fill.drop_sessions(pa.ctx, names)

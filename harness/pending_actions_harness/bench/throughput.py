@@ -171,10 +171,8 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress,
             pa = PendingActions.from_url(url)
             try:
                 names = [f"bench-scale-{i}" for i in range(s.callers)]
-                fill.stage_bulk(pa, fill.cycle(names, each), s.callers * each,
-                                fill.payload_of(s.payload_bytes), 1000, tick)
-                calls = [measure.resolver(pa, n) for n in names]
-                measure.loaded("warm-up", calls, 2, tick)
+                calls = fill.loaded_callers(pa, names, s.layout_per_caller, s.payload_bytes,
+                                            tick)
                 r.dists[key or ours_key(layout)] = measure.loaded(
                     f"ours, {layout.describe(o.threads)}", calls, s.layout_per_caller, tick)
                 if layout.local:
