@@ -78,7 +78,6 @@ ENDINGS: frozenset[Event] = frozenset(e for e in Event if e.ends)
 
 class WorkerEvent(StrEnum):
     READY = "ready"  # a resolve worker or a dramatiq worker process is serving
-    SERVING = "serving"  # a dramatiq worker process serves resolve requests (workers/local.py)
     STOPPING = "stopping"  # a dramatiq worker process is shutting down
 
 

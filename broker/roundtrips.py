@@ -56,17 +56,14 @@ class Batch:
         self.commands.append(args)
         return self
 
-    def execute(self, raise_on_error: bool = True,
-                sent: Callable[[], None] | None = None) -> list[Any]:
-        """``sent``: called once, when the commands are first on the wire and before their
-        replies are read (work that can overlap the round trip)."""
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
         commands, self.commands = self.commands, []
         if not commands:
             return []
         conn: Any = self.conn or self.pool.get_connection()
         try:
             replies: list[Any] = conn.retry.call_with_retry(
-                lambda: _exchange(conn, commands, sent), lambda _error: conn.disconnect())
+                lambda: _exchange(conn, commands), lambda _error: conn.disconnect())
         except BaseException as exc:
             # replies may be left unread on it (an interrupt, an error not retried): a
             # connection used again so would answer the next caller with them (a kept one
@@ -192,11 +189,8 @@ def packed(conn: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
     return [b"".join(pieces)]  # one send, as redis-py joins small commands
 
 
-def _exchange(conn: Any, commands: list[tuple[Any, ...]],
-              sent: Callable[[], None] | None = None) -> list[Any]:
+def _exchange(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
     conn.send_packed_command(packed(conn, commands))
-    if sent is not None:
-        sent()  # (on a retry too: the callee keeps its own once)
     return read_replies(conn, len(commands))
 
 

@@ -79,11 +79,6 @@ class Settings(BaseSettings):
         default=5.0, ge=0.01, description="longest pause before restarting crashed workers")
     resolve_threads: int = Field(default=1, ge=1, le=64,
                                  description="request-serving threads per resolve worker")
-    local_dispatch: bool = Field(
-        default=False,
-        description="each dramatiq process serves resolve requests itself and runs what it "
-                    "takes on a free thread of its own, claimed in the take (one Redis, our "
-                    "task broker, no REPLICA_WAIT): faster when idle, slower under load")
     policy_check_s: float = Field(
         default=30.0, gt=0,
         description="how often a resolve worker checks Redis's eviction policy again")

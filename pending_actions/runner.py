@@ -29,7 +29,7 @@ from pending_actions.embedded import EmbeddedRedis
 from pending_actions.procs import Child
 from pending_actions.webhooks import parse_urls
 from pending_actions.workers.resolver import ResolveWorker
-from pending_actions.workers.tasks import serves_locally, task_broker
+from pending_actions.workers.tasks import task_broker
 
 log = logging.getLogger("pending_actions")
 
@@ -218,10 +218,7 @@ def _supervise(settings: Settings, modules: list[str], stop: threading.Event,
 
     proc = spawn()
     try:
-        # where the dramatiq processes serve the requests themselves (workers/local.py), this
-        # one recovers and keeps house
-        resolver = ResolveWorker(ctx, task_broker(ctx), name, on_fatal=on_fatal,
-                                 serve=not serves_locally(settings)).start()
+        resolver = ResolveWorker(ctx, task_broker(ctx), name, on_fatal=on_fatal).start()
     except BaseException:
         proc.stop(shutdown_s + 5)
         raise

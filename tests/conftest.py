@@ -60,21 +60,6 @@ def single(redis_server: EmbeddedRedis, worker: Worker) -> Iterator[Deployment]:
 
 
 @pytest.fixture(scope="session")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """A Redis of its own and a worker whose dramatiq process serves the requests itself
-    (``LOCAL_DISPATCH``, workers/local.py)."""
-    server = EmbeddedRedis(directory=Path(tmp_path_factory.mktemp("redis-local"))).start()
-    w = Worker(server.url, overrides={"local_dispatch": "true"}).start()
-    client = PendingActions.from_url(server.url, resolve_timeout_s=30)
-    rc = redis.Redis.from_url(server.url)
-    yield Deployment("local", server.url, client, rc, w, [server.port])
-    w.stop()
-    client.close()
-    rc.close()
-    server.stop()
-
-
-@pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     found = Cluster(Path(tmp_path_factory.mktemp("cluster"))).start()
     yield found
@@ -92,9 +77,8 @@ def clustered(redis_cluster: Cluster) -> Iterator[Deployment]:
 
 
 def both(request: pytest.FixtureRequest) -> Deployment:
-    """For a module's own ``deployment`` fixture parametrized over ["single", "cluster"] (and
-    "local": one Redis, the requests served in the dramatiq process)."""
-    name = {"cluster": "clustered", "local": "local"}.get(request.param, "single")
+    """For a module's own ``deployment`` fixture parametrized over ["single", "cluster"]."""
+    name = "clustered" if request.param == "cluster" else "single"
     found: Deployment = request.getfixturevalue(name)
     return found
 

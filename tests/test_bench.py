@@ -30,9 +30,7 @@ QUICK_ROWS = [
     "roundtrips.per_resolve",
     "scaling.p1.throughput", "scaling.p1.p50", "scaling.p2.throughput", "scaling.p2.p50",
     "scaling.p4.throughput", "scaling.p4.p50", "scaling.p4r2.throughput", "scaling.p4r2.p50",
-    "scaling.p1local.throughput", "scaling.p1local.p50", "scaling.pairs.throughput",
-    "resolve.idle.local.p50.rabbitmq",
-    "resolve.idle.local.everysec.p50.rabbitmq", "resolve.idle.noaof.p50.rabbitmq",
+    "scaling.pairs.throughput", "resolve.idle.noaof.p50.rabbitmq",
     "peer.stage.p50", "peer.idle.p50", "peer.idle.everysec.p50", "peer.loaded.throughput",
     "peer.bytes",
     "cluster.commands.per_resolve", "cluster.spread", "cluster.idle.p50",
@@ -70,7 +68,6 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path: Path) -> None:
     for name in ("ours.idle", "ours.loaded", "stock.redis.idle", "stock.redis.loaded",
                  "scaling.stock.p1", "scaling.stock.p2", "scaling.stock.p4", "scaling.ours.p1",
                  "scaling.ours.p2", "scaling.ours.p4", "scaling.ours.p4r2",
-                 "scaling.ours.p1local", "ours.local.idle", "ours.local.idle.everysec",
                  "floor.idle", "floor.idle.everysec", "floor.idle.noaof"):
         assert doc["distributions"][name]["n"] > 0, name
         assert doc["distributions"][name]["errors"] == 0, name

@@ -1,6 +1,6 @@
 """The approval boundary (issue 37, docs/policies.md): nothing a producer, a model, an edit or a
-name does sidesteps what a tenant's policy decided. Against a real Redis (one server, the test
-cluster, and one whose dramatiq process serves requests itself) and real workers.
+name does sidesteps what a tenant's policy decided. Against a real Redis (one server and the
+test cluster) and real workers.
 
 A handler runs only through a lease, and a lease is written by two scripts only: take.lua (a
 resolve: apply or discard, of an action, a directive or a standing handler, by the model or a
@@ -64,7 +64,7 @@ POLICY = {"default": "allow", "rules": [
 ]}
 
 
-@pytest.fixture(params=["single", "cluster", "local"])
+@pytest.fixture(params=["single", "cluster"])
 def deployment(request: pytest.FixtureRequest) -> Deployment:
     return both(request)
 

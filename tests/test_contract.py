@@ -17,7 +17,7 @@ from tests.support.runs import runs
 pytestmark = [pytest.mark.fault, pytest.mark.redis62]  # .ci/run runs it again on 6.2
 
 
-@pytest.fixture(params=["single", "cluster", "local"])
+@pytest.fixture(params=["single", "cluster"])
 def deployment(request: pytest.FixtureRequest) -> Deployment:
     return both(request)
 

@@ -108,8 +108,8 @@ def links(page: Path) -> list[str]:
 
 
 def test_slugs_follow_github() -> None:
-    assert slug("Serving in the dramatiq process (`LOCAL_DISPATCH`, opt-in)") == \
-        "serving-in-the-dramatiq-process-local_dispatch-opt-in"
+    assert slug("Why a task takes a hop (`REPLICA_WAIT`, off)") == \
+        "why-a-task-takes-a-hop-replica_wait-off"
     assert slug("resolve(session, action, reason, extra=None)") == \
         "resolvesession-action-reason-extranone"
     assert slug("People in the loop: the inbox and the HTTP API") == \

@@ -1,6 +1,5 @@
 """Issue 31, policies and people, against a real Redis (one server and the test cluster) and a
-real worker (and one whose dramatiq process serves requests itself, LOCAL_DISPATCH): deny with
-its reason (``Denied`` from ``pending_actions``), auto applied once by
+real worker: deny with its reason (``Denied`` from ``pending_actions``), auto applied once by
 nobody's resolve with ``by: policy:<rule>``, ask refusing the model and applying on people's
 approvals (``by``), edits resetting approvals, revisions pinned, per-tenant scope, a stage
 decided by an older version refused and decided again, a set stopped half way completed by
@@ -45,7 +44,7 @@ POLICY = {"default": "allow", "rules": [
 ]}
 
 
-@pytest.fixture(params=["single", "cluster", "local"])
+@pytest.fixture(params=["single", "cluster"])
 def deployment(request: pytest.FixtureRequest) -> Deployment:
     return both(request)
 

@@ -23,15 +23,12 @@ from pending_actions.broker.loops import PULSE_S, Beats, Loop, process_name
 from pending_actions.broker.settings import Settings
 from pending_actions.workers import attempt, registry
 from pending_actions.workers.early import EarlyClaims, HandBack
-from pending_actions.workers.local import LocalDispatch
 from pending_actions.workers.renewer import Renewer
-from pending_actions.workers.resolver import ResolveWorker
 from pending_actions.workers.taskbroker import StreamsBroker
 from pending_actions.workers.tasks import (
     ACTOR_NAME,
     TaskMessage,
     pool_queue,
-    serves_locally,
     task_broker,
 )
 
@@ -56,8 +53,6 @@ class Registration(dramatiq.Middleware):
         self.tenants: dict[str, list[str]] = {}
         self.pool = ""
         self.first = True
-        self.local: LocalDispatch | None = None
-        self.resolver: ResolveWorker | None = None
 
     def before_worker_boot(self, broker: Any, worker: Any) -> None:
         self.names = registry.names()
@@ -77,21 +72,9 @@ class Registration(dramatiq.Middleware):
         Loop("pulse", lambda: beats.beat("pulse", PULSE_S * 3, force=True), self.stop,
              pause_s=PULSE_S, every_s=PULSE_S * 3).thread().start()
         renewer.start()
-        if isinstance(broker, StreamsBroker) and serves_locally(ctx.settings):
-            # this process serves resolve requests too, and runs what it takes on its own
-            # free threads (workers/local.py); the resolve worker beside it recovers
-            self.local = LocalDispatch(ctx, broker, worker, self.pool, early_claims)
-            self.resolver = ResolveWorker(ctx, broker, name=f"{self.instance}:serve",
-                                          maintain=False, local=self.local,
-                                          beats=beats).start()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         self.stop.set()
-        if self.local is not None and self.resolver is not None:
-            # no more takes for this process's threads; one already sent still hands its task
-            # over, and dramatiq puts what is left in memory back (StreamConsumer.requeue)
-            self.local.closing = True
-            self.resolver.stop.set()
         try:
             routing.leave(ctx.client, ctx.keys, self.pool, self.instance)
             announce(ctx.client, ctx.keys, "dramatiq", WorkerEvent.STOPPING)

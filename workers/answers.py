@@ -14,7 +14,6 @@ from pending_actions.broker.context import Context
 from pending_actions.broker.events import Event
 from pending_actions.broker.feed import publish
 from pending_actions.broker.models import ResolveRequest, Result
-from pending_actions.broker.policy.rules import AUTO_BY
 from pending_actions.broker.results import base_details, text_result
 
 log = logging.getLogger("pending_actions.resolver")
@@ -44,14 +43,6 @@ def answer(request: ResolveRequest, got: Taken) -> Result:
     again = None if got.recorded else request.approver
     return text_result(texts.approved(len(names), need, names, again, request.action),
                        details)
-
-
-def is_auto(request: ResolveRequest) -> bool:
-    """A request stage.lua added for an action its policy applies at once (``by:
-    policy:<rule>``): its lease exists already. In a dramatiq process serving requests
-    (LOCAL_DISPATCH) its take must claim nothing: the hand-off to a local thread would carry
-    another message under the message id of the task the take enqueues for that lease."""
-    return request.by is not None and request.by.startswith(AUTO_BY)
 
 
 def _reply(pipe: Any, ctx: Context, request: ResolveRequest, body: bytes) -> None:

@@ -30,7 +30,7 @@ import dramatiq
 from dramatiq.broker import MessageProxy
 
 from pending_actions.broker import failpoints
-from pending_actions.broker.atomic.replies import BeginStatus, Begun
+from pending_actions.broker.atomic.replies import Begun
 from pending_actions.broker.atomic.scripts import Call
 from pending_actions.broker.context import Context
 from pending_actions.broker.roundtrips import packed, pipeline, read_replies
@@ -79,50 +79,22 @@ class _Answers:
             return self.got[i] if i < len(self.got) else None
 
 
-class Verdict:
-    """Whether a take claimed its attempt for this process (``workers/local.py``), told by
-    the thread that sent the take once it has read the answer: begin.lua's answer as it would
-    come, or None for a take that claimed nothing here."""
-
-    def __init__(self) -> None:
-        self.raw: list[Any] | None = None
-        self.done = threading.Event()
-
-    def tell(self, raw: list[Any] | None) -> None:
-        self.raw = raw
-        self.done.set()
-
-    def wait(self, timeout: float) -> list[Any] | None:
-        return self.raw if self.done.wait(timeout) else None
-
-
 class Claimed:
     """A claim written by the consumer thread: its claimant (under which the worker thread
-    claims again when needed), when it was written (monotonic s), and where its answer is.
-    Or a claim made by a take for this process (``verdict``): its answer comes from the take,
-    and a take that claimed nothing here means nothing is to run."""
+    claims again when needed), when it was written (monotonic s), and where its answer is."""
 
     def __init__(self, session: str, token: str, claimant: str, call: Call[Begun],
-                 answers: _Answers | None = None, index: int = 0,
-                 verdict: Verdict | None = None, wait_s: float = 0.0) -> None:
+                 answers: _Answers | None = None, index: int = 0) -> None:
         self.session, self.token, self.claimant = session, token, claimant
         self.call, self.answers, self.index = call, answers, index
-        self.verdict, self.wait_s = verdict, wait_s
         self.at = time.monotonic()
 
     def begun(self) -> Begun | None:
         """begin.lua's answer; None when it did not come, was an error, or does not parse
-        (the worker thread's own claim then meets the same and reports it). For a take's
-        claim, STALE when it claimed nothing here (or was not told within ``wait_s``: a
-        claim it made is then recovered when its lease runs out)."""
-        if self.verdict is not None:
-            raw = self.verdict.wait(self.wait_s)
-            if raw is None:
-                return Begun(BeginStatus.STALE)
-        elif self.answers is None:
+        (the worker thread's own claim then meets the same and reports it)."""
+        if self.answers is None:
             return None
-        else:
-            raw = self.answers.get(self.index)
+        raw = self.answers.get(self.index)
         if raw is None or isinstance(raw, Exception):
             return None
         try:
@@ -192,11 +164,6 @@ class EarlyClaims:
         answers = _Answers(conn, len(claims), idle)
         for i, c in enumerate(claims):
             c.answers, c.index = answers, i
-
-    def add(self, message_id: str, claim: Claimed) -> None:
-        """A claim made elsewhere in this process (a local take) for a task about to run."""
-        with self.lock:
-            self.claimed[message_id] = claim
 
     def take(self, message_id: str) -> Claimed | None:
         """The claim written for this task, if one was (once: it is forgotten here)."""

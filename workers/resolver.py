@@ -34,8 +34,7 @@ from pending_actions.broker.results import (
 )
 from pending_actions.broker.roundtrips import pipeline, read_group
 from pending_actions.broker.routing import Live, LiveView
-from pending_actions.workers.answers import answer_people, is_auto, refuse_no_worker
-from pending_actions.workers.local import Claims, LocalDispatch
+from pending_actions.workers.answers import answer_people, refuse_no_worker
 from pending_actions.workers.poison import not_served, park_poison
 from pending_actions.workers.recovery import Recovery
 from pending_actions.workers.taskbroker import StreamsBroker
@@ -49,20 +48,14 @@ Entry = tuple[str, bytes, dict[bytes, bytes]]  # request stream, entry id, field
 class ResolveWorker:
 
     def __init__(self, ctx: Context, tasks: Any, name: str | None = None,
-                 on_fatal: Fatal | None = None, *, serve: bool = True, maintain: bool = True,
-                 local: LocalDispatch | None = None, beats: Beats | None = None) -> None:
-        """``serve``: run the loops that serve requests; ``maintain``: recovery and the pulse.
-        ``local``: this runs in a dramatiq process, whose free threads its takes claim for
-        (``workers/local.py``); ``beats``: that process's."""
+                 on_fatal: Fatal | None = None) -> None:
         self.ctx = ctx
         self.tasks = tasks
         self.name = name or self.new_name()
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.on_fatal = on_fatal
-        self.serve, self.maintain, self.local = serve, maintain, local
-        self._announced = False
-        self.beats = beats or Beats(ctx, self.name, "resolver")
+        self.beats = Beats(ctx, self.name, "resolver")
         self.recovery = Recovery(ctx, self.name, self.stop)
         self.live = LiveView(ctx.client, ctx.keys)
         # on our streams broker in the same Redis, take.lua enqueues the task itself
@@ -88,34 +81,22 @@ class ResolveWorker:
         block_s = s.block_ms / 1000
         loops = [Loop(f"resolve-{i}", _Server(self, f"resolve-{i}", group).step, self.stop,
                       every_s=3 * block_s + 2, beats=self.beats, on_fatal=self.on_fatal)
-                 for i, group in enumerate(self.groups)] if self.serve else []
+                 for i, group in enumerate(self.groups)]
         interval = s.recovery_interval_ms / 1000
-        if self.maintain:
-            loops.append(Loop("recover", self._recover, self.stop, pause_s=interval,
-                              every_s=3 * interval + 2, beats=self.beats,
-                              on_fatal=self.on_fatal))
-            loops.append(Loop("pulse",
-                              lambda: self.beats.beat("pulse", PULSE_S * 3, force=True),
-                              self.stop, pause_s=PULSE_S, every_s=PULSE_S * 3,
-                              on_fatal=self.on_fatal))
+        loops.append(Loop("recover", self.recovery.step, self.stop, pause_s=interval,
+                          every_s=3 * interval + 2, beats=self.beats, on_fatal=self.on_fatal))
+        loops.append(Loop("pulse", lambda: self.beats.beat("pulse", PULSE_S * 3, force=True),
+                          self.stop, pause_s=PULSE_S, every_s=PULSE_S * 3,
+                          on_fatal=self.on_fatal))
         for loop in loops:
             thread = loop.thread()
             thread.start()
             self.threads.append(thread)
         return self
 
-    def _recover(self) -> None:
-        if not self.serve and not self._announced:  # else its first serve loop says it
-            self.announce()
-        self.recovery.step()
-
     def announce(self) -> None:
-        """Say on the workers stream that this resolve worker is going round; in a dramatiq
-        process, that the process serves requests too (its own ready is its pool's)."""
-        role, event = (("dramatiq", WorkerEvent.SERVING) if self.local is not None
-                       else ("resolver", WorkerEvent.READY))
-        announce(self.ctx.client, self.ctx.keys, role, event, name=self.name)
-        self._announced = True
+        """Say on the workers stream that this resolve worker is going round."""
+        announce(self.ctx.client, self.ctx.keys, "resolver", WorkerEvent.READY, name=self.name)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self.stop.set()
@@ -249,8 +230,6 @@ class ResolveWorker:
             key = ctx.keys.requests(slots.pop()) if len(slots) == 1 else None
         pipe = pipeline(ctx.client, own=True, key=key)  # called by a serve thread only
         calls = []
-        # in a dramatiq process, the first takes claim for its free worker threads
-        claims = Claims(self.local, view, len(requests))
         traced = tracing.Takes([request for _e, request in requests])  # a span per take
         for i, ((stream, entry_id), request) in enumerate(requests):
             lease = uuid.uuid4()
@@ -272,10 +251,6 @@ class ResolveWorker:
                 expect_id=request.expect_id or "", by=request.by or "",
                 conflict_reply=conflict, expired_reply=gone,
                 entry=entry_id if self._acked_by_take(stream, request) else b"",
-                # an auto request's lease was written at stage: its take dispatches that lease
-                # (a redelivered request's path) and never claims for this process
-                claimant="" if is_auto(request) else claims.claimant(i, request, token),
-                here=claims.here,
                 trace=traced.trace(i), approver=request.approver or "",
                 revision=request.revision, patched=request.patched or "",
                 grant=request.grant or "", tenant=request.tenant or "",
@@ -285,9 +260,8 @@ class ResolveWorker:
         # by digest: take.lua's body is several KB, which Redis would hash at every call
         queued = [call.on(pipe, by_digest=True) for call in calls]
         out: list[Taken | Exception] = []
-        try:  # the claiming takes' tasks go to their threads while the takes are on their way
-            replies = pipe.execute(raise_on_error=False,
-                                   sent=claims.sent if claims.free else None)
+        try:
+            replies = pipe.execute(raise_on_error=False)
             for call, q in zip(calls, queued, strict=True):
                 reply = replies[q.index]
                 if isinstance(reply, NoScriptError):  # never ran: Redis lost its scripts
@@ -297,10 +271,7 @@ class ResolveWorker:
                         out.append(exc)
                 else:
                     out.append(reply if isinstance(reply, Exception) else q.get(replies))
-            if claims.free:
-                failpoints.hit("after-local-take", ctx.client, ctx.keys)
         finally:
-            claims.done(out)
             traced.done(out)
         return out
 

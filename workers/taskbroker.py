@@ -115,14 +115,6 @@ class StreamsBroker(dramatiq.Broker):
             self._handed += n
         return free
 
-    def reserve(self, n: int) -> int:
-        """Count as handed out as many of ``n`` messages as worker threads are free for (the
-        tasks a local take will hand over, ``workers/local.py``); returns that number."""
-        with self._handed_lock:
-            free = self._free(n)
-            self._handed += free
-        return free
-
     def _free(self, n: int) -> int:
         # (under _handed_lock) how many of n a worker thread is free for; 0 while unknown
         return max(0, min(self.threads - self._handed, n)) if self.threads else 0
@@ -239,15 +231,7 @@ class StreamConsumer(Consumer):
 
     @staticmethod
     def _where(message: MessageProxy) -> tuple[str, bytes]:
-        # a task a local take handed over (workers/local.py) names the stream it would have
-        # been read from, but has no entry there
-        return message.options[STREAM], message.options.get(ENTRY, "").encode()
-
-    def adopt(self, n: int = 1) -> None:
-        """Count ``n`` messages handed to the worker threads by another thread of this process
-        as this consumer's own: their acks come back here."""
-        with self.room:
-            self.outstanding += n
+        return message.options[STREAM], message.options[ENTRY].encode()
 
     def _done(self) -> None:
         self.broker.handed_back()
@@ -265,11 +249,9 @@ class StreamConsumer(Consumer):
             fields: dict[Any, Any] = {**park, b"entry": entry}
             pipe.xadd(self.broker.keys.stream_dead(stream), fields, maxlen=10_000,
                       approximate=True)  # capped
-        if entry:
-            pipe.xack(stream, TASK_GROUP, entry)
-            pipe.xdel(stream, entry)
-        if len(pipe):
-            pipe.execute()
+        pipe.xack(stream, TASK_GROUP, entry)
+        pipe.xdel(stream, entry)
+        pipe.execute()
 
     def ack(self, message: MessageProxy) -> None:
         try:
@@ -296,17 +278,15 @@ class StreamConsumer(Consumer):
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         """Hand messages back at once (on shutdown) rather than waiting for a claim."""
         messages = list(messages)
-        back = self.broker.early.release(messages) if self.broker.early is not None else set()
+        if self.broker.early is not None:
+            self.broker.early.release(messages)  # their claims handed back
         pipe = self.client.pipeline(transaction=False)
         for message in messages:
             stream, entry = self._where(message)
-            if not entry and message.message_id not in back:
-                continue  # a local take's task whose take claimed nothing: nothing to run
             data = message._message.copy(options={}).encode()
             pipe.xadd(stream, {FIELD: data})
-            if entry:
-                pipe.xack(stream, TASK_GROUP, entry)
-                pipe.xdel(stream, entry)
+            pipe.xack(stream, TASK_GROUP, entry)
+            pipe.xdel(stream, entry)
         if len(pipe):
             try:
                 pipe.execute()

@@ -13,8 +13,6 @@ from pydantic import BaseModel, ConfigDict
 from pending_actions.broker.connection import worker_client
 from pending_actions.broker.context import Context
 from pending_actions.broker.models import ResolveAction, ResolveRequest
-from pending_actions.broker.settings import Settings
-from pending_actions.broker.urls import is_cluster_url
 from pending_actions.workers.taskbroker import OrjsonEncoder, StreamsBroker
 
 ACTOR_NAME = "run_attempt"
@@ -76,16 +74,6 @@ def encoded_task(request: ResolveRequest, token: str, queue: str, message_id: st
     dataclass cost it more than the rest of the take's Python. Same fields in the same order
     (``tests/test_input.py`` compares the two)."""
     return orjson.dumps(task_fields(request, token, queue, message_id))
-
-
-def serves_locally(settings: Settings) -> bool:
-    """Whether the dramatiq processes serve resolve requests themselves (``LOCAL_DISPATCH``):
-    only where a take can claim for a thread of the process that sent it, and nothing
-    else must come between the two: one Redis (on a cluster a blocking read per partition
-    would be a thread each), its tasks on our streams broker there, no replica to wait for."""
-    url = settings.redis_url or ""
-    return (settings.local_dispatch and not settings.replica_wait and not is_cluster_url(url)
-            and settings.dramatiq_url in (None, "", url))
 
 
 def task_broker(ctx: Context) -> StreamsBroker:

@@ -177,11 +177,10 @@ class Taken(NamedTuple):
     """take.lua. With OK, the lease: its token is an earlier one when the request was taken
     before (a redelivery), and the number (1-based) of the pool its task went to. With
     NO_WORKER, the target's id and the handler no live pool has ("" when it needs none but
-    there is no live pool at all). ``claimed``: when the take claimed the attempt for the
-    caller's own worker, begin.lua's answer as it would come (decoded where it runs). With
-    NEEDS_APPROVAL, APPROVED, REVISED and REDECIDE, the target's id, spec and counters (after the
-    approval), and whether the script changed anything (``recorded``: then it acked too); with
-    COUNTED also ``basis``, for approve.lua (whose answer is a Taken too)."""
+    there is no live pool at all). With NEEDS_APPROVAL, APPROVED, REVISED and REDECIDE, the
+    target's id, spec and counters (after the approval), and whether the script changed
+    anything (``recorded``: then it acked too); with COUNTED also ``basis``, for approve.lua
+    (whose answer is a Taken too)."""
 
     status: TakeStatus
     id: str = ""
@@ -192,7 +191,6 @@ class Taken(NamedTuple):
     pool: int = 0
     handler: str = ""
     spec: Spec | None = None
-    claimed: list[Any] | None = None
     counters: ActionState | None = None
     recorded: bool = False
     basis: Counted | None = None
@@ -218,10 +216,9 @@ class Taken(NamedTuple):
                        spec=Spec.read(raw[3], action_id, session))
         if status is not TakeStatus.OK:
             return cls(status)
-        _s, action_id, kind, attempt, deadline, token, pool = raw[:7]
-        claimed = [BeginStatus.OK.value, *raw[7:]] if len(raw) > 7 else None
+        _s, action_id, kind, attempt, deadline, token, pool = raw
         return cls(status, _text(action_id), cast(Kind, _text(kind)), int(attempt), int(deadline),
-                   _text(token), int(pool), claimed=claimed)
+                   _text(token), int(pool))
 
 
 class BeginStatus(StrEnum):

@@ -239,17 +239,13 @@ class Scripts:
              extra: bytes, marker_ttl_s: int, none_reply: bytes, live: Live,
              message: bytes | None, expect_id: str = "", by: str = "",
              conflict_reply: bytes = b"", expired_reply: bytes = b"",
-             entry: bytes | str = b"", claimant: str = "", here: int = 0,
-             trace: str = "", approver: str = "", revision: int | None = None,
-             patched: str = "", grant: str = "", tenant: str = "",
+             entry: bytes | str = b"", trace: str = "", approver: str = "",
+             revision: int | None = None, patched: str = "", grant: str = "", tenant: str = "",
              decided: tuple[str, str] | None = None) -> Call[Taken]:
         """``message``: the task to enqueue to the chosen pool's stream in this partition;
         None when the caller enqueues it on another broker itself. ``entry``: the request's
         id in its partition's request stream, acked by the script (b"": the caller acks).
-        ``claimant`` and ``here``: the caller runs the attempt itself, in a worker of pool
-        number ``here`` (1-based in ``live``), when the target can go there: the lease is then
-        claimed for ``claimant`` in the take (``Taken.claimed``). ``trace``: the take's
-        context, kept in the lease (``broker/tracing.py``)."""
+        ``trace``: the take's context, kept in the lease (``broker/tracing.py``)."""
         k, s = self._k, self._s
         p = k.partition(session)
         keys = KEYS.take.__new__(
@@ -267,8 +263,7 @@ class Scripts:
             routes_json=live.routes_json, pool_count=len(live.pools), message=message or b"",
             expect_id=expect_id, by=by, conflict_reply=conflict_reply,
             expired_reply=expired_reply, memory_ms=s.expired_memory_s * 1000, entry=entry,
-            group=RESOLVER_GROUP, claimant=claimant, lease_ms=s.lease_ms,
-            own_pool=here if claimant else 0, trace=trace, approver=approver,
+            group=RESOLVER_GROUP, trace=trace, approver=approver,
             revision="" if revision is None else str(revision), patched=patched, grant=grant,
             tenant=tenant, edit_tenant=decided[0] if decided else "",
             edit_version=decided[1] if decided else "")

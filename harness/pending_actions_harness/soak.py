@@ -65,11 +65,11 @@ class Histories:
 class Soak:
     def __init__(self, seconds: float, sessions: int, actions: int, workers: int,
                  fail_rate: float, kill_every: float, restart_redis: bool, seed: int,
-                 redis_faults: bool = False, local_dispatch: bool = False) -> None:
+                 redis_faults: bool = False) -> None:
         self.seconds, self.n_sessions, self.max_actions = seconds, sessions, actions
         self.n_workers, self.fail_rate, self.kill_every = workers, fail_rate, kill_every
         self.restart_redis, self.rng = restart_redis, random.Random(seed)
-        self.redis_faults, self.local_dispatch = redis_faults, local_dispatch
+        self.redis_faults = redis_faults
         self.dir = Path(tempfile.mkdtemp(prefix="pa-soak-"))
         self.server = EmbeddedRedis(directory=self.dir / "redis", fsync="always")
         self.workers: list[WorkerProcess] = []
@@ -85,8 +85,7 @@ class Soak:
         return WorkerProcess(self.server.url, "pending_actions_harness.soak_handlers", {
             "lease_ms": "2000", "dispatch_timeout_ms": "20000", "recovery_interval_ms": "200",
             "max_stalls": "5", "claim_idle_ms": "5000", "history_maxlen": str(self.HISTORY),
-            "restart_backoff_max_s": "0.5",
-            "local_dispatch": "true" if self.local_dispatch else "false"}).start()
+            "restart_backoff_max_s": "0.5"}).start()
 
     def count(self, name: str) -> None:
         with self.lock:
@@ -247,20 +246,17 @@ class Soak:
 @click.option("--redis-faults/--no-redis-faults", default=True, show_default=True,
               help="Also CLIENT KILL, SCRIPT FLUSH, delete the global keys, fill Redis to "
                    "its memory limit for 2 s, at random.")
-@click.option("--local-dispatch/--no-local-dispatch", default=False, show_default=True,
-              help="Run the workers with LOCAL_DISPATCH on: their dramatiq processes serve "
-                   "resolve requests and claim in the take.")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the tally as JSON.")
 def soak(seconds: float, sessions: int, actions: int, workers: int, fail_rate: float,
-         kill_every: float, redis_restart: bool, redis_faults: bool, local_dispatch: bool,
+         kill_every: float, redis_restart: bool, redis_faults: bool,
          seed: int, as_json: bool) -> None:
     """Soak the service on this machine with faults, then print staged / applied / discarded /
     pending / dead-lettered / lost / applied-twice. Exits 1 if anything was lost or applied
     twice. Starts its own Redis and workers; needs no configuration."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     tally = Soak(seconds, sessions, actions, workers, fail_rate, kill_every, redis_restart,
-                 seed, redis_faults, local_dispatch).run()
+                 seed, redis_faults).run()
     if as_json:
         click.echo(orjson.dumps(tally, option=orjson.OPT_INDENT_2).decode())
     else:

@@ -15,8 +15,7 @@
 -- entry: "counted"), and readd/recover write them back; a directive's and a standing handler's are
 -- written here as before. A request seen before (redelivered, or retried after a lost reply) takes
 -- nothing new: it gets its earlier answer back while that is still actionable (the same lease if no
--- worker has started it, whose task is enqueued again; the same claim when it claimed for claimant;
--- NONE again), else DUP. A stacked action past its ttl is gone for take as for every reader: passed
+-- worker has started it, whose task is enqueued again; NONE again), else DUP. A stacked action past its ttl is gone for take as for every reader: passed
 -- over, and ended here (history "expired") when it lay above the target. So is a stacked id whose
 -- spec is missing, dead-lettered here ("spec missing", history "dead-lettered").
 -- flags: none
@@ -66,12 +65,6 @@
 --                     script answers but NO_WORKER; "" when the caller acks it (after sending the
 --                     task itself)
 --   group           the request stream's consumer group
---   claimant        local claimant ("" for none): the caller runs the task itself, in a worker
---                     process of pool own_pool with a worker thread free for it; when the target
---                     can go to that pool the lease is claimed here for that claimant (running, as
---                     begin.lua would) and no task is enqueued
---   lease_ms        running lease ms (with claimant)
---   own_pool        the caller's pool number (0: none)
 --   trace           the take's trace context ("" for none), kept opaque in the lease
 --                     (broker/tracing.py)
 --   approver        the person whose resolve this is ("" for none: the model's)
@@ -88,8 +81,6 @@
 --                     another in force now changes nothing (REDECIDE)
 -- Errors: POISON (a key of another type, a lease or counters that do not parse): nothing changed
 -- Returns: {TAKE.OK, id, kind, attempt, deadline ms, token, pool number}
---          | {TAKE.OK, ..., pool number, spec JSON, counters JSON, lease JSON} (claimed here
---            for claimant: what begin.lua would answer)
 --          | {TAKE.NONE} (replied here) | {TAKE.CONFLICT} (replied here) | {TAKE.DUP}
 --          | {TAKE.NO_WORKER, id, handler name or "", spec JSON} (no live pool has it:
 --            nothing changed)
@@ -110,7 +101,6 @@ redis.replicate_commands()
 local now = now_ms()
 local routes = cjson.decode(routes_json)
 local npools = tonumber(pool_count)
-local here = tonumber(own_pool)
 
 -- a spec's JSON text before its first free-form field: the payload, or where a spec has
 -- none (an empty one is not stored), created_at, which every spec has and which follows
@@ -139,21 +129,17 @@ local function approvals_of(names, who)
   return by_of({by = who})
 end
 
--- the pool number for the target, or nil: the caller's own pool when it has the handler, else
--- one spread by the token (random hex)
+-- the pool number for the target, or nil: one of the pools that have its handler, spread by the
+-- token (random hex)
 local function route(spec)
   local name = needs(spec)
   local pools
   if name then
     pools = routes[name]
   elseif npools > 0 then
-    if here > 0 then return here, nil end
     return 1 + tonumber(string.sub(token, 1, 6), 16) % npools, nil
   end
   if not pools or #pools == 0 then return nil, name or '' end
-  for _, p in ipairs(pools) do
-    if p == here then return here, name end
-  end
   return pools[1 + tonumber(string.sub(token, 1, 6), 16) % #pools], name
 end
 
@@ -187,17 +173,9 @@ if prev == 'none' or prev == 'conflict' then
   ack()
   return {prev == 'none' and TAKE.NONE or TAKE.CONFLICT}
 elseif prev then
-  local lease, raw = json_field('lease', inflight, prev)
+  local lease = json_field('lease', inflight, prev)
   -- taken before any ttl passed: its spec is all it needs to be dispatched again
   local spec = lease and call_on('HGET', actions, lease.id)
-  if lease and spec and claimant ~= '' and lease.claimant == claimant then
-    -- this very take sent again (its answer was lost): what it answered, as begin.lua does
-    local st = lease_counters(state, lease)
-    check({})
-    ack()
-    return {TAKE.OK, lease.id, lease.kind, tostring(lease.attempt), tostring(lease.deadline),
-            prev, here, spec, cjson.encode(st), raw}
-  end
   if lease and lease.state == 'dispatched' and spec then
     local pool = route(spec)
     if pool then
@@ -332,7 +310,6 @@ if id then
     return {TAKE.NO_WORKER, id, name, spec}  -- nothing changed
   end
 end
-local claimed = id ~= nil and claimant ~= '' and pool == here
 
 -- what this path writes after its first write (each path below starts with a call_on write)
 local expected = {}
@@ -346,7 +323,7 @@ if not id then
 else
   expected[inflight], expected[leases] = 'hash', 'zset'
   if approved_by then expected[state] = 'hash' end
-  if message ~= '' and not claimed then expected[stream(pool)] = 'stream' end
+  if message ~= '' then expected[stream(pool)] = 'stream' end
   check(expected)
   st.attempts = (st.attempts or 0) + 1
   if skipped == 0 then  -- else after the expired entries, in the order things happened
@@ -386,19 +363,14 @@ if kind ~= 'action' or approved_by then
   -- an action's counters stay in its lease while in flight; its approvals, spent now, go
   redis.call('HSET', state, id, cjson.encode(st))
 end
-local deadline = now + tonumber(claimed and lease_ms or dispatch_ms)
+local deadline = now + tonumber(dispatch_ms)
 local lease = cjson.encode({
   id = id, kind = kind, token = token, attempt = st.attempts, req = req,
-  action = action, deadline = deadline, state = claimed and 'running' or 'dispatched',
-  claimant = claimed and claimant or nil, reason = reason, extra = extra, by = by,
-  counted = counted ~= nil or kind ~= 'action' or approved_by ~= nil,
+  action = action, deadline = deadline, state = 'dispatched', reason = reason, extra = extra,
+  by = by, counted = counted ~= nil or kind ~= 'action' or approved_by ~= nil,
   approved_by = approved_by, trace = trace ~= '' and trace or nil})
 redis.call('HSET', inflight, token, lease)
 redis.call('ZADD', leases, deadline, session .. '/' .. token)
 ack()
-if claimed then
-  return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), token, pool, spec,
-          cjson.encode(st), lease}
-end
 enqueue(pool, token)
 return {TAKE.OK, id, kind, tostring(st.attempts), tostring(deadline), token, pool}

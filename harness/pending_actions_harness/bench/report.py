@@ -65,12 +65,7 @@ def rows(r: Run) -> list[Row]:
             ("resolve.idle.everysec.p50.rabbitmq", "resolve idle p50, appendfsync everysec",
              every50, 1.0),
             ("resolve.idle.noaof.p50.rabbitmq", "resolve idle p50, Redis without AOF",
-             _p(r, "ours.idle.noaof", "p50"), 1.0),
-            ("resolve.idle.local.p50.rabbitmq", "resolve idle p50, LOCAL_DISPATCH",
-             _p(r, throughput.LOCAL_IDLE, "p50"), None),
-            ("resolve.idle.local.everysec.p50.rabbitmq",
-             "resolve idle p50, LOCAL_DISPATCH, appendfsync everysec",
-             _p(r, f"{throughput.LOCAL_IDLE}.everysec", "p50"), None)):
+             _p(r, "ours.idle.noaof", "p50"), 1.0)):
         row = Row(key, label, value, "ms", f"{rabbit} idle p50", rabbit50,
                   target=f"<= {most:.1f}x" if most else "", note=rabbit_skip)
         row.met = None if row.ratio is None or most is None else row.ratio <= most

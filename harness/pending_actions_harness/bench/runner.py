@@ -127,7 +127,6 @@ def _phases(s: Sizes, rabbit: bool, peer: bool) -> int:
     stock = 4 + (3 if rabbit else 0) + (6 if peer else 0)
     ours = 11 + len(MEMORY_SHAPES) + 2 + 2 * len(s.sessions) + (1 if s.sweep_window_s else 0)
     layouts = (len(throughput.LAYOUTS) + len({x.processes for x in throughput.LAYOUTS})
-               + 2 * sum(x.local for x in throughput.LAYOUTS)  # and their idle resolves
                + 2 * (throughput.PAIRS - 1))  # the one-process pair's repeats
     return 3 + stock + ours + floor.PHASES + layouts + features.PHASES + 3
 

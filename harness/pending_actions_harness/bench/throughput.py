@@ -23,7 +23,6 @@ import redis
 
 from pending_actions.producers import PendingActions
 from pending_actions_harness.bench import fill, measure
-from pending_actions_harness.bench.handlers import NOOP
 from pending_actions_harness.bench.procs import start_ours, start_stock
 from pending_actions_harness.bench.progress import Progress
 from pending_actions_harness.bench.stats import Dist
@@ -36,22 +35,19 @@ OURS_DB, STOCK_DB = 3, 4  # of the run's private redis-server; flushed before ea
 class Layout:
     processes: int  # dramatiq worker processes, on each side
     resolvers: int = 1  # ours: resolve worker processes sharing them
-    local: bool = False  # ours: LOCAL_DISPATCH on (then its idle resolves are measured too)
 
     @property
     def key(self) -> str:
-        return (f"p{self.processes}" + (f"r{self.resolvers}" if self.resolvers > 1 else "")
-                + ("local" if self.local else ""))
+        return f"p{self.processes}" + (f"r{self.resolvers}" if self.resolvers > 1 else "")
 
     def describe(self, threads: int) -> str:
         procs = f"{self.processes} dramatiq process{'es' if self.processes > 1 else ''}"
         if self.resolvers > 1:
             return f"{procs} x {threads} threads, {self.resolvers} resolve workers"
-        return f"{procs} x {threads} threads" + (", LOCAL_DISPATCH" if self.local else "")
+        return f"{procs} x {threads} threads"
 
 
-LAYOUTS = (Layout(1), Layout(2), Layout(4), Layout(4, resolvers=2), Layout(1, local=True))
-LOCAL_IDLE = "ours.local.idle"  # + ".everysec": idle resolves with LOCAL_DISPATCH
+LAYOUTS = (Layout(1), Layout(2), Layout(4), Layout(4, resolvers=2))
 # the one-process layout's pair (stock, then ours) is run this many times in all, the repeats
 # after every other layout: one pair's ratio moves by a fifth and more on a shared machine, the
 # median of several measured apart says more
@@ -165,8 +161,7 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress,
     with progress.phase(f"scaling: ours, {layout.describe(o.threads)}, {s.callers} callers"
                         f"{again}", s.callers * each * 2) as tick:
         flush(url)
-        ours = start_ours(url, layout.processes, o.threads, logs / "scaling", layout.resolvers,
-                          settings={"local_dispatch": "true"} if layout.local else None)
+        ours = start_ours(url, layout.processes, o.threads, logs / "scaling", layout.resolvers)
         try:
             pa = PendingActions.from_url(url)
             try:
@@ -175,21 +170,8 @@ def _ours(r: Any, url: str, layout: Layout, logs: Path, progress: Progress,
                                             tick)
                 r.dists[key or ours_key(layout)] = measure.loaded(
                     f"ours, {layout.describe(o.threads)}", calls, s.layout_per_caller, tick)
-                if layout.local:
-                    _idle(r, pa, progress)
             finally:
                 pa.close()
             ours.check_alive()
         finally:
             ours.kill()
-
-
-
-def _idle(r: Any, pa: PendingActions, progress: Progress) -> None:
-    """Idle resolves as the main run measures them (``appendfsync always``, then everysec)."""
-    s = r.sizes
-    r.dists[LOCAL_IDLE], r.dists[f"{LOCAL_IDLE}.everysec"] = measure.idle_resolves(
-        pa.client, "ours, LOCAL_DISPATCH",
-        lambda: pa.stage(session="bench-local-idle", tool="bench", label="bench action",
-                         apply=NOOP, payload=fill.payload_of(s.payload_bytes)),
-        measure.resolver(pa, "bench-local-idle"), s.idle, s.idle_gap_s, progress)
