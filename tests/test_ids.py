@@ -160,6 +160,33 @@ def test_a_counter_and_its_copy_both_lost_fail_clearly_until_repaired(
         late.close()
 
 
+def test_a_busy_producer_reserves_ever_larger_blocks(server: tuple[Any, redis.Redis]) -> None:
+    """A block used up soon after it was reserved is followed by one twice its size, up to
+    ID_BLOCK_MAX: 400 stages into one partition take five reservations (16, 32, 64, 128 and
+    256 ids), not 25. A producer whose blocks last longer than ID_BLOCK_GROW_S starts again
+    at 16 each time. Every id is still handed out once."""
+    srv, rc = server
+    session = "busy"
+    counter = K.seq(K.partition(session))
+    made: list[tuple[str, str, str]] = []
+    for grow_s, stages, reserved in ((10.0, 400, 16 + 32 + 64 + 128 + 256), (0.0, 40, 48)):
+        pa = PendingActions.from_url(srv.url)
+        pa.core.ID_BLOCK_GROW_S = grow_s  # 0: every block counts as one that lasted long
+        before = int(rc.get(counter) or 0)
+        try:
+            for i in range(stages):
+                label = f"{grow_s}-{i}"
+                made.append((pa.stage(session=session, tool="t", label=label, apply="t.ok"),
+                             session, label))
+        finally:
+            pa.close()
+        assert int(rc.get(counter) or 0) - before == reserved, (grow_s, rc.get(counter))
+    staged_by(rc, made)
+    # ids stay ids of that partition, one counter value each
+    seqs = sorted(int(i.rpartition(":")[2]) for i, _s, _l in made)
+    assert {q % K.partitions for q in seqs} == {K.partition(session)}
+
+
 def test_a_retry_is_told_from_a_collision(server: tuple[Any, redis.Redis]) -> None:
     """stage.lua sent twice with the same spec (a retry after a lost reply) stages once; the
     same id with another spec (a counter set back) is refused; neither writes anything, no
