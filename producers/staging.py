@@ -192,7 +192,7 @@ class Staging(PolicyPlans):
             floors = {p: self._floor.get(p, 0) for p in need}
             sizes = {p: max(n, self._block_size(p)) for p, n in need.items() if p not in got}
         # a stage that stage.lua would refuse writes nothing, not even an id block: before a
-        # block is reserved (one stage in ID_BLOCK, per partition), every session is checked
+        # block is reserved (when a partition's block runs out), every session is checked
         # first, the block reserved in a round trip after
         owners = sorted({(f["session"], f["tenant"]) for f in checked}) \
             if check_owners or sizes else []

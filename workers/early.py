@@ -170,25 +170,21 @@ class EarlyClaims:
         with self.lock:
             return self.claimed.pop(message_id, None)
 
-    def release(self, messages: list[MessageProxy]) -> set[str]:
-        """Hand back the claims of tasks that will not run here (unclaim.lua); returns the
-        message ids whose claim was handed back."""
+    def release(self, messages: list[MessageProxy]) -> None:
+        """Hand back the claims of tasks that will not run here (unclaim.lua)."""
         with self.lock:
-            gone = [(m.message_id, c) for m in messages
-                    if (c := self.claimed.pop(m.message_id, None)) is not None]
+            gone = [c for m in messages if (c := self.claimed.pop(m.message_id, None)) is not None]
         if not gone:
-            return set()
+            return
         ctx = self.ctx
         try:
             pipe: Any = ctx.client.pipeline(transaction=False)
-            for _, c in gone:
+            for c in gone:
                 c.begun()  # its answer read: the connection is then free
                 ctx.scripts.unclaim(c.session, token=c.token, claimant=c.claimant).on(pipe)
-            answers = pipe.execute(raise_on_error=False)
+            pipe.execute(raise_on_error=False)
         except Exception as exc:  # their leases run out and are recovered (a stall each)
             log.warning("could not hand back %d early claims: %s", len(gone), exc)
-            return set()
-        return {i for (i, _), a in zip(gone, answers, strict=True) if a == 1}
 
 
 class HandBack(dramatiq.Middleware):

@@ -54,26 +54,19 @@ class TaskMessage(BaseModel):
                                 kwargs=self.model_dump(), options={})
 
 
-def task_fields(request: ResolveRequest, token: str, queue: str,
-                message_id: str) -> dict[str, Any]:
-    """``TaskMessage.for_lease(request, token).to_message(queue)``'s fields, built straight from
-    the request (validated when it was read), as dramatiq's Message takes them."""
-    return {
-        "queue_name": queue, "actor_name": ACTOR_NAME, "args": (),
-        "kwargs": {"session": request.session, "token": token, "req": request.req,
-                   "action": request.action, "reason": request.reason,
-                   "extra": request.extra, "edit": request.edit},
-        "options": {}, "message_id": message_id,
-        "message_timestamp": int(time.time() * 1000)}
-
-
 def encoded_task(request: ResolveRequest, token: str, queue: str, message_id: str) -> bytes:
     """``TaskMessage.for_lease(request, token).to_message(queue)`` as our streams broker
     stores it (``OrjsonEncoder``), built straight from the request, which was validated when
     it was read: the resolve worker builds one per take, and the models and dramatiq's
     dataclass cost it more than the rest of the take's Python. Same fields in the same order
     (``tests/test_input.py`` compares the two)."""
-    return orjson.dumps(task_fields(request, token, queue, message_id))
+    return orjson.dumps({
+        "queue_name": queue, "actor_name": ACTOR_NAME, "args": (),
+        "kwargs": {"session": request.session, "token": token, "req": request.req,
+                   "action": request.action, "reason": request.reason,
+                   "extra": request.extra, "edit": request.edit},
+        "options": {}, "message_id": message_id,
+        "message_timestamp": int(time.time() * 1000)})
 
 
 def task_broker(ctx: Context) -> StreamsBroker:

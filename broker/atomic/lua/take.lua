@@ -15,9 +15,10 @@
 -- entry: "counted"), and readd/recover write them back; a directive's and a standing handler's are
 -- written here as before. A request seen before (redelivered, or retried after a lost reply) takes
 -- nothing new: it gets its earlier answer back while that is still actionable (the same lease if no
--- worker has started it, whose task is enqueued again; NONE again), else DUP. A stacked action past its ttl is gone for take as for every reader: passed
--- over, and ended here (history "expired") when it lay above the target. So is a stacked id whose
--- spec is missing, dead-lettered here ("spec missing", history "dead-lettered").
+-- worker has started it, whose task is enqueued again; NONE again), else DUP. A stacked action past
+-- its ttl is gone for take as for every reader: passed over, and ended here (history "expired")
+-- when it lay above the target. So is a stacked id whose spec is missing, dead-lettered here
+-- ("spec missing", history "dead-lettered").
 -- flags: none
 -- roles: worker
 -- KEYS
